@@ -1,0 +1,155 @@
+package v1alpha1
+
+import (
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/intstr"
+)
+
+// NodeDisruptionBudget limits how many of the nodes it selects may be disrupted
+// (deleted, drained or otherwise unavailable) at one time. It is to nodes what a
+// PodDisruptionBudget is to pods: nodeguard admits a node deletion only when every
+// budget that selects the node allows one more unavailable node.
+//
+// +kubebuilder:object:root=true
+// +kubebuilder:resource:scope=Cluster,shortName=ndb,categories=nodeguard
+// +kubebuilder:subresource:status
+// +kubebuilder:printcolumn:name="Min Available",type=string,JSONPath=`.spec.minAvailable`
+// +kubebuilder:printcolumn:name="Max Unavailable",type=string,JSONPath=`.spec.maxUnavailable`
+// +kubebuilder:printcolumn:name="Allowed Disruptions",type=integer,JSONPath=`.status.disruptionsAllowed`
+// +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`
+type NodeDisruptionBudget struct {
+	metav1.TypeMeta   `json:",inline"`
+	metav1.ObjectMeta `json:"metadata,omitempty"`
+
+	// +required
+	Spec NodeDisruptionBudgetSpec `json:"spec"`
+	// +optional
+	Status NodeDisruptionBudgetStatus `json:"status,omitempty"`
+}
+
+// NodeDisruptionBudgetSpec says which nodes a budget covers and how many of them
+// must stay available.
+//
+// +kubebuilder:validation:XValidation:rule="has(self.minAvailable) != has(self.maxUnavailable)",message="exactly one of minAvailable or maxUnavailable must be set"
+type NodeDisruptionBudgetSpec struct {
+	// Selector selects the nodes this budget covers. An empty selector ({})
+	// selects every node, as in policy/v1 PodDisruptionBudget.
+	// +required
+	Selector *metav1.LabelSelector `json:"selector"`
+
+	// MinAvailable is the number of selected nodes, or the percentage of them
+	// (rounded up), that must stay available. Mutually exclusive with maxUnavailable.
+	// +optional
+	// +kubebuilder:validation:XIntOrString
+	// +kubebuilder:validation:MaxLength=8
+	// +kubebuilder:validation:XValidation:rule="type(self) == int ? self >= 0 : self.matches('^(100|[1-9]?[0-9])%$')",message="must be a non-negative integer or a percentage from 0% to 100%"
+	MinAvailable *intstr.IntOrString `json:"minAvailable,omitempty"`
+
+	// MaxUnavailable is the number of selected nodes, or the percentage of them
+	// (rounded up), that may be unavailable at once. Mutually exclusive with minAvailable.
+	// +optional
+	// +kubebuilder:validation:XIntOrString
+	// +kubebuilder:validation:MaxLength=8
+	// +kubebuilder:validation:XValidation:rule="type(self) == int ? self >= 0 : self.matches('^(100|[1-9]?[0-9])%$')",message="must be a non-negative integer or a percentage from 0% to 100%"
+	MaxUnavailable *intstr.IntOrString `json:"maxUnavailable,omitempty"`
+
+	// Windows are recurring periods in which the budget is tighter: while a
+	// window is active, at most its maxUnavailable nodes (default 0: none) may be
+	// unavailable, whatever the budget allows otherwise.
+	// +optional
+	// +listType=atomic
+	// +kubebuilder:validation:MaxItems=10
+	Windows []DisruptionWindow `json:"windows,omitempty"`
+}
+
+// DisruptionWindow is a recurring period, in UTC, during which a budget allows
+// fewer disruptions (none by default).
+type DisruptionWindow struct {
+	// Schedule is a standard five-field cron expression (minute hour day-of-month
+	// month day-of-week) or a macro such as @daily, evaluated in UTC. Each time it
+	// fires, the window opens for Duration.
+	// +required
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=128
+	// +kubebuilder:validation:XValidation:rule="self.matches('^(@(annually|yearly|monthly|weekly|daily|midnight|hourly)|[^ ]+( +[^ ]+){4})$')",message="must be a five-field cron expression (minute hour day-of-month month day-of-week) or a macro such as @daily"
+	Schedule string `json:"schedule"`
+
+	// Duration is how long the window stays open after each time Schedule fires,
+	// for example "8h" or "1h30m".
+	// +required
+	// +kubebuilder:validation:Type=string
+	// +kubebuilder:validation:MaxLength=16
+	// +kubebuilder:validation:XValidation:rule="self.matches('^(([0-9]+(h|m))|([0-9]+h[0-9]+m))(0s)?$')",message="must be a duration in hours and minutes, such as 8h, 45m or 1h30m"
+	Duration metav1.Duration `json:"duration"`
+
+	// MaxUnavailable is how many selected nodes (or what percentage, rounded up)
+	// may be unavailable while the window is open. Defaults to 0: no disruption.
+	// +optional
+	// +kubebuilder:validation:XIntOrString
+	// +kubebuilder:validation:MaxLength=8
+	// +kubebuilder:validation:XValidation:rule="type(self) == int ? self >= 0 : self.matches('^(100|[1-9]?[0-9])%$')",message="must be a non-negative integer or a percentage from 0% to 100%"
+	MaxUnavailable *intstr.IntOrString `json:"maxUnavailable,omitempty"`
+}
+
+// NodeDisruptionBudgetStatus is the budget's view of its nodes, written by the
+// budget status controller and, for disruptedNodes, by the admission webhook.
+type NodeDisruptionBudgetStatus struct {
+	// ObservedGeneration is the spec generation this status was computed from.
+	// +optional
+	ObservedGeneration int64 `json:"observedGeneration,omitempty"`
+
+	// DisruptedNodes maps the name of a node whose deletion was admitted to the
+	// time of admission. The webhook adds an entry in the same conditional write
+	// that checks the budget, so concurrent deletions never over-admit; the status
+	// controller removes it once the node is seen unavailable, or after a timeout
+	// if the deletion never happened.
+	// +optional
+	DisruptedNodes map[string]metav1.Time `json:"disruptedNodes,omitempty"`
+
+	// DisruptionsAllowed is how many more nodes may be disrupted now.
+	// +optional
+	DisruptionsAllowed int32 `json:"disruptionsAllowed"`
+
+	// CurrentAvailable is the number of selected nodes that are available.
+	// +optional
+	CurrentAvailable int32 `json:"currentAvailable"`
+
+	// DesiredAvailable is the minimum number of available nodes the budget wants.
+	// +optional
+	DesiredAvailable int32 `json:"desiredAvailable"`
+
+	// ExpectedNodes is the number of nodes the selector matches.
+	// +optional
+	ExpectedNodes int32 `json:"expectedNodes"`
+
+	// Conditions: DisruptionAllowed is True when at least one more node may be
+	// disrupted.
+	// +optional
+	// +listType=map
+	// +listMapKey=type
+	Conditions []metav1.Condition `json:"conditions,omitempty"`
+}
+
+// ConditionDisruptionAllowed is True when the budget allows one more disruption.
+const ConditionDisruptionAllowed = "DisruptionAllowed"
+
+// Reasons of the DisruptionAllowed condition.
+const (
+	ReasonSufficientNodes   = "SufficientNodes"
+	ReasonInsufficientNodes = "InsufficientNodes"
+	ReasonWindowActive      = "DisruptionWindowActive"
+	ReasonInvalidSpec       = "InvalidSpec"
+)
+
+// NodeDisruptionBudgetList is a list of NodeDisruptionBudgets.
+//
+// +kubebuilder:object:root=true
+type NodeDisruptionBudgetList struct {
+	metav1.TypeMeta `json:",inline"`
+	metav1.ListMeta `json:"metadata,omitempty"`
+	Items           []NodeDisruptionBudget `json:"items"`
+}
+
+func init() {
+	SchemeBuilder.Register(&NodeDisruptionBudget{}, &NodeDisruptionBudgetList{})
+}

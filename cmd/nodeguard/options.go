@@ -1,0 +1,73 @@
+package main
+
+import (
+	"flag"
+	"fmt"
+	"os"
+	"time"
+)
+
+// options are the command-line flags of nodeguard.
+type options struct {
+	metricsAddr      string
+	metricsSecure    bool
+	probeAddr        string
+	webhookPort      int
+	webhookCertDir   string
+	leaderElect      bool
+	leaderNamespace  string
+	leaderID         string
+	leaseDuration    time.Duration
+	renewDeadline    time.Duration
+	retryPeriod      time.Duration
+	gracefulShutdown time.Duration
+}
+
+// defaultNamespace is where nodeguard runs: the pod's namespace when the
+// Downward API provides it, otherwise nodeguard-system.
+func defaultNamespace() string {
+	if ns := os.Getenv("POD_NAMESPACE"); ns != "" {
+		return ns
+	}
+	return "nodeguard-system"
+}
+
+func (o *options) bind(fs *flag.FlagSet) {
+	fs.StringVar(&o.metricsAddr, "metrics-bind-address", ":8443",
+		"Address of the Prometheus metrics endpoint; \"0\" disables it.")
+	fs.BoolVar(&o.metricsSecure, "metrics-secure", true,
+		"Serve metrics over HTTPS, allowing only callers authorized by a SubjectAccessReview for GET /metrics. Set false to serve plain HTTP.")
+	fs.StringVar(&o.probeAddr, "health-probe-bind-address", ":8081",
+		"Address of the /healthz and /readyz endpoints.")
+	fs.IntVar(&o.webhookPort, "webhook-port", 9443,
+		"Port of the admission webhook server (HTTPS); a negative value disables it.")
+	fs.StringVar(&o.webhookCertDir, "webhook-cert-dir", "/tmp/k8s-webhook-server/serving-certs",
+		"Directory holding the webhook serving certificate as tls.crt and tls.key (for example a mounted cert-manager Secret); rotated files are reloaded without a restart.")
+	fs.BoolVar(&o.leaderElect, "leader-elect", true,
+		"Run the controllers only on the replica holding the leader election Lease. The webhook is served by every replica.")
+	fs.StringVar(&o.leaderNamespace, "leader-election-namespace", defaultNamespace(),
+		"Namespace of the leader election Lease (default: $POD_NAMESPACE, else nodeguard-system).")
+	fs.StringVar(&o.leaderID, "leader-election-id", "nodeguard-leader",
+		"Name of the leader election Lease.")
+	fs.DurationVar(&o.leaseDuration, "leader-elect-lease-duration", 15*time.Second,
+		"How long standbys wait before taking over a Lease the leader stopped renewing. A leader that shuts down gracefully releases it at once.")
+	fs.DurationVar(&o.renewDeadline, "leader-elect-renew-deadline", 10*time.Second,
+		"How long the leader keeps trying to renew before it gives up leadership and exits.")
+	fs.DurationVar(&o.retryPeriod, "leader-elect-retry-period", 2*time.Second,
+		"How often candidates try to acquire or renew the Lease.")
+	fs.DurationVar(&o.gracefulShutdown, "graceful-shutdown-timeout", 30*time.Second,
+		"How long to wait on SIGTERM for in-flight work to finish before exiting.")
+}
+
+func (o *options) validate() error {
+	if o.leaderElect && o.leaderNamespace == "" {
+		return fmt.Errorf("--leader-election-namespace must not be empty when --leader-elect is set")
+	}
+	if o.renewDeadline >= o.leaseDuration {
+		return fmt.Errorf("--leader-elect-renew-deadline (%s) must be shorter than --leader-elect-lease-duration (%s)", o.renewDeadline, o.leaseDuration)
+	}
+	if o.retryPeriod >= o.renewDeadline {
+		return fmt.Errorf("--leader-elect-retry-period (%s) must be shorter than --leader-elect-renew-deadline (%s)", o.retryPeriod, o.renewDeadline)
+	}
+	return nil
+}

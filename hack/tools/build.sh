@@ -1,0 +1,78 @@
+#!/usr/bin/env bash
+# Builds the tools the tests and the sandbox need into bin/ (or $BIN), from the
+# Go module proxy, skipping whatever is already built for the pinned versions:
+#   kube-apiserver, kube-controller-manager, kube-scheduler  (hack/tools/kube)
+#   etcd                                                     (hack/tools/etcd)
+#   kwok and its stock stage configurations                  (hack/tools/kwok)
+#   controller-gen                                           (hack/tools/codegen)
+# A cold build takes about 8 minutes on 2 cores; progress is printed as it goes.
+set -euo pipefail
+
+here=$(cd "$(dirname "$0")" && pwd)
+root=$(cd "$here/../.." && pwd)
+bin=${BIN:-$root/bin}
+mkdir -p "$bin"
+
+# stamp_of prints a hash of a tools module's go.mod and go.sum: a changed pin rebuilds.
+stamp_of() { cat "$here/$1/go.mod" "$here/$1/go.sum" | sha256sum | cut -c1-16; }
+
+# up_to_date MODULE BINARY... succeeds when every binary exists and was built from
+# the module's current pins.
+up_to_date() {
+	local module=$1; shift
+	[ "$(cat "$bin/.stamp-$module" 2>/dev/null)" = "$(stamp_of "$module")" ] || return 1
+	for b in "$@"; do [ -e "$bin/$b" ] || return 1; done
+}
+
+# progress reads `go build -v` output (one line per compiled package) and prints a
+# line every 100 packages, so a cold build shows it is moving.
+progress() {
+	local module=$1 start=$SECONDS n=0
+	while IFS= read -r line; do
+		case "$line" in
+		*": "*) echo "  $line" ;; # diagnostics pass through
+		*) n=$((n + 1)); [ $((n % 100)) -eq 0 ] && echo "  $module: $n packages compiled ($((SECONDS - start))s)" ;;
+		esac
+	done
+	echo "  $module: done, $n packages compiled ($((SECONDS - start))s)"
+}
+
+# build MODULE OUT PACKAGE... builds packages of a tools module to OUT (a file,
+# or bin/ for several).
+build() {
+	local module=$1 out=$2; shift 2
+	echo "building $module tools: $* (cold builds take minutes)"
+	if ! (cd "$here/$module" && go build -v -o "$out" "$@" 2>&1) | progress "$module"; then
+		echo "building $module tools failed" >&2
+		exit 1
+	fi
+	stamp_of "$module" >"$bin/.stamp-$module"
+}
+
+if up_to_date codegen controller-gen; then echo "controller-gen: up to date"; else
+	build codegen "$bin/controller-gen" sigs.k8s.io/controller-tools/cmd/controller-gen
+fi
+
+if up_to_date etcd etcd; then echo "etcd: up to date"; else
+	build etcd "$bin/etcd" go.etcd.io/etcd/server/v3
+fi
+
+if up_to_date kwok kwok kwok-stages/pod-fast.yaml; then echo "kwok: up to date"; else
+	build kwok "$bin/kwok" sigs.k8s.io/kwok/cmd/kwok
+	# The stock stages ship inside the kwok module; copy them out so the test
+	# harness and the sandbox can hand them to kwok with --config.
+	stages=$(cd "$here/kwok" && go list -m -f '{{.Dir}}' sigs.k8s.io/kwok)/kustomize/stage
+	mkdir -p "$bin/kwok-stages"
+	for s in node/fast node/heartbeat-with-lease pod/fast pod/general; do
+		out="$bin/kwok-stages/${s/\//-}.yaml"
+		: >"$out"
+		for f in "$stages/$s"/*.yaml; do
+			case "$f" in */kustomization.yaml) continue ;; esac
+			{ echo "---"; cat "$f"; } >>"$out"
+		done
+	done
+fi
+
+if up_to_date kube kube-apiserver kube-controller-manager kube-scheduler; then echo "kube-apiserver, kube-controller-manager, kube-scheduler: up to date"; else
+	build kube "$bin/" k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kube-controller-manager k8s.io/kubernetes/cmd/kube-scheduler
+fi

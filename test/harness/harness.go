@@ -1,0 +1,301 @@
+// Package harness starts real Kubernetes control planes for nodeguard's
+// integration tests, e2e tests and sandbox:
+//
+//   - integration level: etcd and kube-apiserver (envtest), with nodeguard's CRDs
+//     installed and, optionally, its webhook configurations;
+//   - cluster level: plus kube-controller-manager, kube-scheduler and kwok, so
+//     Deployments schedule onto simulated nodes, become Ready, and PDB status is
+//     computed.
+//
+// Every binary comes from bin/ (make tools). No component outlives the test
+// process, and each run has its own ports and data directories.
+package harness
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
+	"k8s.io/client-go/rest"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/envtest"
+
+	ngv1alpha1 "github.com/nodeguard/nodeguard/api/v1alpha1"
+)
+
+// Pod stage profiles for kwok, named after the stock stage sets they load.
+const (
+	// PodsFast: pods become Ready and terminate with no delay.
+	PodsFast = "pod-fast"
+	// PodsGeneral: realistic delays (a pod starts in 1 to 6 s).
+	PodsGeneral = "pod-general"
+)
+
+// nodeLeaseDurationSeconds makes kwok maintain node heartbeat Leases. Without it
+// the node lifecycle controller marks every pod on kwok nodes not Ready after 40 s,
+// PDBs then count no healthy pods, and every eviction is refused.
+const nodeLeaseDurationSeconds = "40"
+
+// Options says what to start.
+type Options struct {
+	// Cluster adds kube-controller-manager, kube-scheduler and kwok.
+	Cluster bool
+	// PodStages is PodsFast (the default) or PodsGeneral.
+	PodStages string
+	// WebhookManifests are files or directories of webhook configurations that
+	// envtest installs, pointing them at a local webhook server whose host, port
+	// and certificate directory are in Env.Webhook.
+	WebhookManifests []string
+	// Dir holds logs, kubeconfig and data; a temporary directory when empty.
+	Dir string
+}
+
+// Env is a running control plane.
+type Env struct {
+	// Config is an admin (system:masters) client configuration.
+	Config *rest.Config
+	// Client is a client for Config with the core and nodeguard schemes.
+	Client client.Client
+	// Scheme has the core and nodeguard types.
+	Scheme *runtime.Scheme
+	// Kubeconfig is the path of an admin kubeconfig file, for kubectl and for
+	// the components.
+	Kubeconfig string
+	// Dir holds the logs and data of this run.
+	Dir string
+	// Webhook is where installed webhook configurations send requests.
+	Webhook *envtest.WebhookInstallOptions
+
+	testEnv    *envtest.Environment
+	processes  []*process
+	removeDir  bool
+	apiLogPath string
+}
+
+// NewScheme returns a scheme with the core Kubernetes and nodeguard types.
+func NewScheme() *runtime.Scheme {
+	s := runtime.NewScheme()
+	_ = clientgoscheme.AddToScheme(s)
+	_ = ngv1alpha1.AddToScheme(s)
+	return s
+}
+
+// Start starts a control plane. Call Stop when done, also after an error.
+func Start(ctx context.Context, opts Options) (*Env, error) {
+	e := &Env{Dir: opts.Dir, Scheme: NewScheme()}
+	if e.Dir == "" {
+		dir, err := os.MkdirTemp("", "nodeguard-harness-")
+		if err != nil {
+			return nil, err
+		}
+		e.Dir, e.removeDir = dir, true
+	}
+	if err := os.MkdirAll(e.Dir, 0o755); err != nil {
+		return nil, err
+	}
+	if err := e.startAPIServer(opts); err != nil {
+		return e, err
+	}
+	if opts.Cluster {
+		if err := e.startCluster(ctx, opts); err != nil {
+			return e, err
+		}
+	}
+	return e, nil
+}
+
+func (e *Env) startAPIServer(opts Options) error {
+	wrappers := filepath.Join(e.Dir, "wrappers")
+	if err := os.MkdirAll(wrappers, 0o755); err != nil {
+		return err
+	}
+	apiserver, err := binaryWithParentDeathSignal(wrappers, "kube-apiserver")
+	if err != nil {
+		return err
+	}
+	etcd, err := binaryWithParentDeathSignal(wrappers, "etcd")
+	if err != nil {
+		return err
+	}
+	e.apiLogPath = filepath.Join(e.Dir, "kube-apiserver.log")
+	apiLog, err := os.Create(e.apiLogPath)
+	if err != nil {
+		return err
+	}
+	etcdLog, err := os.Create(filepath.Join(e.Dir, "etcd.log"))
+	if err != nil {
+		return err
+	}
+	e.testEnv = &envtest.Environment{
+		Scheme:                   e.Scheme,
+		CRDDirectoryPaths:        []string{CRDDir()},
+		ErrorIfCRDPathMissing:    true,
+		ControlPlaneStopTimeout:  stopGrace,
+		ControlPlaneStartTimeout: 90 * time.Second,
+		WebhookInstallOptions:    envtest.WebhookInstallOptions{Paths: opts.WebhookManifests},
+		ControlPlane: envtest.ControlPlane{
+			APIServer: &envtest.APIServer{Path: apiserver, Out: apiLog, Err: apiLog},
+			Etcd:      &envtest.Etcd{Path: etcd, Out: etcdLog, Err: etcdLog},
+		},
+	}
+	if _, err := e.testEnv.Start(); err != nil {
+		return fmt.Errorf("starting kube-apiserver and etcd: %w", err)
+	}
+	if len(opts.WebhookManifests) > 0 {
+		e.Webhook = &e.testEnv.WebhookInstallOptions
+	}
+	admin, err := e.testEnv.AddUser(envtest.User{Name: "nodeguard-admin", Groups: []string{"system:masters"}}, nil)
+	if err != nil {
+		return fmt.Errorf("adding admin user: %w", err)
+	}
+	e.Config = admin.Config()
+	e.Config.QPS, e.Config.Burst = 500, 1000
+	kubeconfig, err := admin.KubeConfig()
+	if err != nil {
+		return err
+	}
+	e.Kubeconfig = filepath.Join(e.Dir, "kubeconfig")
+	if err := os.WriteFile(e.Kubeconfig, kubeconfig, 0o600); err != nil {
+		return err
+	}
+	e.Client, err = client.New(e.Config, client.Options{Scheme: e.Scheme})
+	return err
+}
+
+func binaryWithParentDeathSignal(dir, name string) (string, error) {
+	path, err := binary(name)
+	if err != nil {
+		return "", err
+	}
+	return withParentDeathSignal(dir, path)
+}
+
+func (e *Env) startCluster(ctx context.Context, opts Options) error {
+	kc := "--kubeconfig=" + e.Kubeconfig
+	authn := []string{kc, "--authentication-kubeconfig=" + e.Kubeconfig, "--authorization-kubeconfig=" + e.Kubeconfig}
+	if err := e.start("kube-controller-manager", append(authn,
+		"--leader-elect=false", "--secure-port=0",
+		"--controllers=*,-serviceaccount-token", "--use-service-account-credentials=false",
+		// Evict pods from a NotReady node soon enough to matter in tests.
+		"--node-monitor-grace-period=40s",
+	)...); err != nil {
+		return err
+	}
+	if err := e.start("kube-scheduler", append(authn, "--leader-elect=false", "--secure-port=0")...); err != nil {
+		return err
+	}
+	stages, err := e.kwokStages(opts.PodStages)
+	if err != nil {
+		return err
+	}
+	if err := e.start("kwok", kc, "--manage-all-nodes=true", "--server-address=127.0.0.1:0",
+		"--config="+stages, "--node-lease-duration-seconds="+nodeLeaseDurationSeconds,
+		// Room for tens of thousands of pod IPs (the default /24 has 254).
+		"--cidr=10.128.0.1/9",
+	); err != nil {
+		return err
+	}
+	return e.waitForComponents(ctx)
+}
+
+// kwokStages writes the stock node stages plus the chosen pod stages into one
+// kwok config file.
+func (e *Env) kwokStages(pods string) (string, error) {
+	if pods == "" {
+		pods = PodsFast
+	}
+	var docs []string
+	for _, name := range []string{"node-fast", "node-heartbeat-with-lease", pods} {
+		path, err := binary(filepath.Join("kwok-stages", name+".yaml"))
+		if err != nil {
+			return "", err
+		}
+		data, err := os.ReadFile(path)
+		if err != nil {
+			return "", err
+		}
+		docs = append(docs, string(data))
+	}
+	out := filepath.Join(e.Dir, "kwok-stages.yaml")
+	return out, os.WriteFile(out, []byte(strings.Join(docs, "\n")), 0o644)
+}
+
+func (e *Env) start(name string, args ...string) error {
+	path, err := binary(name)
+	if err != nil {
+		return err
+	}
+	p, err := startProcess(name, e.Dir, path, args...)
+	if err != nil {
+		return err
+	}
+	e.processes = append(e.processes, p)
+	return nil
+}
+
+// waitForComponents waits until the controller manager has created the default
+// ServiceAccount (it is up and syncing), and fails early if a component exits.
+func (e *Env) waitForComponents(ctx context.Context) error {
+	return Poll(ctx, 2*time.Minute, func(ctx context.Context) (bool, error) {
+		for _, p := range e.processes {
+			if done, err := p.exited(); done {
+				return false, fmt.Errorf("%s exited (%v):\n%s", p.name, err, tail(p.logPath, 20))
+			}
+		}
+		var sa corev1.ServiceAccount
+		err := e.Client.Get(ctx, client.ObjectKey{Namespace: "default", Name: "default"}, &sa)
+		return err == nil, nil
+	})
+}
+
+// CheckAlive returns an error naming any component that has exited.
+func (e *Env) CheckAlive() error {
+	var errs []error
+	for _, p := range e.processes {
+		if done, err := p.exited(); done {
+			errs = append(errs, fmt.Errorf("%s exited: %v", p.name, err))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// LogTails returns the last lines of every component's log, for a failing test.
+func (e *Env) LogTails(lines int) string {
+	var b strings.Builder
+	paths := []string{e.apiLogPath, filepath.Join(e.Dir, "etcd.log")}
+	for _, p := range e.processes {
+		paths = append(paths, p.logPath)
+	}
+	for _, path := range paths {
+		if path == "" {
+			continue
+		}
+		fmt.Fprintf(&b, "==> %s <==\n%s\n\n", filepath.Base(path), tail(path, lines))
+	}
+	return b.String()
+}
+
+// Stop stops every component, newest first, and removes the run's directory if
+// the harness created it.
+func (e *Env) Stop() error {
+	var errs []error
+	for i := len(e.processes) - 1; i >= 0; i-- {
+		e.processes[i].stop()
+	}
+	if e.testEnv != nil {
+		if err := e.testEnv.Stop(); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	if e.removeDir {
+		errs = append(errs, os.RemoveAll(e.Dir))
+	}
+	return errors.Join(errs...)
+}

@@ -1,0 +1,48 @@
+package harness
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"os"
+	"testing"
+)
+
+// Main is a TestMain body for a package that shares one control plane across
+// its tests: it starts the control plane into *env, runs the tests, prints the
+// tail of every component's log if anything failed, and stops everything.
+// With -short, it runs the tests without a control plane (*env stays nil) so that
+// tests needing one can skip.
+func Main(m *testing.M, opts Options, env **Env) {
+	os.Exit(run(m, opts, env))
+}
+
+func run(m *testing.M, opts Options, env **Env) int {
+	if !flag.Parsed() {
+		flag.Parse()
+	}
+	if testing.Short() {
+		return m.Run()
+	}
+	e, err := Start(context.Background(), opts)
+	if e != nil {
+		defer func() {
+			if err := e.Stop(); err != nil {
+				fmt.Fprintf(os.Stderr, "stopping control plane: %v\n", err)
+			}
+		}()
+	}
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "starting control plane: %v\n", err)
+		if e != nil {
+			fmt.Fprint(os.Stderr, e.LogTails(40))
+		}
+		return 1
+	}
+	*env = e
+	code := m.Run()
+	if code != 0 {
+		fmt.Fprintf(os.Stderr, "\ncontrol-plane logs (tails):\n%s", e.LogTails(40))
+	}
+	return code
+}

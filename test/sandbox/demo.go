@@ -1,0 +1,82 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/nodeguard/nodeguard/test/builder"
+	"github.com/nodeguard/nodeguard/test/harness"
+)
+
+const (
+	demoNamespace       = "demo"
+	demoNamespaceSystem = "nodeguard-system"
+	demoSubscription    = "00000000-0000-0000-0000-000000000000"
+	demoResourceGroup   = "mc_nodeguard-demo_nodeguard_westeurope"
+	poolLabel           = "kubernetes.azure.com/agentpool"
+)
+
+type demoNode struct{ name, pool, ip string }
+
+// demoNodes are two AKS-style VMSS node pools of three nodes each.
+var demoNodes = []demoNode{
+	{"aks-system-vmss000000", "system", "10.224.0.4"},
+	{"aks-system-vmss000001", "system", "10.224.0.5"},
+	{"aks-system-vmss000002", "system", "10.224.0.6"},
+	{"aks-user-vmss000000", "user", "10.224.0.7"},
+	{"aks-user-vmss000001", "user", "10.224.0.8"},
+	{"aks-user-vmss000002", "user", "10.224.0.9"},
+}
+
+// providerID is the Azure VMSS instance ID cloud-provider-azure would set.
+func providerID(n demoNode, index int) string {
+	return fmt.Sprintf("azure:///subscriptions/%s/resourceGroups/%s/providers/Microsoft.Compute/virtualMachineScaleSets/aks-%s-vmss/virtualMachines/%d",
+		demoSubscription, demoResourceGroup, n.pool, index%3)
+}
+
+func createDemo(ctx context.Context, env *harness.Env) error {
+	c := env.Client
+	var objs []client.Object
+	for _, ns := range []string{demoNamespace, demoNamespaceSystem} {
+		objs = append(objs, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}})
+	}
+	for i, n := range demoNodes {
+		objs = append(objs, builder.Node(n.name,
+			builder.WithLabels(poolLabel, n.pool),
+			builder.WithProviderID(providerID(n, i)),
+			builder.WithInternalIP(n.ip)))
+	}
+	objs = append(objs,
+		builder.Deployment(demoNamespace, "web", 6, builder.OnNodes(poolLabel, "user")),
+		builder.PDB(demoNamespace, "web", builder.MaxUnavailable("1")),
+		builder.Deployment(demoNamespace, "api", 4, builder.OnNodes(poolLabel, "user")),
+		builder.PDB(demoNamespace, "api", builder.MinAvailable("75%")),
+		builder.Deployment(demoNamespace, "batch", 3),
+		builder.NDB("system", builder.NDBSelecting(poolLabel, "system"), builder.NDBMaxUnavailable("1")),
+		builder.NDB("user", builder.NDBSelecting(poolLabel, "user"), builder.NDBMinAvailable("50%")),
+	)
+	for _, obj := range objs {
+		if err := c.Create(ctx, obj); err != nil {
+			return fmt.Errorf("creating %T %s: %w", obj, obj.GetName(), err)
+		}
+	}
+	fmt.Println("waiting for the demo pods to run ...")
+	return harness.Poll(ctx, 3*time.Minute, func(ctx context.Context) (bool, error) {
+		var pods corev1.PodList
+		if err := c.List(ctx, &pods, client.InNamespace(demoNamespace)); err != nil {
+			return false, err
+		}
+		running := 0
+		for _, p := range pods.Items {
+			if p.Status.Phase == corev1.PodRunning {
+				running++
+			}
+		}
+		return running == 13, nil
+	})
+}

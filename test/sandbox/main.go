@@ -1,0 +1,133 @@
+// Command sandbox is what `make run` starts: a local cluster (etcd,
+// kube-apiserver, kube-controller-manager, kube-scheduler and kwok), a small demo
+// topology, and nodeguard running against it. It stays up until Ctrl-C and then
+// stops everything it started.
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"os"
+	"os/exec"
+	"os/signal"
+	"path/filepath"
+	"syscall"
+	"time"
+
+	"github.com/nodeguard/nodeguard/test/harness"
+)
+
+func main() {
+	binDir := flag.String("bin-dir", harness.BinDir(), "Directory with the nodeguard binary and the control-plane tools (make build tools).")
+	dir := flag.String("dir", filepath.Join(harness.RepoRoot(), ".sandbox"), "Directory for the sandbox's kubeconfig, logs and data; emptied at start.")
+	pods := flag.String("pod-stages", harness.PodsGeneral, "kwok pod stages: pod-general (realistic delays) or pod-fast (none).")
+	flag.Parse()
+	if err := run(*binDir, *dir, *pods); err != nil {
+		fmt.Fprintln(os.Stderr, "sandbox:", err)
+		os.Exit(1)
+	}
+}
+
+func run(binDir, dir, pods string) error {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	if err := os.RemoveAll(dir); err != nil {
+		return err
+	}
+	fmt.Println("starting etcd, kube-apiserver, kube-controller-manager, kube-scheduler and kwok ...")
+	env, err := harness.Start(ctx, harness.Options{Cluster: true, PodStages: pods, Dir: dir})
+	defer func() {
+		fmt.Println("stopping the sandbox ...")
+		if env != nil {
+			_ = env.Stop()
+		}
+	}()
+	if err != nil {
+		if env != nil {
+			fmt.Fprint(os.Stderr, env.LogTails(20))
+		}
+		return err
+	}
+	fmt.Println("creating the demo topology ...")
+	if err := createDemo(ctx, env); err != nil {
+		return fmt.Errorf("creating the demo topology: %w", err)
+	}
+	nodeguard, err := startNodeguard(binDir, env)
+	if err != nil {
+		return err
+	}
+	printWelcome(env)
+	select {
+	case <-ctx.Done():
+	case <-nodeguard.done:
+		fmt.Fprintf(os.Stderr, "nodeguard exited (%v); its log is %s\n", nodeguard.err, nodeguard.log)
+	}
+	nodeguard.stop()
+	return nil
+}
+
+// child is nodeguard running as a subprocess of the sandbox.
+type child struct {
+	cmd  *exec.Cmd
+	log  string
+	done chan struct{}
+	err  error
+}
+
+func startNodeguard(binDir string, env *harness.Env) (*child, error) {
+	logPath := filepath.Join(env.Dir, "nodeguard.log")
+	logFile, err := os.Create(logPath)
+	if err != nil {
+		return nil, err
+	}
+	cmd := exec.Command(filepath.Join(binDir, "nodeguard"), nodeguardArgs(env)...)
+	cmd.Stdout, cmd.Stderr = logFile, logFile
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
+	if err := cmd.Start(); err != nil {
+		return nil, fmt.Errorf("starting nodeguard (make build): %w", err)
+	}
+	c := &child{cmd: cmd, log: logPath, done: make(chan struct{})}
+	go func() { c.err = cmd.Wait(); logFile.Close(); close(c.done) }()
+	return c, nil
+}
+
+func nodeguardArgs(env *harness.Env) []string {
+	return []string{
+		"--kubeconfig=" + env.Kubeconfig,
+		"--metrics-bind-address=127.0.0.1:8080", "--metrics-secure=false",
+		"--health-probe-bind-address=127.0.0.1:8081",
+		"--webhook-port=-1",
+		"--leader-election-namespace=" + demoNamespaceSystem,
+	}
+}
+
+func (c *child) stop() {
+	select {
+	case <-c.done:
+		return
+	default:
+	}
+	_ = c.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-c.done:
+	case <-time.After(10 * time.Second):
+		_ = c.cmd.Process.Kill()
+		<-c.done
+	}
+}
+
+func printWelcome(env *harness.Env) {
+	fmt.Printf(`
+nodeguard sandbox is up. In another terminal:
+
+  export KUBECONFIG=%[1]s
+  kubectl get nodes,ndb
+  kubectl get deploy,pdb -n %[2]s
+  kubectl delete node %[3]s          # a node deletion, held to the NodeDisruptionBudget
+  curl -s localhost:8080/metrics | grep ^nodeguard_
+
+Logs of every component (and nodeguard.log) are in %[4]s.
+Press Ctrl-C to stop everything.
+`, env.Kubeconfig, demoNamespace, demoNodes[0].name, env.Dir)
+}
