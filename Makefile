@@ -21,7 +21,8 @@ run: build tools ## Start the local sandbox cluster with nodeguard (make run KUB
 ifeq ($(origin KUBECONFIG),command line)
 	$(BIN)/nodeguard --kubeconfig=$(KUBECONFIG) $(ARGS)
 else
-	$(GO) run ./test/sandbox --bin-dir=$(BIN) $(ARGS)
+	$(GO) build -o $(BIN)/sandbox ./test/sandbox
+	$(BIN)/sandbox --bin-dir=$(BIN) $(ARGS)
 endif
 
 .PHONY: build

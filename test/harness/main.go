@@ -14,10 +14,12 @@ import (
 // With -short, it runs the tests without a control plane (*env stays nil) so that
 // tests needing one can skip.
 func Main(m *testing.M, opts Options, env **Env) {
-	os.Exit(run(m, opts, env))
+	os.Exit(Run(m, opts, env))
 }
 
-func run(m *testing.M, opts Options, env **Env) int {
+// Run is Main without the exit: it returns the exit code, for a TestMain with
+// cleanup of its own.
+func Run(m *testing.M, opts Options, env **Env) int {
 	if !flag.Parsed() {
 		flag.Parse()
 	}

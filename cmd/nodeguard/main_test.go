@@ -1,0 +1,278 @@
+package main_test
+
+import (
+	"bufio"
+	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/pem"
+	"fmt"
+	"math/big"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/nodeguard/nodeguard/test/harness"
+)
+
+var (
+	env       *harness.Env
+	nodeguard string // the binary under test
+)
+
+var binDir string
+
+func TestMain(m *testing.M) {
+	var err error
+	if binDir, err = os.MkdirTemp("", "nodeguard-bin-"); err != nil {
+		panic(err)
+	}
+	code := harness.Run(m, harness.Options{}, &env)
+	os.RemoveAll(binDir)
+	os.Exit(code)
+}
+
+// build builds the binary under test once per test run.
+func build(t *testing.T) string {
+	t.Helper()
+	if nodeguard == "" {
+		out := filepath.Join(binDir, "nodeguard")
+		if b, err := exec.Command("go", "build", "-o", out, ".").CombinedOutput(); err != nil {
+			t.Fatalf("go build: %v\n%s", err, b)
+		}
+		nodeguard = out
+	}
+	return nodeguard
+}
+
+func TestHelpExplainsFlags(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds the binary")
+	}
+	out, err := exec.Command(build(t), "--help").CombinedOutput()
+	if err != nil {
+		t.Fatalf("--help: %v\n%s", err, out)
+	}
+	for _, want := range []string{"NodeDisruptionBudget", "-leader-elect", "-metrics-bind-address", "-webhook-cert-dir", "-health-probe-bind-address"} {
+		if !strings.Contains(string(out), want) {
+			t.Errorf("--help does not mention %q:\n%s", want, out)
+		}
+	}
+}
+
+func TestInvalidFlagsFailWithAClearMessage(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds the binary")
+	}
+	cmd := exec.Command(build(t), "--leader-elect-lease-duration=5s", "--leader-elect-renew-deadline=10s")
+	out, err := cmd.CombinedOutput()
+	if code := cmd.ProcessState.ExitCode(); err == nil || code != 2 {
+		t.Fatalf("exit code %d (%v), want 2", code, err)
+	}
+	if !strings.Contains(string(out), "--leader-elect-renew-deadline (10s) must be shorter than --leader-elect-lease-duration (5s)") {
+		t.Errorf("unclear error:\n%s", out)
+	}
+}
+
+// replica is one nodeguard process.
+type replica struct {
+	cmd                   *exec.Cmd
+	metrics, probe, hooks string // host:port
+	done                  chan error
+	log                   string
+}
+
+func startReplica(t *testing.T, name string, extra ...string) *replica {
+	t.Helper()
+	r := &replica{metrics: freeAddr(t), probe: freeAddr(t), done: make(chan error, 1), log: filepath.Join(t.TempDir(), name+".log")}
+	args := append([]string{
+		"--kubeconfig=" + env.Kubeconfig,
+		"--metrics-bind-address=" + r.metrics, "--metrics-secure=false",
+		"--health-probe-bind-address=" + r.probe,
+		"--leader-election-namespace=nodeguard-system",
+	}, extra...)
+	logFile, err := os.Create(r.log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r.cmd = exec.Command(build(t), args...)
+	r.cmd.Stdout, r.cmd.Stderr = logFile, logFile
+	r.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	if err := r.cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	go func() { r.done <- r.cmd.Wait(); logFile.Close() }()
+	t.Cleanup(func() {
+		_ = r.cmd.Process.Kill()
+		if t.Failed() {
+			b, _ := os.ReadFile(r.log)
+			t.Logf("%s log:\n%s", name, b)
+		}
+	})
+	return r
+}
+
+// metric returns the value of an unlabelled metric, or "" when absent.
+func (r *replica) metric(name string) string {
+	resp, err := http.Get("http://" + r.metrics + "/metrics")
+	if err != nil {
+		return ""
+	}
+	defer resp.Body.Close()
+	s := bufio.NewScanner(resp.Body)
+	for s.Scan() {
+		if v, ok := strings.CutPrefix(s.Text(), name+" "); ok {
+			return v
+		}
+	}
+	return ""
+}
+
+func (r *replica) probeOK(path string) bool {
+	resp, err := http.Get("http://" + r.probe + path)
+	if err != nil {
+		return false
+	}
+	resp.Body.Close()
+	return resp.StatusCode == http.StatusOK
+}
+
+func (r *replica) waitLeading(t *testing.T, timeout time.Duration) {
+	t.Helper()
+	harness.Eventually(t, timeout, func(context.Context) (bool, error) {
+		return r.metric("nodeguard_leader_is_leader") == "1", nil
+	}, "replica %s leads", r.metrics)
+}
+
+// TestLeaderHandsOverAtOnceOnSIGTERM starts two replicas with a 60 s Lease: the
+// standby can take over within the test's 30 s only if the leader released the
+// Lease on SIGTERM. It also checks the probes and the leader metrics.
+func TestLeaderHandsOverAtOnceOnSIGTERM(t *testing.T) {
+	if env == nil {
+		t.Skip("needs a control plane (not with -short)")
+	}
+	ctx := context.Background()
+	_ = env.Client.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "nodeguard-system"}})
+	lease := []string{"--webhook-port=-1", "--leader-elect-lease-duration=60s", "--leader-elect-renew-deadline=40s"}
+
+	a := startReplica(t, "a", lease...)
+	a.waitLeading(t, 30*time.Second)
+	b := startReplica(t, "b", lease...)
+	harness.Eventually(t, 30*time.Second, func(context.Context) (bool, error) {
+		return b.probeOK("/healthz") && b.probeOK("/readyz") && b.metric("nodeguard_leader_is_leader") == "0", nil
+	}, "the standby is healthy, ready and not leading")
+
+	if err := a.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-a.done:
+		if err != nil {
+			t.Fatalf("leader did not exit cleanly on SIGTERM: %v", err)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("leader did not exit within 30s of SIGTERM")
+	}
+	b.waitLeading(t, 30*time.Second)
+	if got := b.metric("nodeguard_leader_changes_total"); got != "1" {
+		t.Errorf("standby's nodeguard_leader_changes_total = %q, want 1", got)
+	}
+}
+
+// TestWebhookServerReloadsRotatedCertificate replaces the serving certificate
+// on disk, as cert-manager does on renewal, and expects the running server to
+// present the new one without a restart.
+func TestWebhookServerReloadsRotatedCertificate(t *testing.T) {
+	if env == nil {
+		t.Skip("needs a control plane (not with -short)")
+	}
+	certDir := t.TempDir()
+	first := writeCert(t, certDir, "first")
+	port := freePort(t)
+	startReplica(t, "webhook", "--leader-elect=false", fmt.Sprintf("--webhook-port=%d", port), "--webhook-cert-dir="+certDir)
+	addr := fmt.Sprintf("127.0.0.1:%d", port)
+	harness.Eventually(t, 30*time.Second, func(context.Context) (bool, error) {
+		serial, err := servedSerial(addr)
+		return err == nil && serial.Cmp(first) == 0, err
+	}, "the webhook server presents the first certificate")
+
+	second := writeCert(t, certDir, "second")
+	harness.Eventually(t, 30*time.Second, func(context.Context) (bool, error) {
+		serial, err := servedSerial(addr)
+		return err == nil && serial.Cmp(second) == 0, err
+	}, "the webhook server presents the rotated certificate")
+
+	conn, err := tls.Dial("tcp", addr, &tls.Config{InsecureSkipVerify: true, MaxVersion: tls.VersionTLS11}) //nolint:gosec // checking the server refuses old TLS
+	if err == nil {
+		conn.Close()
+		t.Error("webhook server accepted TLS 1.1, want TLS 1.2 as the minimum")
+	}
+}
+
+func servedSerial(addr string) (*big.Int, error) {
+	conn, err := tls.Dial("tcp", addr, &tls.Config{InsecureSkipVerify: true}) //nolint:gosec // only reading the served certificate
+	if err != nil {
+		return nil, err
+	}
+	defer conn.Close()
+	return conn.ConnectionState().PeerCertificates[0].SerialNumber, nil
+}
+
+// writeCert writes a self-signed tls.crt/tls.key pair and returns its serial.
+func writeCert(t *testing.T, dir, name string) *big.Int {
+	t.Helper()
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	serial, _ := rand.Int(rand.Reader, big.NewInt(1<<62))
+	tmpl := &x509.Certificate{
+		SerialNumber: serial, Subject: pkix.Name{CommonName: name},
+		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
+		IPAddresses: []net.IP{net.ParseIP("127.0.0.1")},
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	keyDER, _ := x509.MarshalECPrivateKey(key)
+	writeAtomically(t, filepath.Join(dir, "tls.key"), pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: keyDER}))
+	writeAtomically(t, filepath.Join(dir, "tls.crt"), pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}))
+	return serial
+}
+
+func writeAtomically(t *testing.T, path string, data []byte) {
+	t.Helper()
+	tmp := path + ".tmp"
+	if err := os.WriteFile(tmp, data, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Rename(tmp, path); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func freePort(t *testing.T) int {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port
+}
+
+func freeAddr(t *testing.T) string { return fmt.Sprintf("127.0.0.1:%d", freePort(t)) }
