@@ -1,0 +1,38 @@
+package v1alpha1
+
+// Well-known names nodeguard puts on or reads from core objects. They are API:
+// users and other tools rely on them, so they never change.
+const (
+	// TerminationFinalizer holds a node whose deletion nodeguard admitted until
+	// its traffic is cut and its pods are drained.
+	TerminationFinalizer = "nodeguard.io/termination"
+
+	// DrainingTaintKey (value "true", effect NoSchedule) marks a node nodeguard
+	// is draining. It is never the out-of-service taint, which means a
+	// non-graceful shutdown.
+	DrainingTaintKey   = "nodeguard.io/draining"
+	DrainingTaintValue = "true"
+
+	// DoNotEvictAnnotation ("true") on a pod makes the drain wait for the pod to
+	// go on its own instead of evicting it.
+	DoNotEvictAnnotation = "nodeguard.io/do-not-evict"
+)
+
+// Signal taints: while a node carries one, its load-balancer traffic is cut
+// (AdminState Down) and it counts as unavailable for NodeDisruptionBudgets.
+const (
+	OutOfServiceTaintKey  = "node.kubernetes.io/out-of-service"
+	CloudShutdownTaintKey = "node.cloudprovider.kubernetes.io/shutdown"
+	// SpotEvictionTaintKey counts only with the value SpotEvictionTaintValue.
+	SpotEvictionTaintKey   = "cloudprovider.azure.microsoft.com/draining"
+	SpotEvictionTaintValue = "spot-eviction"
+)
+
+// Node maintenance Leases (KEP "Node Maintenance Lease"): a Lease named after
+// the node in this namespace says who may disrupt the node.
+const (
+	MaintenanceLeaseNamespace = "kube-node-maintenance"
+	// AdminHolderPrefix: a Lease whose holderIdentity starts with it is an
+	// administrator's hold, held whatever its renew time.
+	AdminHolderPrefix = "kubeadm"
+)
