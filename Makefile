@@ -58,7 +58,8 @@ generate: tools ## Generate deepcopy code for the API types.
 
 .PHONY: manifests
 manifests: tools ## Generate the CRD, RBAC and webhook manifests from markers.
-	$(CONTROLLER_GEN) crd paths=./api/... output:crd:dir=manifests/crd
+	$(CONTROLLER_GEN) crd rbac:roleName=nodeguard webhook paths=./... \
+		output:crd:dir=manifests/crd output:rbac:dir=manifests/rbac output:webhook:dir=manifests/webhook
 
 ##@ Tools
 

@@ -13,6 +13,13 @@ const (
 	DrainingTaintKey   = "nodeguard.io/draining"
 	DrainingTaintValue = "true"
 
+	// FinalizerAddedAtAnnotation records when nodeguard added its finalizer to an
+	// existing node (RFC 3339). A delete in flight while the finalizer was added
+	// was decided by the API server without it: for a few seconds after this
+	// time, deletes are denied with "retry", so that only a fresh delete, which
+	// sees the finalizer, goes ahead.
+	FinalizerAddedAtAnnotation = "nodeguard.io/finalizer-added-at"
+
 	// DoNotEvictAnnotation ("true") on a pod makes the drain wait for the pod to
 	// go on its own instead of evicting it.
 	DoNotEvictAnnotation = "nodeguard.io/do-not-evict"

@@ -10,10 +10,12 @@ import (
 	"os"
 
 	coordinationv1 "k8s.io/api/coordination/v1"
+	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
 	utilruntime "k8s.io/apimachinery/pkg/util/runtime"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
+	"k8s.io/utils/clock"
 	"k8s.io/utils/ptr"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
@@ -25,7 +27,9 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/webhook"
 
 	ngv1alpha1 "github.com/nodeguard/nodeguard/api/v1alpha1"
+	"github.com/nodeguard/nodeguard/budget"
 	"github.com/nodeguard/nodeguard/leader"
+	ngwebhook "github.com/nodeguard/nodeguard/webhook"
 )
 
 func main() {
@@ -71,6 +75,9 @@ func run(opts options) error {
 	if err := leader.Setup(mgr, leaseKey); err != nil {
 		return err
 	}
+	if err := setupGuard(mgr, opts); err != nil {
+		return err
+	}
 	if err := mgr.AddHealthzCheck("ping", healthz.Ping); err != nil {
 		return err
 	}
@@ -82,6 +89,19 @@ func run(opts options) error {
 		return err
 	}
 	return mgr.Start(ctrl.SetupSignalHandler())
+}
+
+// setupGuard adds the admission webhooks, the finalizer backfill and the
+// NodeDisruptionBudget status controller.
+func setupGuard(mgr ctrl.Manager, opts options) error {
+	managed, _ := labels.Parse(opts.nodeSelector) // validated
+	if opts.webhookPort >= 0 {
+		ngwebhook.Register(mgr, ngwebhook.Options{Managed: managed, DeleteTimeout: opts.deleteTimeout})
+	}
+	if err := ngwebhook.SetupBackfill(mgr, managed); err != nil {
+		return err
+	}
+	return (&budget.StatusReconciler{Client: mgr.GetClient(), Clock: clock.RealClock{}, ClaimTimeout: opts.claimTimeout}).SetupWithManager(mgr)
 }
 
 func managerOptions(opts options, lease types.NamespacedName) ctrl.Options {

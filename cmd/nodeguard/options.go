@@ -5,6 +5,11 @@ import (
 	"fmt"
 	"os"
 	"time"
+
+	"k8s.io/apimachinery/pkg/labels"
+
+	"github.com/nodeguard/nodeguard/budget"
+	"github.com/nodeguard/nodeguard/webhook"
 )
 
 // options are the command-line flags of nodeguard.
@@ -21,6 +26,9 @@ type options struct {
 	renewDeadline    time.Duration
 	retryPeriod      time.Duration
 	gracefulShutdown time.Duration
+	nodeSelector     string
+	deleteTimeout    time.Duration
+	claimTimeout     time.Duration
 }
 
 // defaultNamespace is where nodeguard runs: the pod's namespace when the
@@ -55,11 +63,26 @@ func (o *options) bind(fs *flag.FlagSet) {
 		"How long the leader keeps trying to renew before it gives up leadership and exits.")
 	fs.DurationVar(&o.retryPeriod, "leader-elect-retry-period", 2*time.Second,
 		"How often candidates try to acquire or renew the Lease.")
+	fs.StringVar(&o.nodeSelector, "node-selector", "",
+		"Label selector of the nodes nodeguard manages (finalizer, budgets, drain), e.g. 'kubernetes.azure.com/mode=user'. Empty manages every node.")
+	fs.DurationVar(&o.deleteTimeout, "delete-admission-timeout", webhook.DefaultDeleteTimeout,
+		"Time budget of one node DELETE decision, including retries of conflicting budget claims; past it the delete is denied with 429 'retry'. Keep it below the webhook's timeoutSeconds (10s).")
+	fs.DurationVar(&o.claimTimeout, "disruption-claim-timeout", budget.DefaultClaimTimeout,
+		"How long a NodeDisruptionBudget keeps charging an admitted deletion whose node has not started deleting (a later admission step denied it) before giving it back.")
 	fs.DurationVar(&o.gracefulShutdown, "graceful-shutdown-timeout", 30*time.Second,
 		"How long to wait on SIGTERM for in-flight work to finish before exiting.")
 }
 
 func (o *options) validate() error {
+	if _, err := labels.Parse(o.nodeSelector); err != nil {
+		return fmt.Errorf("--node-selector %q: %w", o.nodeSelector, err)
+	}
+	if o.deleteTimeout <= 0 || o.deleteTimeout >= 10*time.Second {
+		return fmt.Errorf("--delete-admission-timeout (%s) must be positive and below the webhook timeout of 10s", o.deleteTimeout)
+	}
+	if o.claimTimeout <= 0 {
+		return fmt.Errorf("--disruption-claim-timeout (%s) must be positive", o.claimTimeout)
+	}
 	if o.leaderElect && o.leaderNamespace == "" {
 		return fmt.Errorf("--leader-election-namespace must not be empty when --leader-elect is set")
 	}

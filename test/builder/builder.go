@@ -64,6 +64,18 @@ func WithTaints(taints ...corev1.Taint) NodeOption {
 	return func(n *corev1.Node) { n.Spec.Taints = append(n.Spec.Taints, taints...) }
 }
 
+// Ready sets the node's Ready condition, for control planes without kwok.
+// The API server keeps the status a node is created with.
+func Ready() NodeOption {
+	return func(n *corev1.Node) {
+		now := metav1.Now()
+		n.Status.Conditions = append(n.Status.Conditions, corev1.NodeCondition{
+			Type: corev1.NodeReady, Status: corev1.ConditionTrue, Reason: "KubeletReady",
+			LastHeartbeatTime: now, LastTransitionTime: now,
+		})
+	}
+}
+
 // WithFinalizers adds finalizers.
 func WithFinalizers(finalizers ...string) NodeOption {
 	return func(n *corev1.Node) { n.Finalizers = append(n.Finalizers, finalizers...) }

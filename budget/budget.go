@@ -1,0 +1,154 @@
+// Package budget evaluates NodeDisruptionBudgets: which nodes a budget selects,
+// which of them are unavailable, how many more may be disrupted, and (in
+// claim.go) the conditional status write that admits one node against a budget.
+package budget
+
+import (
+	"fmt"
+	"math"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/util/intstr"
+
+	ngv1alpha1 "github.com/nodeguard/nodeguard/api/v1alpha1"
+)
+
+// Unavailable reports whether a node counts as unavailable for budgets: it is
+// not Ready, is being deleted, or carries a signal taint or the draining taint.
+// It returns a short reason for events and messages.
+func Unavailable(node *corev1.Node) (bool, string) {
+	if node.DeletionTimestamp != nil {
+		return true, "deleting"
+	}
+	for _, t := range node.Spec.Taints {
+		switch {
+		case t.Key == ngv1alpha1.DrainingTaintKey:
+			return true, "draining"
+		case t.Key == ngv1alpha1.OutOfServiceTaintKey, t.Key == ngv1alpha1.CloudShutdownTaintKey,
+			t.Key == ngv1alpha1.SpotEvictionTaintKey && t.Value == ngv1alpha1.SpotEvictionTaintValue:
+			return true, "tainted " + t.Key
+		}
+	}
+	for _, c := range node.Status.Conditions {
+		if c.Type == corev1.NodeReady {
+			if c.Status == corev1.ConditionTrue {
+				return false, ""
+			}
+			return true, "not ready"
+		}
+	}
+	return true, "not ready"
+}
+
+// Selector converts the budget's label selector. A nil selector selects
+// nothing; an empty one selects every node.
+func Selector(ndb *ngv1alpha1.NodeDisruptionBudget) (labels.Selector, error) {
+	if ndb.Spec.Selector == nil {
+		return labels.Nothing(), nil
+	}
+	return metav1.LabelSelectorAsSelector(ndb.Spec.Selector)
+}
+
+// Selects reports whether the budget covers the node.
+func Selects(ndb *ngv1alpha1.NodeDisruptionBudget, node *corev1.Node) (bool, error) {
+	sel, err := Selector(ndb)
+	if err != nil {
+		return false, err
+	}
+	return sel.Matches(labels.Set(node.Labels)), nil
+}
+
+// desiredAvailable is how many of expected nodes the budget wants available at
+// now, taking the tightest active window into account.
+func desiredAvailable(spec *ngv1alpha1.NodeDisruptionBudgetSpec, expected int32, now time.Time) (int32, *ActiveWindow, error) {
+	var desired int32
+	switch {
+	case spec.MinAvailable != nil:
+		minAvailable, err := scaled(spec.MinAvailable, expected)
+		if err != nil {
+			return 0, nil, fmt.Errorf("minAvailable: %w", err)
+		}
+		desired = minAvailable
+	case spec.MaxUnavailable != nil:
+		maxUnavailable, err := scaled(spec.MaxUnavailable, expected)
+		if err != nil {
+			return 0, nil, fmt.Errorf("maxUnavailable: %w", err)
+		}
+		desired = max(expected-maxUnavailable, 0)
+	default:
+		return 0, nil, fmt.Errorf("neither minAvailable nor maxUnavailable is set")
+	}
+	window, err := activeWindow(spec.Windows, expected, now)
+	if err != nil || window == nil {
+		return desired, nil, err
+	}
+	if windowDesired := max(expected-window.MaxUnavailable, 0); windowDesired > desired {
+		return windowDesired, window, nil
+	}
+	return desired, nil, nil
+}
+
+// scaled resolves an integer or a percentage of total, rounding percentages up
+// as PodDisruptionBudgets do.
+func scaled(v *intstr.IntOrString, total int32) (int32, error) {
+	n, err := intstr.GetScaledValueFromIntOrPercent(v, int(total), true)
+	if err != nil {
+		return 0, err
+	}
+	if n < 0 || n > math.MaxInt32 {
+		return 0, fmt.Errorf("value %s out of range", v.String())
+	}
+	return int32(n), nil
+}
+
+// Numbers are a budget's counts at one moment.
+type Numbers struct {
+	Expected, Available, Desired, Allowed int32
+	// Window is the disruption window that tightened the budget, if any.
+	Window *ActiveWindow
+}
+
+// Evaluate computes a budget's numbers from the nodes it selects. A node with
+// an entry in disruptedNodes is not counted as available even before it is seen
+// unavailable: its disruption is already charged to the budget.
+func Evaluate(ndb *ngv1alpha1.NodeDisruptionBudget, selected []corev1.Node, now time.Time) (Numbers, error) {
+	n := Numbers{Expected: int32(len(selected))}
+	for i := range selected {
+		unavailable, _ := Unavailable(&selected[i])
+		if _, charged := ndb.Status.DisruptedNodes[selected[i].Name]; !unavailable && !charged {
+			n.Available++
+		}
+	}
+	return n.withDesired(&ndb.Spec, now)
+}
+
+// FromStatus recomputes a budget's numbers from its status at now, so that a
+// window that opened after the status was written applies at once.
+func FromStatus(ndb *ngv1alpha1.NodeDisruptionBudget, now time.Time) (Numbers, error) {
+	n := Numbers{Expected: ndb.Status.ExpectedNodes, Available: ndb.Status.CurrentAvailable}
+	return n.withDesired(&ndb.Spec, now)
+}
+
+func (n Numbers) withDesired(spec *ngv1alpha1.NodeDisruptionBudgetSpec, now time.Time) (Numbers, error) {
+	desired, window, err := desiredAvailable(spec, n.Expected, now)
+	if err != nil {
+		return n, err
+	}
+	n.Desired, n.Window = desired, window
+	n.Allowed = max(n.Available-n.Desired, 0)
+	return n, nil
+}
+
+// Unavailable is how many selected nodes are unavailable or already charged.
+func (n Numbers) Unavailable() int32 { return n.Expected - n.Available }
+
+// MaxUnavailable is how many selected nodes may be unavailable at once.
+func (n Numbers) MaxUnavailable() int32 { return max(n.Expected-n.Desired, 0) }
+
+// String renders the numbers for messages: "allowed 0, unavailable 2 of max 2".
+func (n Numbers) String() string {
+	return fmt.Sprintf("allowed %d, unavailable %d of max %d", n.Allowed, n.Unavailable(), n.MaxUnavailable())
+}

@@ -1,0 +1,166 @@
+package budget
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"time"
+
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/clock"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	ngv1alpha1 "github.com/nodeguard/nodeguard/api/v1alpha1"
+)
+
+// releaseTimeout bounds giving back a claim, which runs on its own context so
+// that it happens even when the admission request's time is up.
+const releaseTimeout = 5 * time.Second
+
+// Denial is a budget's refusal of one more disruption.
+type Denial struct {
+	Budget  string
+	Numbers Numbers
+	// Code is 429 for "not now" (retrying later may succeed) and 403 for "not
+	// allowed" (the budget as written allows no disruption at all).
+	Code    int32
+	Message string
+}
+
+func (d *Denial) Error() string { return d.Message }
+
+// Claimer charges node disruptions to budgets the way the Eviction API charges
+// pod disruptions to PodDisruptionBudgets: it reads the budget, checks that it
+// allows one more disruption, and records the node in status.disruptedNodes in
+// one status write with a resourceVersion precondition. Concurrent claims
+// (from any number of webhook replicas) conflict, re-read and re-check, so a
+// budget never admits more than it allows. No in-memory lock is involved.
+type Claimer struct {
+	// Client writes budget status.
+	Client client.Client
+	// Reader reads budgets fresh from the API server (not a cache).
+	Reader client.Reader
+	Clock  clock.PassiveClock
+	// OnConflict, if set, is called for each conflicting write that is retried.
+	OnConflict func()
+}
+
+// Claim charges one disruption of node to the named budget. It returns true
+// when this call charged it, false when the node was already charged (claims are
+// idempotent, as admission may run more than once per delete), a *Denial when
+// the budget does not allow it, or an error. With dryRun it checks and writes
+// nothing. When ctx ends during conflict retries, it returns a 429 Denial.
+func (c *Claimer) Claim(ctx context.Context, budget, node string, dryRun bool) (bool, error) {
+	for {
+		var ndb ngv1alpha1.NodeDisruptionBudget
+		if err := c.Reader.Get(ctx, client.ObjectKey{Name: budget}, &ndb); err != nil {
+			if apierrors.IsNotFound(err) {
+				return false, nil // deleted since it was listed: nothing to charge
+			}
+			return false, c.contextDenial(ctx, budget, fmt.Errorf("reading NodeDisruptionBudget %q: %w", budget, err))
+		}
+		if _, charged := ndb.Status.DisruptedNodes[node]; charged {
+			return false, nil
+		}
+		now := c.Clock.Now()
+		n, err := c.check(&ndb, now)
+		if err != nil || dryRun {
+			return err == nil, err
+		}
+		if ndb.Status.DisruptedNodes == nil {
+			ndb.Status.DisruptedNodes = map[string]metav1.Time{}
+		}
+		ndb.Status.DisruptedNodes[node] = metav1.NewTime(now)
+		ndb.Status.CurrentAvailable = max(n.Available-1, 0)
+		ndb.Status.DisruptionsAllowed = n.Allowed - 1
+		err = c.Client.Status().Update(ctx, &ndb)
+		if apierrors.IsNotFound(err) {
+			return false, nil
+		}
+		if apierrors.IsConflict(err) {
+			if c.OnConflict != nil {
+				c.OnConflict()
+			}
+			if ctx.Err() == nil {
+				continue
+			}
+		}
+		if err != nil {
+			return false, c.contextDenial(ctx, budget, fmt.Errorf("charging NodeDisruptionBudget %q: %w", budget, err))
+		}
+		return true, nil
+	}
+}
+
+// check returns the budget's numbers if it allows one more disruption now, or
+// a *Denial saying why not and what to do.
+func (c *Claimer) check(ndb *ngv1alpha1.NodeDisruptionBudget, now time.Time) (Numbers, error) {
+	deny := func(code int32, n Numbers, format string, args ...any) (Numbers, error) {
+		return n, &Denial{Budget: ndb.Name, Numbers: n, Code: code, Message: fmt.Sprintf(format, args...)}
+	}
+	if ndb.Status.ObservedGeneration < ndb.Generation {
+		return deny(http.StatusTooManyRequests, Numbers{},
+			"NodeDisruptionBudget %q has not been evaluated since its last change; retry in a few seconds", ndb.Name)
+	}
+	n, err := FromStatus(ndb, now)
+	if err != nil {
+		return deny(http.StatusForbidden, n, "NodeDisruptionBudget %q is invalid (%v); fix it or delete it", ndb.Name, err)
+	}
+	switch {
+	case n.Allowed > 0:
+		return n, nil
+	case n.Window != nil:
+		return deny(http.StatusTooManyRequests, n,
+			"NodeDisruptionBudget %q is in a disruption window (schedule %q) until %s: %s; retry after the window ends",
+			ndb.Name, n.Window.Schedule, n.Window.Ends.UTC().Format(time.RFC3339), n)
+	case n.MaxUnavailable() == 0:
+		return deny(http.StatusForbidden, n,
+			"NodeDisruptionBudget %q allows no disruption of its %d nodes (%s); change the budget to delete this node",
+			ndb.Name, n.Expected, n)
+	default:
+		return deny(http.StatusTooManyRequests, n,
+			"NodeDisruptionBudget %q allows no more disruptions now: %s; retry when a disrupted node is back or gone (kubectl get ndb %s)",
+			ndb.Name, n, ndb.Name)
+	}
+}
+
+// contextDenial turns an error after the admission time budget ran out into a
+// 429 "try again", and passes other errors through.
+func (c *Claimer) contextDenial(ctx context.Context, budget string, err error) error {
+	if ctx.Err() == nil || errors.As(err, new(*Denial)) {
+		return err
+	}
+	return &Denial{Budget: budget, Code: http.StatusTooManyRequests,
+		Message: fmt.Sprintf("NodeDisruptionBudget %q is busy with concurrent node deletions; retry the delete", budget)}
+}
+
+// Release gives back a disruption this admission charged, when a later budget
+// denied the same delete. It retries conflicts for up to releaseTimeout.
+func (c *Claimer) Release(ctx context.Context, budget, node string) error {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), releaseTimeout)
+	defer cancel()
+	for {
+		var ndb ngv1alpha1.NodeDisruptionBudget
+		if err := c.Reader.Get(ctx, client.ObjectKey{Name: budget}, &ndb); err != nil {
+			return client.IgnoreNotFound(err)
+		}
+		if _, charged := ndb.Status.DisruptedNodes[node]; !charged {
+			return nil
+		}
+		delete(ndb.Status.DisruptedNodes, node)
+		ndb.Status.CurrentAvailable++
+		if n, err := FromStatus(&ndb, c.Clock.Now()); err == nil {
+			ndb.Status.DisruptionsAllowed = n.Allowed
+		}
+		err := c.Client.Status().Update(ctx, &ndb)
+		if apierrors.IsConflict(err) && ctx.Err() == nil {
+			continue
+		}
+		if err != nil {
+			return fmt.Errorf("releasing node %s from NodeDisruptionBudget %q: %w", node, budget, err)
+		}
+		return nil
+	}
+}

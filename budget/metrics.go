@@ -1,0 +1,54 @@
+package budget
+
+import (
+	"github.com/prometheus/client_golang/prometheus"
+	"sigs.k8s.io/controller-runtime/pkg/metrics"
+
+	ngv1alpha1 "github.com/nodeguard/nodeguard/api/v1alpha1"
+)
+
+// labelBudget names the NodeDisruptionBudget a series is about.
+const labelBudget = "ndb"
+
+var (
+	disruptionsAllowed = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Name: "nodeguard_ndb_disruptions_allowed",
+		Help: "How many more nodes the NodeDisruptionBudget allows to be disrupted now.",
+	}, []string{labelBudget})
+	expectedNodes = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Name: "nodeguard_ndb_expected_nodes",
+		Help: "Number of nodes the NodeDisruptionBudget selects.",
+	}, []string{labelBudget})
+	availableNodes = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Name: "nodeguard_ndb_available_nodes",
+		Help: "Number of selected nodes that are available and not charged with a disruption.",
+	}, []string{labelBudget})
+	desiredNodes = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Name: "nodeguard_ndb_desired_available_nodes",
+		Help: "Number of selected nodes the NodeDisruptionBudget wants available now.",
+	}, []string{labelBudget})
+	claimConflicts = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "nodeguard_ndb_claim_conflicts_total",
+		Help: "Disruption claims that lost a race to a concurrent status write and were retried.",
+	})
+)
+
+func init() {
+	metrics.Registry.MustRegister(disruptionsAllowed, expectedNodes, availableNodes, desiredNodes, claimConflicts)
+}
+
+// CountClaimConflict counts one retried claim conflict; use as Claimer.OnConflict.
+func CountClaimConflict() { claimConflicts.Inc() }
+
+func recordBudgetMetrics(name string, s ngv1alpha1.NodeDisruptionBudgetStatus) {
+	disruptionsAllowed.WithLabelValues(name).Set(float64(s.DisruptionsAllowed))
+	expectedNodes.WithLabelValues(name).Set(float64(s.ExpectedNodes))
+	availableNodes.WithLabelValues(name).Set(float64(s.CurrentAvailable))
+	desiredNodes.WithLabelValues(name).Set(float64(s.DesiredAvailable))
+}
+
+func forgetBudgetMetrics(name string) {
+	for _, g := range []*prometheus.GaugeVec{disruptionsAllowed, expectedNodes, availableNodes, desiredNodes} {
+		g.DeleteLabelValues(name)
+	}
+}

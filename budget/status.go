@@ -1,0 +1,194 @@
+package budget
+
+import (
+	"context"
+	"fmt"
+	"maps"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	apiequality "k8s.io/apimachinery/pkg/api/equality"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/clock"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/builder"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/event"
+	"sigs.k8s.io/controller-runtime/pkg/handler"
+	"sigs.k8s.io/controller-runtime/pkg/predicate"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+
+	ngv1alpha1 "github.com/nodeguard/nodeguard/api/v1alpha1"
+)
+
+// DefaultClaimTimeout is how long a disruption claim may wait for its node to
+// start deleting before it is given back (the PodDisruptionBudget one is 2 min).
+// It covers deletes admitted by nodeguard but denied by a later admission step.
+const DefaultClaimTimeout = 2 * time.Minute
+
+// StatusReconciler keeps every NodeDisruptionBudget's status true to the nodes:
+// counts, the DisruptionAllowed condition, and disruptedNodes pruned of nodes
+// that are now seen unavailable or gone, and of claims that expired.
+type StatusReconciler struct {
+	Client       client.Client
+	Clock        clock.PassiveClock
+	ClaimTimeout time.Duration
+}
+
+// +kubebuilder:rbac:groups=nodeguard.io,resources=nodedisruptionbudgets,verbs=get;list;watch
+// +kubebuilder:rbac:groups=nodeguard.io,resources=nodedisruptionbudgets/status,verbs=get;update
+// +kubebuilder:rbac:groups="",resources=nodes,verbs=get;list;watch
+
+// SetupWithManager registers the controller: it reconciles a budget when the
+// budget changes and when a node's labels, taints, readiness or deletion change.
+func (r *StatusReconciler) SetupWithManager(mgr ctrl.Manager) error {
+	return ctrl.NewControllerManagedBy(mgr).
+		Named("ndb-status").
+		For(&ngv1alpha1.NodeDisruptionBudget{}).
+		Watches(&corev1.Node{}, handler.EnqueueRequestsFromMapFunc(r.allBudgets),
+			builder.WithPredicates(nodeAvailabilityChanged())).
+		Complete(r)
+}
+
+// allBudgets maps a node change to every budget: a label change can move a node
+// into or out of any budget's selector.
+func (r *StatusReconciler) allBudgets(ctx context.Context, _ client.Object) []reconcile.Request {
+	var list ngv1alpha1.NodeDisruptionBudgetList
+	if err := r.Client.List(ctx, &list); err != nil {
+		ctrl.LoggerFrom(ctx).Error(err, "Listing NodeDisruptionBudgets for a node change")
+		return nil
+	}
+	reqs := make([]reconcile.Request, 0, len(list.Items))
+	for _, b := range list.Items {
+		reqs = append(reqs, reconcile.Request{NamespacedName: client.ObjectKeyFromObject(&b)})
+	}
+	return reqs
+}
+
+// nodeAvailabilityChanged passes node events that can change a budget, and
+// drops the heartbeat status updates that make up most node traffic.
+func nodeAvailabilityChanged() predicate.Predicate {
+	return predicate.Funcs{
+		UpdateFunc: func(e event.UpdateEvent) bool {
+			oldNode, ok1 := e.ObjectOld.(*corev1.Node)
+			newNode, ok2 := e.ObjectNew.(*corev1.Node)
+			if !ok1 || !ok2 {
+				return true
+			}
+			oldUnavailable, _ := Unavailable(oldNode)
+			newUnavailable, _ := Unavailable(newNode)
+			return oldUnavailable != newUnavailable || !maps.Equal(oldNode.Labels, newNode.Labels)
+		},
+	}
+}
+
+// Reconcile recomputes one budget's status.
+func (r *StatusReconciler) Reconcile(ctx context.Context, req reconcile.Request) (reconcile.Result, error) {
+	var ndb ngv1alpha1.NodeDisruptionBudget
+	if err := r.Client.Get(ctx, req.NamespacedName, &ndb); err != nil {
+		if client.IgnoreNotFound(err) == nil {
+			forgetBudgetMetrics(req.Name)
+		}
+		return reconcile.Result{}, client.IgnoreNotFound(err)
+	}
+	now := r.Clock.Now()
+	selected, err := r.selectedNodes(ctx, &ndb)
+	if err != nil {
+		return reconcile.Result{}, err
+	}
+	status, requeueAt := r.computeStatus(&ndb, selected, now)
+	recordBudgetMetrics(ndb.Name, status)
+	if !apiequality.Semantic.DeepEqual(status, ndb.Status) {
+		ndb.Status = status
+		// Update carries the resourceVersion we read: a claim written since then
+		// makes this a conflict, and the retry counts it.
+		if err := r.Client.Status().Update(ctx, &ndb); err != nil {
+			return reconcile.Result{}, fmt.Errorf("updating NodeDisruptionBudget %s status: %w", ndb.Name, err)
+		}
+	}
+	if requeueAt.IsZero() {
+		return reconcile.Result{}, nil
+	}
+	return reconcile.Result{RequeueAfter: requeueAt.Sub(now)}, nil
+}
+
+func (r *StatusReconciler) selectedNodes(ctx context.Context, ndb *ngv1alpha1.NodeDisruptionBudget) ([]corev1.Node, error) {
+	sel, err := Selector(ndb)
+	if err != nil {
+		return nil, nil //nolint:nilerr // an invalid selector selects nothing; computeStatus reports it
+	}
+	var nodes corev1.NodeList
+	if err := r.Client.List(ctx, &nodes, client.MatchingLabelsSelector{Selector: sel}); err != nil {
+		return nil, fmt.Errorf("listing nodes: %w", err)
+	}
+	return nodes.Items, nil
+}
+
+// computeStatus returns the budget's new status, and when it must be recomputed
+// even if nothing changes (a claim expiring, a window opening or closing).
+func (r *StatusReconciler) computeStatus(ndb *ngv1alpha1.NodeDisruptionBudget, selected []corev1.Node, now time.Time) (ngv1alpha1.NodeDisruptionBudgetStatus, time.Time) {
+	status := *ndb.Status.DeepCopy()
+	status.ObservedGeneration = ndb.Generation
+	var requeueAt time.Time
+	status.DisruptedNodes, requeueAt = r.prune(ndb.Status.DisruptedNodes, selected, now)
+
+	pruned := ndb.DeepCopy()
+	pruned.Status.DisruptedNodes = status.DisruptedNodes
+	cond := metav1.Condition{Type: ngv1alpha1.ConditionDisruptionAllowed, ObservedGeneration: ndb.Generation}
+	n, err := Evaluate(pruned, selected, now)
+	switch {
+	case err != nil:
+		cond.Status, cond.Reason, cond.Message = metav1.ConditionFalse, ngv1alpha1.ReasonInvalidSpec, err.Error()
+	case n.Allowed > 0:
+		cond.Status, cond.Reason, cond.Message = metav1.ConditionTrue, ngv1alpha1.ReasonSufficientNodes, n.String()
+	case n.Window != nil:
+		cond.Status, cond.Reason = metav1.ConditionFalse, ngv1alpha1.ReasonWindowActive
+		cond.Message = fmt.Sprintf("%s; disruption window %q ends %s", n, n.Window.Schedule, n.Window.Ends.UTC().Format(time.RFC3339))
+	default:
+		cond.Status, cond.Reason, cond.Message = metav1.ConditionFalse, ngv1alpha1.ReasonInsufficientNodes, n.String()
+	}
+	status.ExpectedNodes, status.CurrentAvailable = n.Expected, n.Available
+	status.DesiredAvailable, status.DisruptionsAllowed = n.Desired, n.Allowed
+	meta.SetStatusCondition(&status.Conditions, cond)
+
+	if change := NextWindowChange(ndb.Spec.Windows, now); !change.IsZero() && (requeueAt.IsZero() || change.Before(requeueAt)) {
+		requeueAt = change
+	}
+	return status, requeueAt
+}
+
+// prune keeps the claims whose node is still available and has not yet started
+// deleting within ClaimTimeout; it returns them with the earliest expiry.
+func (r *StatusReconciler) prune(claims map[string]metav1.Time, selected []corev1.Node, now time.Time) (map[string]metav1.Time, time.Time) {
+	if len(claims) == 0 {
+		return nil, time.Time{}
+	}
+	byName := make(map[string]*corev1.Node, len(selected))
+	for i := range selected {
+		byName[selected[i].Name] = &selected[i]
+	}
+	kept := map[string]metav1.Time{}
+	var earliest time.Time
+	for name, at := range claims {
+		node, exists := byName[name]
+		if !exists {
+			continue // gone, or no longer selected
+		}
+		if unavailable, _ := Unavailable(node); unavailable {
+			continue // seen unavailable: counted as such from now on
+		}
+		expires := at.Add(r.ClaimTimeout)
+		if !expires.After(now) {
+			continue // the admitted delete never happened
+		}
+		kept[name] = at
+		if earliest.IsZero() || expires.Before(earliest) {
+			earliest = expires
+		}
+	}
+	if len(kept) == 0 {
+		return nil, earliest
+	}
+	return kept, earliest
+}

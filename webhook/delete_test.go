@@ -1,0 +1,370 @@
+package webhook_test
+
+import (
+	"context"
+	"fmt"
+	"os/exec"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
+	coordinationv1 "k8s.io/api/coordination/v1"
+	corev1 "k8s.io/api/core/v1"
+	eventsv1 "k8s.io/api/events/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	ngv1alpha1 "github.com/nodeguard/nodeguard/api/v1alpha1"
+	"github.com/nodeguard/nodeguard/test/builder"
+	"github.com/nodeguard/nodeguard/test/harness"
+)
+
+func needsEnv(t *testing.T) {
+	t.Helper()
+	if env == nil {
+		t.Skip("needs a control plane (not with -short)")
+	}
+}
+
+func kubectl(args ...string) (string, error) {
+	out, err := exec.Command("kubectl", append([]string{"--kubeconfig", env.Kubeconfig}, args...)...).CombinedOutput()
+	return string(out), err
+}
+
+func getNode(t *testing.T, name string) *corev1.Node {
+	t.Helper()
+	var node corev1.Node
+	if err := env.Client.Get(context.Background(), client.ObjectKey{Name: name}, &node); err != nil {
+		t.Fatalf("getting node %s: %v", name, err)
+	}
+	return &node
+}
+
+func TestFinalizerIsAddedOnCreateAndNothingElseChanges(t *testing.T) {
+	needsEnv(t)
+	useGuards(t, startGuard(t, false))
+	node := builder.Node("create-0", builder.WithLabels("pool", "create"), builder.WithFinalizers("example.com/keep"), builder.Ready())
+	if err := env.Client.Create(context.Background(), node); err != nil {
+		t.Fatal(err)
+	}
+	got := getNode(t, "create-0")
+	if want := []string{"example.com/keep", ngv1alpha1.TerminationFinalizer}; !slices.Equal(got.Finalizers, want) {
+		t.Errorf("finalizers = %v, want %v", got.Finalizers, want)
+	}
+	if got.Labels["pool"] != "create" || got.Annotations[builder.KwokAnnotation] != "fake" {
+		t.Errorf("labels or annotations changed: %v %v", got.Labels, got.Annotations)
+	}
+}
+
+// TestBackfillAddsFinalizerToNodesFromBeforeInstall creates a node while no
+// mutating webhook is installed, as before nodeguard was, and expects the
+// backfill controller to add the finalizer.
+func TestBackfillAddsFinalizerToNodesFromBeforeInstall(t *testing.T) {
+	needsEnv(t)
+	ctx := context.Background()
+	var mutating admissionregistrationv1.MutatingWebhookConfiguration
+	if err := env.Client.Get(ctx, client.ObjectKey{Name: "mutating-webhook-configuration"}, &mutating); err != nil {
+		t.Fatal(err)
+	}
+	if err := env.Client.Delete(ctx, &mutating); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		mutating.ResourceVersion, mutating.UID = "", ""
+		if err := env.Client.Create(ctx, &mutating); err != nil {
+			t.Errorf("restoring the mutating webhook: %v", err)
+		}
+	})
+	node := builder.Node("backfill-0", builder.WithLabels("pool", "backfill"), builder.Ready())
+	if err := env.Client.Create(ctx, node); err != nil {
+		t.Fatal(err)
+	}
+	if slices.Contains(getNode(t, "backfill-0").Finalizers, ngv1alpha1.TerminationFinalizer) {
+		t.Fatal("node got the finalizer without the webhook: the test proves nothing")
+	}
+
+	useGuards(t, startGuard(t, true))
+	harness.Eventually(t, 30*time.Second, func(context.Context) (bool, error) {
+		return slices.Contains(getNode(t, "backfill-0").Finalizers, ngv1alpha1.TerminationFinalizer), nil
+	}, "the backfill adds the finalizer")
+}
+
+// TestKubectlDeleteIsHeldToTheBudget deletes nodes with kubectl through the
+// real API server: the first deletion is admitted and the node stays, held by
+// the finalizer; the second is denied with a message naming the budget and its
+// numbers; a server-side dry run changes nothing.
+func TestKubectlDeleteIsHeldToTheBudget(t *testing.T) {
+	needsEnv(t)
+	useGuards(t, startGuard(t, false))
+	createReadyNodes(t, "kubectl", 3)
+	createBudget(t, "kubectl", 1, builder.NDBMaxUnavailable("1"))
+
+	out, err := kubectl("delete", "node", "kubectl-0", "--dry-run=server")
+	if err != nil || !strings.Contains(out, "deleted (server dry run)") {
+		t.Fatalf("dry-run delete: %v\n%s", err, out)
+	}
+	ndb := getBudget(t, "kubectl")
+	if len(ndb.Status.DisruptedNodes) != 0 || getNode(t, "kubectl-0").DeletionTimestamp != nil {
+		t.Fatalf("dry run changed something: disruptedNodes %v", ndb.Status.DisruptedNodes)
+	}
+
+	if out, err := kubectl("delete", "node", "kubectl-0", "--wait=false"); err != nil {
+		t.Fatalf("first delete denied: %v\n%s", err, out)
+	}
+	admitted := getNode(t, "kubectl-0")
+	if admitted.DeletionTimestamp == nil || !slices.Contains(admitted.Finalizers, ngv1alpha1.TerminationFinalizer) {
+		t.Fatalf("admitted node should still exist with a deletion timestamp and the finalizer: %+v", admitted.ObjectMeta)
+	}
+	// Charged at once: in disruptedNodes until the status controller sees the
+	// node deleting, counted unavailable from then on.
+	if ndb := getBudget(t, "kubectl"); ndb.Status.DisruptionsAllowed != 0 {
+		t.Errorf("after an admitted deletion the budget still allows %d", ndb.Status.DisruptionsAllowed)
+	}
+
+	out, err = kubectl("delete", "node", "kubectl-1", "--wait=false")
+	want := `Error from server (TooManyRequests): admission webhook "delete.nodeguard.io" denied the request: deleting node kubectl-1: NodeDisruptionBudget "kubectl" allows no more disruptions now: allowed 0, unavailable 1 of max 1; retry when a disrupted node is back or gone (kubectl get ndb kubectl)`
+	if err == nil || !strings.Contains(out, want) {
+		t.Fatalf("second delete: err %v, output:\n%s\nwant:\n%s", err, out, want)
+	}
+	if getNode(t, "kubectl-1").DeletionTimestamp != nil {
+		t.Error("denied node is being deleted")
+	}
+
+	out, err = kubectl("delete", "node", "kubectl-2", "--dry-run=server")
+	if err == nil || !strings.Contains(out, "allows no more disruptions now") {
+		t.Errorf("dry run of a delete the budget refuses should be refused too: %v\n%s", err, out)
+	}
+
+	waitForEvent(t, "kubectl-0", "NodeDeletionAdmitted")
+	waitForEvent(t, "kubectl-1", "NodeDeletionDenied")
+	waitForEvent(t, "kubectl", "DisruptionDenied")
+}
+
+func getBudget(t *testing.T, name string) *ngv1alpha1.NodeDisruptionBudget {
+	t.Helper()
+	var ndb ngv1alpha1.NodeDisruptionBudget
+	if err := env.Client.Get(context.Background(), client.ObjectKey{Name: name}, &ndb); err != nil {
+		t.Fatal(err)
+	}
+	return &ndb
+}
+
+func waitForEvent(t *testing.T, regarding, reason string) {
+	t.Helper()
+	harness.Eventually(t, 30*time.Second, func(ctx context.Context) (bool, error) {
+		var list eventsv1.EventList
+		if err := env.Client.List(ctx, &list); err != nil {
+			return false, err
+		}
+		for _, e := range list.Items {
+			if e.Regarding.Name == regarding && e.Reason == reason {
+				return true, nil
+			}
+		}
+		return false, nil
+	}, "an event %s about %s", reason, regarding)
+}
+
+// TestConcurrentDeletesNeverOverAdmit sends 50 concurrent deletions of distinct
+// nodes under maxUnavailable 3 through the API server, 20 times, first to one
+// webhook server and then to two answering in turn: exactly 3 are admitted
+// every time, since budgets are charged by conditional status writes and no
+// in-memory lock.
+func TestConcurrentDeletesNeverOverAdmit(t *testing.T) {
+	needsEnv(t)
+	const rounds, nodes, budget = 20, 50, 3
+	one := startGuard(t, false)
+	for _, servers := range []int{1, 2} {
+		t.Run(fmt.Sprintf("%d webhook servers", servers), func(t *testing.T) {
+			guards := []*guard{one}
+			if servers == 2 {
+				guards = append(guards, startGuard(t, false))
+			}
+			useGuards(t, guards...)
+			for round := range rounds {
+				pool := fmt.Sprintf("race-%d-%d", servers, round)
+				names := createReadyNodes(t, pool, nodes)
+				createBudget(t, pool, budget, builder.NDBMaxUnavailable(fmt.Sprint(budget)))
+				if admitted := deleteAll(t, names); admitted != budget {
+					t.Fatalf("round %d: %d deletions admitted, want %d", round, admitted, budget)
+				}
+				deleting := 0
+				for _, name := range names {
+					if getNode(t, name).DeletionTimestamp != nil {
+						deleting++
+					}
+				}
+				if ndb := getBudget(t, pool); deleting != budget || len(ndb.Status.DisruptedNodes) > budget {
+					t.Fatalf("round %d: %d nodes deleting, disruptedNodes %v; want %d", round, deleting, ndb.Status.DisruptedNodes, budget)
+				}
+			}
+		})
+	}
+}
+
+// deleteAll deletes the nodes concurrently and returns how many were admitted.
+func deleteAll(t *testing.T, names []string) int {
+	t.Helper()
+	var admitted atomic.Int32
+	var wg sync.WaitGroup
+	for _, name := range names {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			err := env.Client.Delete(context.Background(), &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: name}})
+			switch {
+			case err == nil:
+				admitted.Add(1)
+			case !apierrors.IsTooManyRequests(err):
+				t.Errorf("deleting %s: unexpected error %v", name, err)
+			}
+		}()
+	}
+	wg.Wait()
+	return int(admitted.Load())
+}
+
+// TestMaintenanceHoldBlocksDeletion: an administrator's hold (kubeadm...)
+// blocks deletion whatever its age, another holder's blocks until it expires.
+func TestMaintenanceHoldBlocksDeletion(t *testing.T) {
+	needsEnv(t)
+	useGuards(t, startGuard(t, false))
+	ctx := context.Background()
+	_ = env.Client.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ngv1alpha1.MaintenanceLeaseNamespace}})
+	createReadyNodes(t, "hold", 3)
+	lease := func(node, holder string, renewedAgo time.Duration) {
+		l := &coordinationv1.Lease{
+			ObjectMeta: metav1.ObjectMeta{Namespace: ngv1alpha1.MaintenanceLeaseNamespace, Name: node},
+			Spec: coordinationv1.LeaseSpec{HolderIdentity: ptr.To(holder), LeaseDurationSeconds: ptr.To[int32](60),
+				RenewTime: ptr.To(metav1.NewMicroTime(time.Now().Add(-renewedAgo)))},
+		}
+		if err := env.Client.Create(ctx, l); err != nil {
+			t.Fatal(err)
+		}
+	}
+	lease("hold-0", "kubeadm-alice", 24*time.Hour)
+	lease("hold-1", "upgrade-bot", 0)
+	lease("hold-2", "upgrade-bot", 10*time.Minute)
+
+	out, err := kubectl("delete", "node", "hold-0", "--wait=false")
+	if err == nil || !strings.Contains(out, "node hold-0 is under maintenance: its Lease kube-node-maintenance/hold-0 is held by kubeadm-alice until released") {
+		t.Errorf("administrator's hold: %v\n%s", err, out)
+	}
+	out, err = kubectl("delete", "node", "hold-1", "--wait=false")
+	if err == nil || !strings.Contains(out, "is held by upgrade-bot until") {
+		t.Errorf("live hold: %v\n%s", err, out)
+	}
+	if out, err := kubectl("delete", "node", "hold-2", "--wait=false"); err != nil {
+		t.Errorf("expired hold should not block: %v\n%s", err, out)
+	}
+}
+
+// TestDisruptionWindowDeniesWithItsEnd: inside a window allowing no disruption,
+// deletion is denied with the time the window ends.
+func TestDisruptionWindowDeniesWithItsEnd(t *testing.T) {
+	needsEnv(t)
+	useGuards(t, startGuard(t, false))
+	createReadyNodes(t, "window", 3)
+	createBudget(t, "window", 0, builder.NDBMaxUnavailable("2"), func(b *ngv1alpha1.NodeDisruptionBudget) {
+		b.Spec.Windows = []ngv1alpha1.DisruptionWindow{{Schedule: "* * * * *", Duration: metav1.Duration{Duration: time.Hour}}}
+	})
+	out, err := kubectl("delete", "node", "window-0", "--wait=false")
+	if err == nil || !strings.Contains(out, `NodeDisruptionBudget "window" is in a disruption window (schedule "* * * * *") until `) ||
+		!strings.Contains(out, "retry after the window ends") {
+		t.Errorf("delete inside a window: %v\n%s", err, out)
+	}
+	cond := getBudget(t, "window").Status.Conditions
+	if len(cond) != 1 || cond[0].Reason != ngv1alpha1.ReasonWindowActive || cond[0].Status != metav1.ConditionFalse {
+		t.Errorf("conditions = %+v, want DisruptionAllowed False with reason %s", cond, ngv1alpha1.ReasonWindowActive)
+	}
+}
+
+// TestEveryMatchingBudgetMustAllow: a node under two budgets is deleted only if
+// both allow it; a denial by the second gives back the first one's claim.
+func TestEveryMatchingBudgetMustAllow(t *testing.T) {
+	needsEnv(t)
+	useGuards(t, startGuard(t, false))
+	createReadyNodes(t, "multi", 2, builder.WithLabels("zone", "multi-z"))
+	createBudget(t, "multi", 1, builder.NDBMaxUnavailable("1"))
+	strict := builder.NDB("multi-zz-strict", builder.NDBSelecting("zone", "multi-z"), builder.NDBMaxUnavailable("0"))
+	if err := env.Client.Create(context.Background(), strict); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = env.Client.Delete(context.Background(), strict) })
+	harness.Eventually(t, 30*time.Second, func(context.Context) (bool, error) {
+		return getBudget(t, "multi-zz-strict").Status.ObservedGeneration == 1, nil
+	}, "the strict budget is evaluated")
+
+	out, err := kubectl("delete", "node", "multi-0", "--wait=false")
+	if err == nil || !strings.Contains(out, "Error from server (Forbidden)") ||
+		!strings.Contains(out, `NodeDisruptionBudget "multi-zz-strict" allows no disruption of its 2 nodes`) {
+		t.Fatalf("delete under a budget allowing none: %v\n%s", err, out)
+	}
+	if ndb := getBudget(t, "multi"); len(ndb.Status.DisruptedNodes) != 0 || ndb.Status.DisruptionsAllowed != 1 {
+		t.Errorf("first budget's claim was not given back: %+v", ndb.Status)
+	}
+}
+
+// TestMissingFinalizerNeverLetsANodeGoUnguarded: a node without the finalizer
+// (created while the webhook was unreachable) is never deleted unguarded.
+// kube-apiserver decides "delete at once" from the node it read before
+// admission; when the webhook adds the finalizer and denies, the API server sees
+// the node changed and runs admission again within the same request (seen here
+// on v1.36: allowing that second call removed the node, finalizer and all). So
+// the delete is denied, a retry right after is denied too, and a retry a few
+// seconds later is guarded: the node ends up deleting, held by the finalizer,
+// with its budget charged.
+func TestMissingFinalizerNeverLetsANodeGoUnguarded(t *testing.T) {
+	needsEnv(t)
+	useGuards(t) // nodeguard down: the finalizer webhook fails open
+	createReadyNodes(t, "late", 2)
+	if slices.Contains(getNode(t, "late-0").Finalizers, ngv1alpha1.TerminationFinalizer) {
+		t.Fatal("node got the finalizer with nodeguard down")
+	}
+	out, err := kubectl("delete", "node", "late-0", "--wait=false")
+	if err == nil || !strings.Contains(out, `failed calling webhook "delete.nodeguard.io"`) {
+		t.Fatalf("with nodeguard down, failurePolicy Fail should refuse the delete: %v\n%s", err, out)
+	}
+
+	useGuards(t, startGuard(t, false))
+	createBudget(t, "late", 1, builder.NDBMaxUnavailable("1"))
+	out, err = kubectl("delete", "node", "late-0", "--wait=false")
+	// What kubectl shows is the answer to the API server's second admission call.
+	if err == nil || !strings.Contains(out, "retry the delete") {
+		t.Fatalf("first delete: %v\n%s", err, out)
+	}
+	if node := getNode(t, "late-0"); node.DeletionTimestamp != nil || !slices.Contains(node.Finalizers, ngv1alpha1.TerminationFinalizer) {
+		t.Fatalf("after the first delete the node should carry the finalizer and not be deleting: %+v", node.ObjectMeta)
+	}
+	out, err = kubectl("delete", "node", "late-0", "--wait=false")
+	if err == nil || !strings.Contains(out, "retry the delete in a few seconds") {
+		t.Fatalf("an immediate retry should be denied: %v\n%s", err, out)
+	}
+	harness.Eventually(t, 15*time.Second, func(context.Context) (bool, error) {
+		out, err := kubectl("delete", "node", "late-0", "--wait=false")
+		if err != nil && !strings.Contains(out, "retry the delete in a few seconds") {
+			return false, fmt.Errorf("unexpected denial: %s", out)
+		}
+		return err == nil, nil
+	}, "a later retry is admitted")
+	if node := getNode(t, "late-0"); node.DeletionTimestamp == nil || !slices.Contains(node.Finalizers, ngv1alpha1.TerminationFinalizer) {
+		t.Fatalf("admitted node should be deleting and held by the finalizer: %+v", node.ObjectMeta)
+	}
+	harness.Eventually(t, 10*time.Second, func(context.Context) (bool, error) {
+		return getBudget(t, "late").Status.DisruptionsAllowed == 0, nil
+	}, "the deletion is charged to the budget")
+	if out, err := kubectl("delete", "node", "late-1", "--wait=false"); err == nil {
+		t.Errorf("a second deletion should be over the budget:\n%s", out)
+	}
+	startGuard(t, true)
+	harness.Eventually(t, 15*time.Second, func(context.Context) (bool, error) {
+		_, marked := getNode(t, "late-0").Annotations[ngv1alpha1.FinalizerAddedAtAnnotation]
+		return !marked, nil
+	}, "the backfill removes the finalizer-added-at mark after the hold")
+}

@@ -1,0 +1,18 @@
+package webhook
+
+// Event reasons of the guard, on the Node and on the NodeDisruptionBudget.
+const (
+	// ReasonDeletionAdmitted (Node): the deletion was admitted within every budget.
+	ReasonDeletionAdmitted = "NodeDeletionAdmitted"
+	// ReasonDeletionDenied (Node, Warning): a budget or a maintenance hold denied it.
+	ReasonDeletionDenied = "NodeDeletionDenied"
+	// ReasonFinalizerAdded (Node): the termination finalizer was added during a
+	// delete, which is denied once so that the retry is guarded.
+	ReasonFinalizerAdded = "TerminationFinalizerAdded"
+	// ReasonDisruptionClaimed (NodeDisruptionBudget): a node's deletion was charged.
+	ReasonDisruptionClaimed = "DisruptionClaimed"
+	// ReasonDisruptionDenied (NodeDisruptionBudget, Warning): the budget refused one.
+	ReasonDisruptionDenied = "DisruptionDenied"
+
+	actionAdmit = "AdmitNodeDeletion"
+)

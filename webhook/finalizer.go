@@ -1,0 +1,66 @@
+package webhook
+
+import (
+	"context"
+	"net/http"
+	"slices"
+	"time"
+
+	"gomodules.xyz/jsonpatch/v2"
+	admissionv1 "k8s.io/api/admission/v1"
+	"k8s.io/apimachinery/pkg/labels"
+	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
+
+	ngv1alpha1 "github.com/nodeguard/nodeguard/api/v1alpha1"
+)
+
+// FinalizerPath serves the mutating webhook for Node CREATE and UPDATE.
+const FinalizerPath = "/mutate-node-finalizer"
+
+// +kubebuilder:webhook:path=/mutate-node-finalizer,mutating=true,failurePolicy=ignore,sideEffects=None,groups="",resources=nodes,verbs=create;update,versions=v1,name=finalizer.nodeguard.io,admissionReviewVersions=v1,timeoutSeconds=10,reinvocationPolicy=IfNeeded
+
+// The finalizer webhook fails open (Ignore): node registration must never depend
+// on nodeguard being up, and the backfill controller adds what it missed.
+//
+// FinalizerHandler adds the termination finalizer to every managed node that
+// lacks it and is not being deleted, with a JSON patch that touches nothing else.
+type FinalizerHandler struct {
+	// Managed selects the nodes nodeguard manages.
+	Managed labels.Selector
+}
+
+// Handle implements admission.Handler.
+func (h *FinalizerHandler) Handle(_ context.Context, req admission.Request) admission.Response {
+	start := time.Now()
+	resp, result, reason := h.decide(req)
+	observe(req.Operation, result, reason, start)
+	return resp
+}
+
+func (h *FinalizerHandler) decide(req admission.Request) (admission.Response, string, string) {
+	if req.Operation != admissionv1.Create && req.Operation != admissionv1.Update {
+		return admission.Allowed(""), resultAllowed, reasonNone
+	}
+	node, err := decodeNode(req.Object, "object")
+	if err != nil {
+		return admission.Errored(http.StatusBadRequest, err), resultError, reasonInvalidRequest
+	}
+	if node.DeletionTimestamp != nil || !h.Managed.Matches(labels.Set(node.Labels)) ||
+		slices.Contains(node.Finalizers, ngv1alpha1.TerminationFinalizer) {
+		return admission.Allowed(""), resultAllowed, reasonNone
+	}
+	return admission.Patched("added the "+ngv1alpha1.TerminationFinalizer+" finalizer", addFinalizerPatch(node.Finalizers)), resultPatched, reasonNone
+}
+
+// addFinalizerPatch appends the finalizer, creating the list if there is none.
+func addFinalizerPatch(existing []string) jsonpatch.Operation {
+	if len(existing) == 0 {
+		return jsonpatch.Operation{Operation: "add", Path: "/metadata/finalizers", Value: []string{ngv1alpha1.TerminationFinalizer}}
+	}
+	return jsonpatch.Operation{Operation: "add", Path: "/metadata/finalizers/-", Value: ngv1alpha1.TerminationFinalizer}
+}
+
+func observe(op admissionv1.Operation, result, reason string, start time.Time) {
+	decisions.WithLabelValues(string(op), result, reason).Inc()
+	latency.WithLabelValues(string(op)).Observe(time.Since(start).Seconds())
+}

@@ -1,0 +1,252 @@
+package webhook_test
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"strings"
+	"path/filepath"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/utils/clock"
+	"k8s.io/utils/ptr"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/config"
+	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
+	"sigs.k8s.io/controller-runtime/pkg/webhook"
+
+	ngv1alpha1 "github.com/nodeguard/nodeguard/api/v1alpha1"
+	"github.com/nodeguard/nodeguard/budget"
+	"github.com/nodeguard/nodeguard/test/builder"
+	"github.com/nodeguard/nodeguard/test/harness"
+	ngwebhook "github.com/nodeguard/nodeguard/webhook"
+)
+
+var (
+	env   *harness.Env
+	front *proxy // where the installed webhook configurations point
+)
+
+func TestMain(m *testing.M) {
+	harness.Main(m, harness.Options{WebhookManifests: []string{filepath.Join(harness.RepoRoot(), "manifests", "webhook")}}, &env)
+}
+
+// guard is one nodeguard instance in the test process: the webhooks and the
+// budget status controller, optionally the finalizer backfill.
+type guard struct {
+	addr string
+	stop func()
+}
+
+func startGuard(t *testing.T, backfill bool) *guard {
+	t.Helper()
+	port := freePort(t)
+	mgr, err := ctrl.NewManager(env.Config, ctrl.Options{
+		Scheme:                 env.Scheme,
+		Metrics:                metricsserver.Options{BindAddress: "0"},
+		HealthProbeBindAddress: "0",
+		WebhookServer: webhook.NewServer(webhook.Options{
+			Host: "127.0.0.1", Port: port, CertDir: env.Webhook.LocalServingCertDir,
+		}),
+		// Several guards run in one test process.
+		Controller: config.Controller{SkipNameValidation: ptr.To(true)},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ngwebhook.Register(mgr, ngwebhook.Options{Managed: labels.Everything(), DeleteTimeout: ngwebhook.DefaultDeleteTimeout})
+	if err := (&budget.StatusReconciler{Client: mgr.GetClient(), Clock: clock.RealClock{}, ClaimTimeout: budget.DefaultClaimTimeout}).SetupWithManager(mgr); err != nil {
+		t.Fatal(err)
+	}
+	if backfill {
+		if err := ngwebhook.SetupBackfill(mgr, labels.Everything()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- mgr.Start(ctx) }()
+	checker := mgr.GetWebhookServer().StartedChecker()
+	harness.Eventually(t, 30*time.Second, func(context.Context) (bool, error) {
+		return checker(nil) == nil, nil
+	}, "the webhook server serves")
+	g := &guard{addr: fmt.Sprintf("127.0.0.1:%d", port)}
+	var once sync.Once
+	g.stop = func() {
+		once.Do(func() {
+			cancel()
+			if err := <-done; err != nil {
+				t.Errorf("guard stopped with error: %v", err)
+			}
+		})
+	}
+	t.Cleanup(g.stop)
+	return g
+}
+
+// useGuards points the installed webhook configurations at the given guards
+// (round robin), starting the front proxy on first use.
+func useGuards(t *testing.T, guards ...*guard) {
+	t.Helper()
+	if front == nil {
+		addr := fmt.Sprintf("%s:%d", env.Webhook.LocalServingHost, env.Webhook.LocalServingPort)
+		p, err := newProxy(addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		front = p
+	}
+	var addrs []string
+	for _, g := range guards {
+		addrs = append(addrs, g.addr)
+	}
+	front.setBackends(addrs)
+	t.Cleanup(func() { front.setBackends(nil) })
+}
+
+// proxy forwards TCP connections (TLS passes through) to its backends in
+// turn, so that two webhook servers answer one webhook configuration.
+type proxy struct {
+	mu       sync.Mutex
+	backends []string
+	next     atomic.Uint64
+}
+
+func newProxy(addr string) (*proxy, error) {
+	l, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, err
+	}
+	p := &proxy{}
+	go func() {
+		for {
+			conn, err := l.Accept()
+			if err != nil {
+				return
+			}
+			go p.serve(conn)
+		}
+	}()
+	return p, nil
+}
+
+func (p *proxy) setBackends(addrs []string) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.backends = addrs
+}
+
+func (p *proxy) serve(conn net.Conn) {
+	defer conn.Close()
+	p.mu.Lock()
+	backends := p.backends
+	p.mu.Unlock()
+	if len(backends) == 0 {
+		return // nodeguard is "down"
+	}
+	upstream, err := net.Dial("tcp", backends[p.next.Add(1)%uint64(len(backends))])
+	if err != nil {
+		return
+	}
+	defer upstream.Close()
+	go func() { _, _ = io.Copy(upstream, conn) }()
+	_, _ = io.Copy(conn, upstream)
+}
+
+func freePort(t *testing.T) int {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port
+}
+
+// createReadyNodes creates Ready nodes named prefix-0..n-1 with the label pool=prefix.
+func createReadyNodes(t *testing.T, prefix string, n int, opts ...builder.NodeOption) []string {
+	t.Helper()
+	names := make([]string, n)
+	var wg sync.WaitGroup
+	errs := make([]error, n)
+	for i := range n {
+		names[i] = fmt.Sprintf("%s-%d", prefix, i)
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			node := builder.Node(names[i], append([]builder.NodeOption{builder.WithLabels("pool", prefix), builder.Ready()}, opts...)...)
+			errs[i] = env.Client.Create(context.Background(), node)
+		}()
+	}
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		t.Fatal(err)
+	}
+	return names
+}
+
+// createBudget creates an NDB over pool=name and waits until its status is computed.
+func createBudget(t *testing.T, name string, wantAllowed int32, opts ...builder.NDBOption) *ngv1alpha1.NodeDisruptionBudget {
+	t.Helper()
+	ndb := builder.NDB(name, append([]builder.NDBOption{builder.NDBSelecting("pool", name)}, opts...)...)
+	if err := env.Client.Create(context.Background(), ndb); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = env.Client.Delete(context.Background(), ndb) })
+	harness.Eventually(t, 30*time.Second, func(ctx context.Context) (bool, error) {
+		err := env.Client.Get(ctx, client.ObjectKeyFromObject(ndb), ndb)
+		return err == nil && ndb.Status.ObservedGeneration == ndb.Generation && ndb.Status.DisruptionsAllowed == wantAllowed, err
+	}, "NodeDisruptionBudget %s allows %d disruptions", name, wantAllowed)
+	return ndb
+}
+
+// TestWebhookServerAnswersMalformedReviews posts malformed AdmissionReviews to
+// a running webhook server: each gets a clear error, none crashes it.
+func TestWebhookServerAnswersMalformedReviews(t *testing.T) {
+	if env == nil {
+		t.Skip("needs a control plane (not with -short)")
+	}
+	g := startGuard(t, false)
+	httpClient := &http.Client{Transport: &http.Transport{TLSClientConfig: &tls.Config{InsecureSkipVerify: true}}} //nolint:gosec // test server
+	post := func(body string) (int, string) {
+		resp, err := httpClient.Post("https://"+g.addr+ngwebhook.DeletePath, "application/json", strings.NewReader(body))
+		if err != nil {
+			t.Fatalf("webhook server unreachable: %v", err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(b)
+	}
+	review := func(request string) string {
+		return `{"apiVersion":"admission.k8s.io/v1","kind":"AdmissionReview","request":` + request + `}`
+	}
+	tests := []struct{ name, body, want string }{
+		{"garbage JSON", `{"apiVersion":`, `"code":400`},
+		{"no request", `{"apiVersion":"admission.k8s.io/v1","kind":"AdmissionReview"}`, `unexpected operation \"\": this webhook admits Node DELETE only`},
+		{"missing oldObject", review(`{"uid":"1","operation":"DELETE","name":"x"}`), `admission request has no oldObject`},
+		{"wrong kind", review(`{"uid":"2","operation":"DELETE","oldObject":{"apiVersion":"v1","kind":"Pod","metadata":{"name":"p"}}}`), `oldObject is a v1 Pod, not a v1 Node`},
+		{"body over 7 MiB", review(`{"uid":"3","operation":"DELETE","oldObject":{"apiVersion":"v1","kind":"Node","metadata":{"name":"` + strings.Repeat("n", 8<<20) + `"}}}`), `request entity is too large`},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			code, body := post(tt.body)
+			if code != http.StatusOK || !strings.Contains(body, tt.want) || strings.Contains(body, `"allowed":true`) {
+				t.Fatalf("HTTP %d %s, want a denied review containing %q", code, body, tt.want)
+			}
+		})
+	}
+	// Still serving: a well-formed review of an unmanaged-by-any-budget node is answered.
+	code, body := post(review(`{"uid":"4","operation":"DELETE","oldObject":{"apiVersion":"v1","kind":"Node","metadata":{"name":"x","deletionTimestamp":"2026-11-21T10:00:00Z"}}}`))
+	if code != http.StatusOK || !strings.Contains(body, `"allowed":true`) {
+		t.Fatalf("after malformed reviews: HTTP %d %s", code, body)
+	}
+}

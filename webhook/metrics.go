@@ -1,0 +1,44 @@
+package webhook
+
+import (
+	"github.com/prometheus/client_golang/prometheus"
+	"sigs.k8s.io/controller-runtime/pkg/metrics"
+)
+
+// Metric labels.
+const (
+	labelOperation = "operation"
+	labelResult    = "result"
+	labelReason    = "reason"
+)
+
+// Admission results and denial reasons (metric label values).
+const (
+	resultAllowed = "allowed"
+	resultPatched = "patched"
+	resultDenied  = "denied"
+	resultError   = "error"
+
+	reasonNone            = ""
+	reasonBudget          = "budget"
+	reasonMaintenanceHold = "maintenance_hold"
+	reasonFinalizerAdded  = "finalizer_added"
+	reasonInvalidRequest  = "invalid_request"
+	reasonInternal        = "internal"
+)
+
+var (
+	decisions = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "nodeguard_admission_requests_total",
+		Help: "Node admission decisions by operation (CREATE, UPDATE, DELETE), result (allowed, patched, denied, error) and denial reason.",
+	}, []string{labelOperation, labelResult, labelReason})
+	latency = prometheus.NewHistogramVec(prometheus.HistogramOpts{
+		Name:    "nodeguard_admission_duration_seconds",
+		Help:    "Time to decide a Node admission request, including budget claims.",
+		Buckets: prometheus.ExponentialBuckets(0.001, 2, 14),
+	}, []string{labelOperation})
+)
+
+func init() {
+	metrics.Registry.MustRegister(decisions, latency)
+}

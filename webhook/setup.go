@@ -1,0 +1,42 @@
+package webhook
+
+import (
+	"time"
+
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/utils/clock"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/webhook"
+
+	"github.com/nodeguard/nodeguard/budget"
+)
+
+// Options configure the guard.
+type Options struct {
+	// Managed selects the nodes nodeguard manages (labels.Everything() for all).
+	Managed labels.Selector
+	// DeleteTimeout is the time budget of one DELETE decision.
+	DeleteTimeout time.Duration
+}
+
+// Register serves the webhooks on the manager's webhook server. Every replica
+// serves them; the Backfill controller is set up separately (it runs on the
+// leader only).
+func Register(mgr ctrl.Manager, opts Options) {
+	recorder := mgr.GetEventRecorder("nodeguard-webhook")
+	server := mgr.GetWebhookServer()
+	server.Register(FinalizerPath, &webhook.Admission{Handler: &FinalizerHandler{Managed: opts.Managed}})
+	server.Register(DeletePath, &webhook.Admission{Handler: &DeleteHandler{
+		Client:  mgr.GetClient(),
+		Reader:  mgr.GetAPIReader(),
+		Budgets: mgr.GetClient(),
+		Claimer: &budget.Claimer{
+			Client: mgr.GetClient(), Reader: mgr.GetAPIReader(), Clock: clock.RealClock{},
+			OnConflict: budget.CountClaimConflict,
+		},
+		Managed:  opts.Managed,
+		Recorder: recorder,
+		Clock:    clock.RealClock{},
+		Timeout:  opts.DeleteTimeout,
+	}})
+}
