@@ -36,7 +36,11 @@ func run(binDir, dir, pods string) error {
 		return err
 	}
 	fmt.Println("starting etcd, kube-apiserver, kube-controller-manager, kube-scheduler and kwok ...")
-	env, err := harness.Start(ctx, harness.Options{Cluster: true, PodStages: pods, Dir: dir})
+	env, err := harness.Start(ctx, harness.Options{
+		Cluster: true, PodStages: pods, Dir: dir,
+		// Registered with a locally generated CA, pointing at nodeguard below.
+		WebhookManifests: []string{filepath.Join(harness.RepoRoot(), "manifests", "webhook")},
+	})
 	defer func() {
 		fmt.Println("stopping the sandbox ...")
 		if env != nil {
@@ -97,7 +101,8 @@ func nodeguardArgs(env *harness.Env) []string {
 		"--kubeconfig=" + env.Kubeconfig,
 		"--metrics-bind-address=127.0.0.1:8080", "--metrics-secure=false",
 		"--health-probe-bind-address=127.0.0.1:8081",
-		"--webhook-port=-1",
+		fmt.Sprintf("--webhook-port=%d", env.Webhook.LocalServingPort),
+		"--webhook-cert-dir=" + env.Webhook.LocalServingCertDir,
 		"--leader-election-namespace=" + demoNamespaceSystem,
 	}
 }
@@ -124,10 +129,12 @@ nodeguard sandbox is up. In another terminal:
   export KUBECONFIG=%[1]s
   kubectl get nodes,ndb
   kubectl get deploy,pdb -n %[2]s
-  kubectl delete node %[3]s          # a node deletion, held to the NodeDisruptionBudget
+  kubectl delete node %[3]s    # admitted: the system budget allows 1
+  kubectl delete node %[5]s    # denied: the budget is used up
+  kubectl describe ndb system
   curl -s localhost:8080/metrics | grep ^nodeguard_
 
 Logs of every component (and nodeguard.log) are in %[4]s.
 Press Ctrl-C to stop everything.
-`, env.Kubeconfig, demoNamespace, demoNodes[0].name, env.Dir)
+`, env.Kubeconfig, demoNamespace, demoNodes[0].name, env.Dir, demoNodes[1].name)
 }
