@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/Azure/azure-sdk-for-go/sdk/azcore"
+	"github.com/Azure/azure-sdk-for-go/sdk/azcore/cloud"
 	"github.com/Azure/azure-sdk-for-go/sdk/azcore/policy"
 	"github.com/Azure/azure-sdk-for-go/sdk/azidentity"
 )
@@ -83,6 +84,7 @@ func (c *Config) NewCredential(opts azcore.ClientOptions) (azcore.TokenCredentia
 	case CredentialWorkloadIdentity:
 		return azidentity.NewWorkloadIdentityCredential(&azidentity.WorkloadIdentityCredentialOptions{
 			ClientOptions: opts, ClientID: cc.ClientID, TenantID: cc.TenantID, TokenFilePath: cc.TokenFile,
+			DisableInstanceDiscovery: customAuthority(c.Cloud),
 		})
 	case CredentialManagedIdentity:
 		mo := &azidentity.ManagedIdentityCredentialOptions{ClientOptions: opts}
@@ -94,7 +96,9 @@ func (c *Config) NewCredential(opts azcore.ClientOptions) (azcore.TokenCredentia
 		}
 		return azidentity.NewManagedIdentityCredential(mo)
 	case CredentialClientSecret:
-		return azidentity.NewClientSecretCredential(cc.TenantID, cc.ClientID, cc.ClientSecret, &azidentity.ClientSecretCredentialOptions{ClientOptions: opts})
+		return azidentity.NewClientSecretCredential(cc.TenantID, cc.ClientID, cc.ClientSecret, &azidentity.ClientSecretCredentialOptions{
+			ClientOptions: opts, DisableInstanceDiscovery: customAuthority(c.Cloud),
+		})
 	case CredentialNone:
 		return StaticToken("nodeguard-emulator-token"), nil
 	}
@@ -108,4 +112,15 @@ type StaticToken string
 // GetToken implements azcore.TokenCredential.
 func (s StaticToken) GetToken(context.Context, policy.TokenRequestOptions) (azcore.AccessToken, error) {
 	return azcore.AccessToken{Token: string(s), ExpiresOn: time.Now().Add(time.Hour)}, nil
+}
+
+// customAuthority reports an authority host of no known cloud (Azure Stack,
+// tests), where Entra instance discovery cannot work.
+func customAuthority(c cloud.Configuration) bool {
+	for _, known := range clouds {
+		if strings.EqualFold(c.ActiveDirectoryAuthorityHost, known.ActiveDirectoryAuthorityHost) {
+			return false
+		}
+	}
+	return true
 }
