@@ -1,0 +1,132 @@
+package armclient
+
+import (
+	"context"
+	"errors"
+	"net/http"
+	"testing"
+	"time"
+
+	"github.com/Azure/azure-sdk-for-go/sdk/azcore"
+	"github.com/Azure/azure-sdk-for-go/sdk/azcore/cloud"
+	"github.com/Azure/azure-sdk-for-go/sdk/azcore/policy"
+	"github.com/Azure/azure-sdk-for-go/sdk/resourcemanager/network/armnetwork/v9"
+	testingclock "k8s.io/utils/clock/testing"
+	"k8s.io/utils/ptr"
+
+	"github.com/nodeguard/nodeguard/test/armemulator"
+)
+
+type staticToken struct{}
+
+func (staticToken) GetToken(context.Context, policy.TokenRequestOptions) (azcore.AccessToken, error) {
+	return azcore.AccessToken{Token: "t", ExpiresOn: time.Now().Add(time.Hour)}, nil
+}
+
+const poolPath = "/loadBalancers/kubernetes/backendAddressPools/kubernetes"
+
+func newClient(t *testing.T, opts armemulator.Options) (Client, *armemulator.Server, *testingclock.FakeClock) {
+	t.Helper()
+	seed := armemulator.SeedForNodes("sub", "rg", []armemulator.Node{{Name: "n0", IPs: []string{"10.0.0.4"}}}, armemulator.Topology{})
+	emu, err := armemulator.Start("127.0.0.1:0", seed, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = emu.Close() })
+	clk := testingclock.NewFakeClock(time.Now())
+	c, err := New(Settings{
+		SubscriptionID: "sub", Credential: staticToken{}, InsecureAllowHTTP: true, Clock: clk,
+		Cloud: cloud.Configuration{ActiveDirectoryAuthorityHost: "https://login.example/", Services: map[cloud.ServiceName]cloud.ServiceConfiguration{
+			cloud.ResourceManager: {Endpoint: emu.URL(), Audience: emu.URL()},
+		}},
+		Retry:         policy.RetryOptions{RetryDelay: time.Millisecond, MaxRetryDelay: 2 * time.Millisecond},
+		PollFrequency: 5 * time.Millisecond,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return WithMetrics(c), emu, clk
+}
+
+func TestThrottleErrorPaths(t *testing.T) {
+	ctx := context.Background()
+	c, emu, clk := newClient(t, armemulator.Options{})
+	emu.AddFault(armemulator.Fault{Method: http.MethodGet, Path: poolPath, Status: http.StatusTooManyRequests, RetryAfter: "10", Times: 1})
+
+	// ARM path: the 429 becomes a ThrottleError with Retry-After, not retried by the SDK.
+	_, err := c.GetPool(ctx, "rg", "kubernetes", "kubernetes")
+	var te *ThrottleError
+	if !errors.As(err, &te) || te.FromGate || !te.RetryAfter.Equal(clk.Now().Add(10*time.Second)) {
+		t.Fatalf("GetPool = %v, want an ARM ThrottleError retrying after 10s", err)
+	}
+	if !errors.Is(err, ErrTooManyRequests) {
+		t.Errorf("ThrottleError does not unwrap to ErrTooManyRequests")
+	}
+	if n := emu.Count(http.MethodGet, poolPath); n != 1 {
+		t.Errorf("%d GETs, want 1", n)
+	}
+
+	// Local gate path: no request reaches ARM before Retry-After.
+	clk.Step(5 * time.Second)
+	_, err = c.GetPool(ctx, "rg", "kubernetes", "kubernetes")
+	if !errors.As(err, &te) || !te.FromGate || !te.RetryAfter.After(clk.Now()) {
+		t.Fatalf("GetPool = %v, want a gate ThrottleError", err)
+	}
+	if n := emu.Count(http.MethodGet, poolPath); n != 1 {
+		t.Errorf("gate let a request through: %d GETs", n)
+	}
+	// Other resources are not gated.
+	if _, err := c.GetLoadBalancer(ctx, "rg", "kubernetes"); err != nil {
+		t.Errorf("other resource gated: %v", err)
+	}
+
+	clk.Step(6 * time.Second)
+	if _, err := c.GetPool(ctx, "rg", "kubernetes", "kubernetes"); err != nil {
+		t.Fatalf("after Retry-After: %v", err)
+	}
+}
+
+func TestRetryAfterParsing(t *testing.T) {
+	now := time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
+	for _, tc := range []struct {
+		in     string
+		want   time.Time
+		wantOK bool
+	}{
+		{"", now, true},
+		{"7", now.Add(7 * time.Second), true},
+		{"Fri, 02 Jan 2026 03:05:00 GMT", time.Date(2026, 1, 2, 3, 5, 0, 0, time.UTC), true},
+		{"later", time.Time{}, false},
+	} {
+		got, ok := parseRetryAfter(tc.in, now)
+		if ok != tc.wantOK || !got.Equal(tc.want) {
+			t.Errorf("parseRetryAfter(%q) = %v, %v; want %v, %v", tc.in, got, ok, tc.want, tc.wantOK)
+		}
+	}
+}
+
+func TestUpdatePoolIfMatchAndAsync(t *testing.T) {
+	for _, async := range []bool{false, true} {
+		ctx := context.Background()
+		c, emu, _ := newClient(t, armemulator.Options{Async: async, AsyncPolls: 2})
+		p, err := c.GetPool(ctx, "rg", "kubernetes", "kubernetes")
+		if err != nil {
+			t.Fatal(err)
+		}
+		stale := *p.Etag
+		p.Properties.LoadBalancerBackendAddresses[0].Properties.AdminState = ptr.To(armnetwork.LoadBalancerBackendAddressAdminStateDown)
+		if _, err := c.UpdatePool(ctx, "rg", "kubernetes", p); err != nil {
+			t.Fatalf("async=%v: UpdatePool: %v", async, err)
+		}
+		if got := emu.AdminStates()["kubernetes/kubernetes/n0"]; got != "Down" {
+			t.Errorf("async=%v: admin state %s after the write completed", async, got)
+		}
+		// The ETag moved: a write with the old one is refused.
+		p.Etag = &stale
+		_, err = c.UpdatePool(ctx, "rg", "kubernetes", p)
+		var re *azcore.ResponseError
+		if !errors.As(err, &re) || re.StatusCode != http.StatusPreconditionFailed {
+			t.Errorf("async=%v: stale write = %v, want 412", async, err)
+		}
+	}
+}

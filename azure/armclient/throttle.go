@@ -1,0 +1,102 @@
+package armclient
+
+import (
+	"errors"
+	"net/http"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/Azure/azure-sdk-for-go/sdk/azcore/policy"
+	"k8s.io/utils/clock"
+)
+
+// ErrTooManyRequests is what every throttled call unwraps to.
+var ErrTooManyRequests = errors.New("too many requests to Azure Resource Manager")
+
+// ThrottleError is a call refused for throttling: either ARM answered 429, or
+// the local gate held the call back because an earlier 429 for the same
+// resource asked to wait. RetryAfter is when the resource may be called again;
+// it is not in the future when ARM gave no usable Retry-After.
+type ThrottleError struct {
+	RetryAfter time.Time
+	// FromGate is true when no request reached ARM (the local gate path).
+	FromGate bool
+}
+
+func (e *ThrottleError) Error() string {
+	return ErrTooManyRequests.Error() + ", retry after " + e.RetryAfter.UTC().Format(time.RFC3339)
+}
+
+// Unwrap makes errors.Is(err, ErrTooManyRequests) true.
+func (e *ThrottleError) Unwrap() error { return ErrTooManyRequests }
+
+// NonRetriable tells the SDK's retry policy not to retry: the caller parks the
+// work until RetryAfter instead of spinning against the gate.
+func (e *ThrottleError) NonRetriable() {}
+
+// ThrottlingPolicy is a per-retry pipeline policy. It turns a 429 response
+// into a *ThrottleError and remembers its Retry-After per resource (the URL
+// path); later calls to that resource before then fail with a *ThrottleError
+// without reaching ARM.
+type ThrottlingPolicy struct {
+	clock clock.PassiveClock
+
+	mu    sync.Mutex
+	gates map[string]time.Time
+}
+
+// NewThrottlingPolicy returns a policy reading time from clk (a real clock when nil).
+func NewThrottlingPolicy(clk clock.PassiveClock) *ThrottlingPolicy {
+	if clk == nil {
+		clk = clock.RealClock{}
+	}
+	return &ThrottlingPolicy{clock: clk, gates: map[string]time.Time{}}
+}
+
+// Do implements policy.Policy.
+func (p *ThrottlingPolicy) Do(req *policy.Request) (*http.Response, error) {
+	gateKey := strings.ToLower(req.Raw().URL.Path)
+	now := p.clock.Now()
+	p.mu.Lock()
+	until, gated := p.gates[gateKey]
+	p.mu.Unlock()
+	if gated && until.After(now) {
+		return nil, &ThrottleError{RetryAfter: until, FromGate: true}
+	}
+	resp, err := req.Next()
+	if err != nil || resp.StatusCode != http.StatusTooManyRequests {
+		return resp, err
+	}
+	retryAfter, ok := parseRetryAfter(resp.Header.Get("Retry-After"), now)
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if !ok {
+		// Unparsable: keep whatever the gate said before.
+		retryAfter = p.gates[gateKey]
+	} else {
+		p.gates[gateKey] = retryAfter
+	}
+	_ = resp.Body.Close()
+	return nil, &ThrottleError{RetryAfter: retryAfter}
+}
+
+// parseRetryAfter reads integer seconds or an HTTP date. A missing header
+// means "now" (no wait asked); ok is false when the header is unparsable.
+func parseRetryAfter(v string, now time.Time) (time.Time, bool) {
+	v = strings.TrimSpace(v)
+	if v == "" {
+		return now, true
+	}
+	if secs, err := strconv.Atoi(v); err == nil {
+		if secs < 0 {
+			secs = 0
+		}
+		return now.Add(time.Duration(secs) * time.Second), true
+	}
+	if t, err := http.ParseTime(v); err == nil {
+		return t, true
+	}
+	return time.Time{}, false
+}

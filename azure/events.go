@@ -1,0 +1,45 @@
+package azure
+
+import (
+	"fmt"
+	"time"
+)
+
+// Event reasons on the Node (an API: keep them stable).
+const (
+	ReasonDown           = "LoadBalancerAdminStateDown"
+	ReasonNone           = "LoadBalancerAdminStateNone"
+	ReasonUpdateFailed   = "LoadBalancerAdminStateUpdateFailed"
+	ReasonUpdateRetrying = "LoadBalancerAdminStateUpdateRetrying"
+
+	eventAction = "UpdateLoadBalancerAdminState"
+)
+
+type event struct {
+	warning bool
+	reason  string
+	note    string
+}
+
+func confirmedEvent(state AdminState, pools int) event {
+	reason := ReasonNone
+	if state == AdminStateDown {
+		reason = ReasonDown
+	}
+	return event{reason: reason, note: fmt.Sprintf("Azure load balancer admin state %s confirmed on the node's entries in %d backend pool(s)", state, pools)}
+}
+
+func retryingEvent(pool string, attempt, maxRetries int, err string, at time.Time) event {
+	return event{warning: true, reason: ReasonUpdateRetrying,
+		note: fmt.Sprintf("Updating backend pool %s failed (attempt %d of %d), retrying after %s: %s", pool, attempt, maxRetries+1, at.UTC().Format(time.RFC3339), err)}
+}
+
+func failedEvent(pool string, err string) event {
+	return event{warning: true, reason: ReasonUpdateFailed,
+		note: fmt.Sprintf("Backend pool %s update failed (non-retriable): %s", pool, err)}
+}
+
+func exhaustedEvent(pool string, retries int, err string, resync time.Duration) event {
+	return event{warning: true, reason: ReasonUpdateFailed,
+		note: fmt.Sprintf("Backend pool %s update failed after %d retries: %s. It is tried again at the next resync (every %s) or when the node's desired admin state changes; check ARM throttling and other writers of the pool.", pool, retries, err, resync)}
+}

@@ -1,0 +1,345 @@
+package azure
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/Azure/azure-sdk-for-go/sdk/azcore"
+	"github.com/Azure/azure-sdk-for-go/sdk/azcore/policy"
+	"github.com/go-logr/logr"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/tools/events"
+	"k8s.io/utils/clock"
+	ctrl "sigs.k8s.io/controller-runtime"
+
+	"github.com/nodeguard/nodeguard/azure/armclient"
+	"github.com/nodeguard/nodeguard/azure/backends"
+	"github.com/nodeguard/nodeguard/azure/config"
+)
+
+// Options are the Azure flags; see config.Options.
+type Options struct {
+	config.Options
+}
+
+// NewOptions returns Options with their defaults, ready for BindFlags.
+func NewOptions() Options { return Options{Options: config.NewOptions()} }
+
+// BindFlags registers the --azure-* flags on fs.
+func (o *Options) BindFlags(fs *flag.FlagSet) { o.Options.BindFlags(fs) }
+
+// ManagerOption changes how NewManager builds a Manager (mostly for tests).
+type ManagerOption func(*managerSettings)
+
+type managerSettings struct {
+	clock         clock.WithTicker
+	client        armclient.Client
+	retry         policy.RetryOptions
+	pollFrequency time.Duration
+	transport     policy.Transporter
+	credential    azcore.TokenCredential
+	log           logr.Logger
+}
+
+// WithClock sets the clock (default: real time).
+func WithClock(c clock.WithTicker) ManagerOption { return func(s *managerSettings) { s.clock = c } }
+
+// WithARMClient replaces the ARM client built from the configuration.
+func WithARMClient(c armclient.Client) ManagerOption {
+	return func(s *managerSettings) { s.client = c }
+}
+
+// WithSDKRetry overrides the Azure SDK's retry options (tests shorten delays).
+func WithSDKRetry(r policy.RetryOptions) ManagerOption {
+	return func(s *managerSettings) { s.retry = r }
+}
+
+// WithPollFrequency sets how often long-running writes are polled.
+func WithPollFrequency(d time.Duration) ManagerOption {
+	return func(s *managerSettings) { s.pollFrequency = d }
+}
+
+// WithCredential replaces the credential built from the configuration.
+func WithCredential(c azcore.TokenCredential) ManagerOption {
+	return func(s *managerSettings) { s.credential = c }
+}
+
+// WithLogger sets the logger used outside Start's context.
+func WithLogger(l logr.Logger) ManagerOption { return func(s *managerSettings) { s.log = l } }
+
+// Manager holds the desired admin state of every node and applies it to the
+// backend pools of the managed load balancers. It is a manager.Runnable that
+// needs leader election.
+type Manager struct {
+	cfg      *config.Config
+	client   armclient.Client
+	nics     *backends.NICCache
+	recorder events.EventRecorder
+	clock    clock.WithTicker
+	log      logr.Logger
+
+	trigger chan struct{}
+	stopped chan struct{}
+	stopMu  sync.Once
+
+	lockMu    sync.Mutex
+	poolLocks map[string]*sync.Mutex
+
+	mu          sync.Mutex
+	nodes       map[types.UID]*nodeState
+	pools       map[string]*poolState
+	nextResync  time.Time
+	discoverErr error
+}
+
+// nodeState is one node's desired state and progress.
+type nodeState struct {
+	uid     types.UID
+	name    string
+	ident   backends.Node
+	identV  uint64
+	desired AdminState
+	gen     uint64
+	since   time.Time
+	// known: membership was discovered for identV.
+	known bool
+	// pools: the node's work per backend pool key.
+	pools map[string]*work
+	// changed: nodeguard wrote one of the node's entries for gen.
+	changed   bool
+	confirmed bool
+	failed    error
+	notify    chan struct{}
+}
+
+// work is a node's state in one pool.
+type work struct {
+	pending bool
+	retries int
+	failed  bool
+}
+
+// poolState is one backend pool's group state.
+type poolState struct {
+	key, lb, name string
+	// notBefore parks the pool: no call before it (429 Retry-After, or the
+	// retry interval after a retriable failure).
+	notBefore time.Time
+}
+
+// NewManager builds the manager from the flags. It returns (nil, nil) when no
+// Azure configuration was given at all: admin state is disabled, and the
+// caller logs that once.
+func NewManager(o Options, recorder events.EventRecorder, opts ...ManagerOption) (*Manager, error) {
+	cfg, err := o.Load()
+	if errors.Is(err, config.ErrNotConfigured) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	return NewManagerFromConfig(cfg, recorder, opts...)
+}
+
+// NewManagerFromConfig builds the manager from a resolved configuration.
+func NewManagerFromConfig(cfg *config.Config, recorder events.EventRecorder, opts ...ManagerOption) (*Manager, error) {
+	s := managerSettings{clock: clock.RealClock{}, log: ctrl.Log.WithName("azure-admin-state")}
+	for _, o := range opts {
+		o(&s)
+	}
+	client := s.client
+	if client == nil {
+		cred := s.credential
+		if cred == nil {
+			var err error
+			if cred, err = cfg.NewCredential(azcore.ClientOptions{Transport: s.transport}); err != nil {
+				return nil, fmt.Errorf("azure credential (%s): %w", cfg.Credential.Kind, err)
+			}
+		}
+		var err error
+		client, err = armclient.New(armclient.Settings{
+			SubscriptionID: cfg.SubscriptionID, Credential: cred, Cloud: cfg.Cloud,
+			InsecureAllowHTTP: cfg.InsecureAllowHTTP, Retry: s.retry, PollFrequency: s.pollFrequency,
+			Clock: s.clock, Transport: s.transport,
+		})
+		if err != nil {
+			return nil, err
+		}
+		client = armclient.WithMetrics(client)
+	}
+	m := &Manager{
+		cfg: cfg, client: client, recorder: recorder, clock: s.clock, log: s.log,
+		trigger: make(chan struct{}, 1), stopped: make(chan struct{}),
+		poolLocks: map[string]*sync.Mutex{}, nodes: map[types.UID]*nodeState{}, pools: map[string]*poolState{},
+	}
+	m.nics = backends.NewNICCache(client.GetInterface)
+	return m, nil
+}
+
+// Config is the resolved configuration.
+func (m *Manager) Config() *config.Config { return m.cfg }
+
+// NeedLeaderElection implements manager.LeaderElectionRunnable: only the
+// leader writes backend pools.
+func (m *Manager) NeedLeaderElection() bool { return true }
+
+// SetDesired records the desired admin state of a node (keyed by its UID;
+// its name, InternalIPs and providerID find its entries) and wakes the
+// workers when anything changed.
+func (m *Manager) SetDesired(node *corev1.Node, state AdminState) {
+	if node == nil {
+		return
+	}
+	ident := backends.FromNode(node)
+	m.mu.Lock()
+	n, ok := m.nodes[node.UID]
+	changed := false
+	if !ok {
+		n = &nodeState{uid: node.UID, name: node.Name, ident: ident, pools: map[string]*work{}, notify: make(chan struct{})}
+		m.nodes[node.UID] = n
+		changed = true
+	}
+	if ok && !sameIdent(n.ident, ident) {
+		n.ident, n.name = ident, node.Name
+		n.identV++
+		n.known = false
+		n.confirmed = false
+		changed = true
+	}
+	if !ok || n.desired != state {
+		n.desired = state
+		n.gen++
+		n.since = m.clock.Now()
+		n.changed, n.confirmed, n.failed = false, false, nil
+		for _, w := range n.pools {
+			*w = work{pending: true}
+		}
+		n.signal()
+		changed = true
+	}
+	m.mu.Unlock()
+	if changed {
+		m.wake()
+	}
+}
+
+func sameIdent(a, b backends.Node) bool {
+	return a.Name == b.Name && a.ProviderID == b.ProviderID && slices.Equal(a.IPs, b.IPs)
+}
+
+// Forget drops a deleted node: its entries go with it, so no ARM call is needed.
+func (m *Manager) Forget(uid types.UID) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if n, ok := m.nodes[uid]; ok {
+		delete(m.nodes, uid)
+		n.signal()
+	}
+}
+
+// WaitConfirmed returns nil once Azure has confirmed state on every entry of
+// the node (at once when it has none). It returns an *UpdateFailedError when
+// applying that state failed for good, ErrNotTracked or ErrForgotten for a
+// node the manager does not know, ErrStopped when the manager stops, or the
+// context's error.
+func (m *Manager) WaitConfirmed(ctx context.Context, uid types.UID, state AdminState) error {
+	for {
+		m.mu.Lock()
+		n, ok := m.nodes[uid]
+		if !ok {
+			m.mu.Unlock()
+			return ErrNotTracked
+		}
+		if n.desired == state && n.confirmed {
+			m.mu.Unlock()
+			return nil
+		}
+		if n.desired == state && n.failed != nil {
+			err := n.failed
+			m.mu.Unlock()
+			return err
+		}
+		ch := n.notify
+		m.mu.Unlock()
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-m.stopped:
+			return ErrStopped
+		case <-ch:
+			m.mu.Lock()
+			cur, still := m.nodes[uid]
+			m.mu.Unlock()
+			if !still || cur != n {
+				return ErrForgotten
+			}
+		}
+	}
+}
+
+// signal wakes the node's waiters. Call with m.mu held.
+func (n *nodeState) signal() {
+	close(n.notify)
+	n.notify = make(chan struct{})
+}
+
+func (m *Manager) wake() {
+	select {
+	case m.trigger <- struct{}{}:
+	default:
+	}
+}
+
+// Start runs the workers until ctx ends. Parked and pending work is dropped
+// at shutdown without events.
+func (m *Manager) Start(ctx context.Context) error {
+	log := ctrl.LoggerFrom(ctx).WithName("azure-admin-state")
+	if log.GetSink() == nil {
+		log = m.log
+	}
+	ctx = ctrl.LoggerInto(ctx, log)
+	log.Info("Starting load-balancer admin-state manager", "subscription", m.cfg.SubscriptionID,
+		"resourceGroup", m.cfg.ResourceGroup, "loadBalancers", m.cfg.LoadBalancers, "credential", m.cfg.Credential.Kind)
+	defer m.stopMu.Do(func() { close(m.stopped) })
+	for {
+		next := m.tick(ctx)
+		if ctx.Err() != nil {
+			return nil
+		}
+		t := m.clock.NewTimer(next)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return nil
+		case <-m.trigger:
+		case <-t.C():
+		}
+		t.Stop()
+	}
+}
+
+func (m *Manager) poolLock(key string) *sync.Mutex {
+	m.lockMu.Lock()
+	defer m.lockMu.Unlock()
+	l, ok := m.poolLocks[key]
+	if !ok {
+		l = &sync.Mutex{}
+		m.poolLocks[key] = l
+	}
+	return l
+}
+
+// regarding is the object events are about.
+func regarding(n *nodeState) *corev1.Node {
+	return &corev1.Node{
+		TypeMeta:   metav1.TypeMeta{APIVersion: "v1", Kind: "Node"},
+		ObjectMeta: metav1.ObjectMeta{Name: n.name, UID: n.uid},
+	}
+}

@@ -1,0 +1,48 @@
+package azure
+
+import (
+	"github.com/prometheus/client_golang/prometheus"
+	"sigs.k8s.io/controller-runtime/pkg/metrics"
+)
+
+// Metric label names and values.
+const (
+	labelLock   = "lock"
+	labelCaller = "caller"
+	labelResult = "result"
+	labelState  = "state"
+
+	lockBackendPool  = "backend_pool"
+	callerAdminState = "AdminStateController"
+	resultSuccess    = "success"
+	resultFailure    = "failure"
+	metricsNamespace = "loadbalancer_adminstate"
+)
+
+var (
+	lockWait = prometheus.NewHistogramVec(prometheus.HistogramOpts{
+		Name:    "cloudprovider_azure_lock_wait_duration_seconds",
+		Help:    "Time spent waiting to acquire a lock that serializes backend pool updates, by lock and caller.",
+		Buckets: prometheus.ExponentialBuckets(0.001, 2, 14),
+	}, []string{labelLock, labelCaller})
+	poolUpdates = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: metricsNamespace,
+		Name:      "pool_updates_total",
+		Help:      "Terminal outcomes of backend pool admin-state updates: success (a write completed) or failure (terminal error or retries exhausted). Retried attempts and stale (404) pools are not counted.",
+	}, []string{labelResult})
+	parkedTicks = prometheus.NewCounter(prometheus.CounterOpts{
+		Namespace: metricsNamespace,
+		Name:      "throttled_pool_skips_total",
+		Help:      "Times a backend pool was skipped because a 429's Retry-After had not passed yet.",
+	})
+	confirmDuration = prometheus.NewHistogramVec(prometheus.HistogramOpts{
+		Namespace: metricsNamespace,
+		Name:      "confirmation_duration_seconds",
+		Help:      "Time from a node's desired admin state changing to Azure confirming it on all of the node's entries, by state.",
+		Buckets:   prometheus.ExponentialBuckets(0.05, 2, 14),
+	}, []string{labelState})
+)
+
+func init() {
+	metrics.Registry.MustRegister(lockWait, poolUpdates, parkedTicks, confirmDuration)
+}
