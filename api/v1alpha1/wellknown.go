@@ -20,6 +20,16 @@ const (
 	// sees the finalizer, goes ahead.
 	FinalizerAddedAtAnnotation = "nodeguard.io/finalizer-added-at"
 
+	// DrainTimeoutAnnotation on a node (a duration such as "30m") overrides
+	// nodeguard's --drain-timeout for that node.
+	DrainTimeoutAnnotation = "nodeguard.io/drain-timeout"
+
+	// TrafficCutAtAnnotation and DrainedAtAnnotation record (RFC 3339) when a
+	// terminating node's load-balancer traffic was cut (or the wait for it gave
+	// up) and when its drain finished: the termination's durable progress.
+	TrafficCutAtAnnotation = "nodeguard.io/traffic-cut-at"
+	DrainedAtAnnotation    = "nodeguard.io/drained-at"
+
 	// DoNotEvictAnnotation ("true") on a pod makes the drain wait for the pod to
 	// go on its own instead of evicting it.
 	DoNotEvictAnnotation = "nodeguard.io/do-not-evict"

@@ -8,27 +8,38 @@ import (
 
 	"k8s.io/apimachinery/pkg/labels"
 
+	"github.com/nodeguard/nodeguard/azure"
 	"github.com/nodeguard/nodeguard/budget"
+	"github.com/nodeguard/nodeguard/finalizer"
+	"github.com/nodeguard/nodeguard/finalizer/drain"
 	"github.com/nodeguard/nodeguard/webhook"
 )
 
 // options are the command-line flags of nodeguard.
 type options struct {
-	metricsAddr      string
-	metricsSecure    bool
-	probeAddr        string
-	webhookPort      int
-	webhookCertDir   string
-	leaderElect      bool
-	leaderNamespace  string
-	leaderID         string
-	leaseDuration    time.Duration
-	renewDeadline    time.Duration
-	retryPeriod      time.Duration
-	gracefulShutdown time.Duration
-	nodeSelector     string
-	deleteTimeout    time.Duration
-	claimTimeout     time.Duration
+	metricsAddr         string
+	metricsSecure       bool
+	probeAddr           string
+	webhookPort         int
+	webhookCertDir      string
+	leaderElect         bool
+	leaderNamespace     string
+	leaderID            string
+	leaseDuration       time.Duration
+	renewDeadline       time.Duration
+	retryPeriod         time.Duration
+	gracefulShutdown    time.Duration
+	nodeSelector        string
+	deleteTimeout       time.Duration
+	claimTimeout        time.Duration
+	adminStateTimeout   time.Duration
+	cutoverPause        time.Duration
+	daemonSets          string
+	drainTimeout        time.Duration
+	volumeDetachTimeout time.Duration
+	maxConcurrentDrains int
+	parallelEvictions   int
+	azure               azure.Options
 }
 
 // defaultNamespace is where nodeguard runs: the pod's namespace when the
@@ -69,6 +80,22 @@ func (o *options) bind(fs *flag.FlagSet) {
 		"Time budget of one node DELETE decision, including retries of conflicting budget claims; past it the delete is denied with 429 'retry'. Keep it below the webhook's timeoutSeconds (10s).")
 	fs.DurationVar(&o.claimTimeout, "disruption-claim-timeout", budget.DefaultClaimTimeout,
 		"How long a NodeDisruptionBudget keeps charging an admitted deletion whose node has not started deleting (a later admission step denied it) before giving it back.")
+	fs.DurationVar(&o.adminStateTimeout, "admin-state-timeout", finalizer.DefaultAdminStateTimeout,
+		"How long a drain waits for Azure to confirm the node's load-balancer AdminState Down; past it the drain continues with a Warning event, so an ARM outage never wedges it.")
+	fs.DurationVar(&o.cutoverPause, "cutover-pause", 0,
+		"Pause between the confirmed traffic cut and the first eviction, for in-flight requests to finish.")
+	fs.StringVar(&o.daemonSets, "daemonset-pods", string(drain.DaemonSetsLast),
+		"What a drain does with DaemonSet pods: 'last' evicts them once every other pod is gone, 'skip' leaves them.")
+	fs.DurationVar(&o.drainTimeout, "drain-timeout", 0,
+		"Deadline of a drain, counted from the node's deletion; 0 means none. Past it the remaining pods are deleted without regard to PodDisruptionBudgets or do-not-evict (Warning event DrainDeadlineExceeded). A node annotation nodeguard.io/drain-timeout overrides it.")
+	fs.DurationVar(&o.volumeDetachTimeout, "volume-detach-timeout", finalizer.DefaultVolumeDetachTimeout,
+		"After the drain, how long to wait for the node's VolumeAttachments to go before releasing it; 0 does not wait.")
+	fs.IntVar(&o.maxConcurrentDrains, "max-concurrent-drains", finalizer.DefaultMaxConcurrentNodes,
+		"Nodes terminated in parallel.")
+	fs.IntVar(&o.parallelEvictions, "parallel-evictions", finalizer.DefaultParallelEvictions,
+		"Concurrent evictions of pods that no PodDisruptionBudget covers (pods under a PDB are always evicted one at a time per PDB).")
+	o.azure = azure.NewOptions()
+	o.azure.BindFlags(fs)
 	fs.DurationVar(&o.gracefulShutdown, "graceful-shutdown-timeout", 30*time.Second,
 		"How long to wait on SIGTERM for in-flight work to finish before exiting.")
 }
@@ -79,6 +106,15 @@ func (o *options) validate() error {
 	}
 	if o.deleteTimeout <= 0 || o.deleteTimeout >= 10*time.Second {
 		return fmt.Errorf("--delete-admission-timeout (%s) must be positive and below the webhook timeout of 10s", o.deleteTimeout)
+	}
+	if o.daemonSets != string(drain.DaemonSetsLast) && o.daemonSets != string(drain.DaemonSetsSkip) {
+		return fmt.Errorf("--daemonset-pods %q: must be 'last' or 'skip'", o.daemonSets)
+	}
+	if o.adminStateTimeout <= 0 || o.drainTimeout < 0 || o.volumeDetachTimeout < 0 || o.cutoverPause < 0 {
+		return fmt.Errorf("--admin-state-timeout must be positive; --drain-timeout, --volume-detach-timeout and --cutover-pause must not be negative")
+	}
+	if o.maxConcurrentDrains < 1 || o.parallelEvictions < 1 {
+		return fmt.Errorf("--max-concurrent-drains and --parallel-evictions must be at least 1")
 	}
 	if o.claimTimeout <= 0 {
 		return fmt.Errorf("--disruption-claim-timeout (%s) must be positive", o.claimTimeout)

@@ -1,0 +1,126 @@
+package main
+
+import (
+	"crypto/tls"
+	"fmt"
+	"os"
+
+	coordinationv1 "k8s.io/api/coordination/v1"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/types"
+	utilruntime "k8s.io/apimachinery/pkg/util/runtime"
+	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
+	"k8s.io/utils/clock"
+	"k8s.io/utils/ptr"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/cache"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/metrics/filters"
+	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
+	"sigs.k8s.io/controller-runtime/pkg/webhook"
+
+	ngv1alpha1 "github.com/nodeguard/nodeguard/api/v1alpha1"
+	"github.com/nodeguard/nodeguard/azure"
+	"github.com/nodeguard/nodeguard/budget"
+	"github.com/nodeguard/nodeguard/finalizer"
+	"github.com/nodeguard/nodeguard/finalizer/drain"
+	ngwebhook "github.com/nodeguard/nodeguard/webhook"
+)
+
+// setupTermination adds the Azure admin-state manager (when Azure is
+// configured) and the termination controller.
+func setupTermination(mgr ctrl.Manager, opts options) error {
+	adminState, err := azure.NewManager(opts.azure, mgr.GetEventRecorder("nodeguard-adminstate"))
+	if err != nil {
+		return fmt.Errorf("configuring Azure admin state: %w", err)
+	}
+	r := &finalizer.Reconciler{
+		Client:   mgr.GetClient(),
+		Reader:   mgr.GetAPIReader(),
+		Evictor:  &drain.Evictor{Client: mgr.GetClient(), Parallel: opts.parallelEvictions, Observe: finalizer.ObserveEviction},
+		Recorder: mgr.GetEventRecorder("nodeguard-termination"),
+		Clock:    clock.RealClock{},
+		Opts: finalizer.Options{
+			Identity:            identity(),
+			AdminStateTimeout:   opts.adminStateTimeout,
+			CutoverPause:        opts.cutoverPause,
+			DaemonSets:          drain.DaemonSetPolicy(opts.daemonSets),
+			DrainTimeout:        opts.drainTimeout,
+			VolumeDetachTimeout: opts.volumeDetachTimeout,
+			MaxConcurrentNodes:  opts.maxConcurrentDrains,
+		},
+	}
+	if adminState == nil {
+		ctrl.Log.Info("Azure is not configured: load-balancer admin state is off; budgets and drains work as usual")
+	} else {
+		if err := mgr.Add(adminState); err != nil {
+			return err
+		}
+		r.AdminState = adminState
+	}
+	return r.SetupWithManager(mgr)
+}
+
+// identity names this replica: the pod name from the Downward API, else the host.
+func identity() string {
+	if name := os.Getenv("POD_NAME"); name != "" {
+		return name
+	}
+	host, _ := os.Hostname()
+	return host
+}
+
+// setupGuard adds the admission webhooks, the finalizer backfill and the
+// NodeDisruptionBudget status controller.
+func setupGuard(mgr ctrl.Manager, opts options) error {
+	managed, _ := labels.Parse(opts.nodeSelector) // validated
+	if opts.webhookPort >= 0 {
+		ngwebhook.Register(mgr, ngwebhook.Options{Managed: managed, DeleteTimeout: opts.deleteTimeout})
+	}
+	if err := ngwebhook.SetupBackfill(mgr, managed); err != nil {
+		return err
+	}
+	return (&budget.StatusReconciler{Client: mgr.GetClient(), Clock: clock.RealClock{}, ClaimTimeout: opts.claimTimeout}).SetupWithManager(mgr)
+}
+
+func managerOptions(opts options, lease types.NamespacedName) ctrl.Options {
+	// HTTP/2 is off for the webhook and metrics servers (CVE-2023-44487/39325);
+	// TLS 1.2 is the minimum.
+	tlsOpts := []func(*tls.Config){func(c *tls.Config) {
+		c.NextProtos = []string{"http/1.1"}
+		c.MinVersion = tls.VersionTLS12
+	}}
+	metrics := metricsserver.Options{BindAddress: opts.metricsAddr, SecureServing: opts.metricsSecure, TLSOpts: tlsOpts}
+	if opts.metricsSecure {
+		metrics.FilterProvider = filters.WithAuthenticationAndAuthorization
+	}
+	return ctrl.Options{
+		Scheme:                        newScheme(),
+		Metrics:                       metrics,
+		HealthProbeBindAddress:        opts.probeAddr,
+		WebhookServer:                 webhook.NewServer(webhook.Options{Port: opts.webhookPort, CertDir: opts.webhookCertDir, TLSOpts: tlsOpts}),
+		LeaderElection:                opts.leaderElect,
+		LeaderElectionNamespace:       lease.Namespace,
+		LeaderElectionID:              lease.Name,
+		LeaderElectionReleaseOnCancel: true,
+		LeaseDuration:                 ptr.To(opts.leaseDuration),
+		RenewDeadline:                 ptr.To(opts.renewDeadline),
+		RetryPeriod:                   ptr.To(opts.retryPeriod),
+		GracefulShutdownTimeout:       ptr.To(opts.gracefulShutdown),
+		Cache: cache.Options{ByObject: map[client.Object]cache.ByObject{
+			// Only the Leases nodeguard reads: its election Lease and node
+			// maintenance Leases, never every node's heartbeat Lease.
+			&coordinationv1.Lease{}: {Namespaces: map[string]cache.Config{
+				lease.Namespace: {}, ngv1alpha1.MaintenanceLeaseNamespace: {},
+			}},
+		}},
+	}
+}
+
+func newScheme() *runtime.Scheme {
+	s := runtime.NewScheme()
+	utilruntime.Must(clientgoscheme.AddToScheme(s))
+	utilruntime.Must(ngv1alpha1.AddToScheme(s))
+	return s
+}

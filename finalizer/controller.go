@@ -1,0 +1,236 @@
+// Package finalizer is the termination controller: it takes a node that was
+// admitted for deletion (deletion timestamp plus the nodeguard.io/termination
+// finalizer), holds its maintenance Lease, cordons and taints it, cuts its
+// load-balancer traffic, drains its pods serially per PodDisruptionBudget
+// (package drain), optionally waits for its volumes to detach, and only then
+// removes the finalizer, which releases the node.
+//
+// Every phase is re-derived from the cluster on each pass, so a restart at any
+// point resumes where the work stands.
+package finalizer
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"sync"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	policyv1 "k8s.io/api/policy/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/tools/events"
+	"k8s.io/utils/clock"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/builder"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/controller"
+	"sigs.k8s.io/controller-runtime/pkg/handler"
+	"sigs.k8s.io/controller-runtime/pkg/predicate"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+
+	ngv1alpha1 "github.com/nodeguard/nodeguard/api/v1alpha1"
+	"github.com/nodeguard/nodeguard/azure"
+	"github.com/nodeguard/nodeguard/finalizer/drain"
+)
+
+// Defaults of the termination options.
+const (
+	DefaultAdminStateTimeout   = 30 * time.Second
+	DefaultVolumeDetachTimeout = time.Minute
+	DefaultMaxConcurrentNodes  = 10
+	DefaultParallelEvictions   = 20
+)
+
+// Waiting intervals. PDB status changes and node changes trigger passes at
+// once; these are backstops.
+const (
+	// podsGonePoll: no pod cache, so terminating pods are polled for.
+	podsGonePoll = 500 * time.Millisecond
+	// blockedBackstopMax caps the backstop after a 429; kubectl drain waits 5 s.
+	blockedBackstopMax = 4 * time.Second
+	trafficPoll        = time.Second
+	holdPoll           = 15 * time.Second
+	volumePoll         = 2 * time.Second
+)
+
+// AdminState is what the controller needs of the Azure admin-state manager.
+type AdminState interface {
+	SetDesired(node *corev1.Node, state azure.AdminState)
+	WaitConfirmed(ctx context.Context, uid types.UID, state azure.AdminState) error
+}
+
+// Options configure termination.
+type Options struct {
+	// Identity names this replica in maintenance Leases (nodeguard/<identity>).
+	Identity string
+	// AdminStateTimeout bounds the wait for Azure to confirm Down.
+	AdminStateTimeout time.Duration
+	// CutoverPause waits after traffic is cut, for in-flight requests.
+	CutoverPause time.Duration
+	// DaemonSets is what happens to DaemonSet pods.
+	DaemonSets drain.DaemonSetPolicy
+	// DrainTimeout, if positive, is the drain deadline counted from deletion;
+	// the node annotation nodeguard.io/drain-timeout overrides it. Past it the
+	// remaining pods are deleted without regard to PDBs or do-not-evict.
+	DrainTimeout time.Duration
+	// VolumeDetachTimeout bounds the wait for VolumeAttachments; 0 skips it.
+	VolumeDetachTimeout time.Duration
+	// MaxConcurrentNodes bounds nodes terminated in parallel.
+	MaxConcurrentNodes int
+}
+
+// Reconciler terminates nodes.
+type Reconciler struct {
+	// Client reads cached nodes and PDBs and writes.
+	Client client.Client
+	// Reader reads fresh from the API server: pods by node (never cached),
+	// Leases, VolumeAttachments.
+	Reader   client.Reader
+	Evictor  *drain.Evictor
+	Recorder events.EventRecorder
+	Clock    clock.PassiveClock
+	// AdminState is nil when Azure is not configured.
+	AdminState AdminState
+	Opts       Options
+
+	phases phases
+	// seen remembers what was already reported, so that a waiting drain does
+	// not repeat itself: pod UIDs reported once, and each node's last waiting
+	// message and backstop.
+	mu       sync.Mutex
+	reported map[types.UID]map[string]bool
+	waiting  map[types.UID]string
+	backoff  map[types.UID]time.Duration
+}
+
+// +kubebuilder:rbac:groups="",resources=nodes,verbs=get;list;watch;patch;update
+// +kubebuilder:rbac:groups="",resources=pods,verbs=get;list;delete
+// +kubebuilder:rbac:groups="",resources=pods/eviction,verbs=create
+// +kubebuilder:rbac:groups=policy,resources=poddisruptionbudgets,verbs=get;list;watch
+// +kubebuilder:rbac:groups=storage.k8s.io,resources=volumeattachments,verbs=list
+// +kubebuilder:rbac:groups=coordination.k8s.io,resources=leases,verbs=get;list;watch;create;update
+// +kubebuilder:rbac:groups="",resources=namespaces,verbs=get;create
+
+// SetupWithManager registers the controller. It sees nodes being deleted with
+// the finalizer, and every PDB status change wakes the nodes being drained.
+func (r *Reconciler) SetupWithManager(mgr ctrl.Manager) error {
+	return ctrl.NewControllerManagedBy(mgr).
+		Named("termination").
+		For(&corev1.Node{}, builder.WithPredicates(predicate.NewPredicateFuncs(terminating))).
+		Watches(&policyv1.PodDisruptionBudget{}, handler.EnqueueRequestsFromMapFunc(r.terminatingNodes)).
+		WithOptions(controller.Options{MaxConcurrentReconciles: max(r.Opts.MaxConcurrentNodes, 1)}).
+		Complete(r)
+}
+
+func terminating(obj client.Object) bool {
+	return obj.GetDeletionTimestamp() != nil && slices.Contains(obj.GetFinalizers(), ngv1alpha1.TerminationFinalizer)
+}
+
+// terminatingNodes maps a PDB change to every node being terminated: few at a
+// time, and a PDB's pods may sit on any of them.
+func (r *Reconciler) terminatingNodes(ctx context.Context, _ client.Object) []reconcile.Request {
+	var nodes corev1.NodeList
+	if err := r.Client.List(ctx, &nodes); err != nil {
+		return nil
+	}
+	var reqs []reconcile.Request
+	for i := range nodes.Items {
+		if terminating(&nodes.Items[i]) {
+			reqs = append(reqs, reconcile.Request{NamespacedName: types.NamespacedName{Name: nodes.Items[i].Name}})
+		}
+	}
+	return reqs
+}
+
+// phase is one step of termination. A non-zero Result means "wait": later
+// phases do not run in this pass.
+type phase struct {
+	name string
+	run  func(context.Context, *corev1.Node) (reconcile.Result, error)
+}
+
+// Reconcile runs the phases in order and stops at the first that waits.
+func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reconcile.Result, error) {
+	// Fresh from the API server, not the cache: a stale node that was already
+	// released must not take its maintenance Lease again.
+	var node corev1.Node
+	if err := r.Reader.Get(ctx, req.NamespacedName, &node); err != nil {
+		if apierrors.IsNotFound(err) {
+			r.forgetName(req.Name)
+		}
+		return reconcile.Result{}, client.IgnoreNotFound(err)
+	}
+	if !terminating(&node) {
+		r.forget(node.UID)
+		return reconcile.Result{}, nil
+	}
+	for _, p := range []phase{
+		{phaseLease, r.holdMaintenanceLease},
+		{phaseCordon, r.cordon},
+		{phaseTraffic, r.cutTraffic},
+		{phaseDrain, r.drain},
+		{phaseVolumes, r.waitForVolumes},
+		{phaseRelease, r.release},
+	} {
+		r.phases.set(node.UID, node.Name, p.name)
+		result, err := p.run(ctx, &node)
+		if err != nil {
+			return reconcile.Result{}, fmt.Errorf("%s phase of node %s: %w", p.name, node.Name, err)
+		}
+		if !result.IsZero() {
+			return result, nil
+		}
+	}
+	r.forget(node.UID)
+	return reconcile.Result{}, nil
+}
+
+// forgetName drops the state of a node that is gone, found by name.
+func (r *Reconciler) forgetName(name string) {
+	r.phases.mu.Lock()
+	var gone []types.UID
+	for uid, n := range r.phases.names {
+		if n == name {
+			gone = append(gone, uid)
+		}
+	}
+	r.phases.mu.Unlock()
+	for _, uid := range gone {
+		r.forget(uid)
+	}
+}
+
+func (r *Reconciler) forget(uid types.UID) {
+	r.phases.forget(uid)
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	delete(r.waiting, uid)
+	delete(r.backoff, uid)
+	delete(r.reported, uid)
+}
+
+// once reports whether key is new for the node, remembering it.
+func (r *Reconciler) once(node types.UID, key string) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.reported == nil {
+		r.reported = map[types.UID]map[string]bool{}
+	}
+	if r.reported[node] == nil {
+		r.reported[node] = map[string]bool{}
+	}
+	if r.reported[node][key] {
+		return false
+	}
+	r.reported[node][key] = true
+	return true
+}
+
+// event records an event on the node.
+func (r *Reconciler) event(node *corev1.Node, eventType, reason, format string, args ...any) {
+	if r.Recorder != nil {
+		r.Recorder.Eventf(node, nil, eventType, reason, actionTerminate, format, args...)
+	}
+}

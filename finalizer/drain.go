@@ -1,0 +1,172 @@
+package finalizer
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	policyv1 "k8s.io/api/policy/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	logf "sigs.k8s.io/controller-runtime/pkg/log"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+
+	ngv1alpha1 "github.com/nodeguard/nodeguard/api/v1alpha1"
+	"github.com/nodeguard/nodeguard/finalizer/drain"
+)
+
+// drain runs one pass of evictions and waits until the node's pods are gone.
+// After a 429 the PDB's queue waits for the PDB's status to change (the
+// controller watches PDBs); the requeue is only a backstop.
+func (r *Reconciler) drain(ctx context.Context, node *corev1.Node) (reconcile.Result, error) {
+	if _, done := node.Annotations[ngv1alpha1.DrainedAtAnnotation]; done {
+		return reconcile.Result{}, nil
+	}
+	plan, err := r.plan(ctx, node)
+	if err != nil {
+		return reconcile.Result{}, err
+	}
+	if plan.Remaining() == 0 {
+		drainDuration.Observe(r.Clock.Since(terminationStarted(node)).Seconds())
+		r.event(node, corev1.EventTypeNormal, ReasonDrained, "every evictable pod is gone")
+		return reconcile.Result{}, r.annotate(ctx, node, ngv1alpha1.DrainedAtAnnotation)
+	}
+	if deadline, ok := r.drainDeadline(node); ok && !r.Clock.Now().Before(deadline) {
+		return r.deleteRemaining(ctx, node, plan, deadline)
+	}
+	out := r.Evictor.Evict(ctx, plan)
+	for _, err := range out.Errs {
+		logf.FromContext(ctx).Error(err, "Eviction failed; retrying", "node", node.Name)
+	}
+	r.reportBlockers(node, plan, out)
+	return reconcile.Result{RequeueAfter: r.nextDrainPass(node.UID, plan, out)}, nil
+}
+
+// plan lists the node's pods (field selector, from the API server: no pod
+// cache) and the PDBs (cached), and sorts them for eviction.
+func (r *Reconciler) plan(ctx context.Context, node *corev1.Node) (*drain.Plan, error) {
+	var pods corev1.PodList
+	if err := r.Reader.List(ctx, &pods, client.MatchingFields{"spec.nodeName": node.Name}); err != nil {
+		return nil, fmt.Errorf("listing pods of the node: %w", err)
+	}
+	var pdbs policyv1.PodDisruptionBudgetList
+	if err := r.Client.List(ctx, &pdbs); err != nil {
+		return nil, fmt.Errorf("listing PodDisruptionBudgets: %w", err)
+	}
+	return drain.NewPlan(pods.Items, pdbs.Items, r.Opts.DaemonSets)
+}
+
+// nextDrainPass is when to look again: soon while pods are going away, with a
+// growing backstop while every queue is blocked.
+func (r *Reconciler) nextDrainPass(uid types.UID, plan *drain.Plan, out drain.Outcome) time.Duration {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.backoff == nil {
+		r.backoff = map[types.UID]time.Duration{}
+	}
+	if out.Evicted > 0 || len(plan.Terminating) > 0 {
+		delete(r.backoff, uid)
+		return podsGonePoll
+	}
+	next := min(max(r.backoff[uid]*2, podsGonePoll), blockedBackstopMax)
+	r.backoff[uid] = next
+	return next
+}
+
+// reportBlockers emits, once each, an event per pod the drain cannot evict and
+// an event whenever what the drain waits for changes, so that kubectl describe
+// node tells the story.
+func (r *Reconciler) reportBlockers(node *corev1.Node, plan *drain.Plan, out drain.Outcome) {
+	for _, pod := range append(plan.MultiplePDBs, out.MultiplePDBs...) {
+		if r.once(node.UID, "multi/"+string(pod.UID)) {
+			r.event(node, corev1.EventTypeWarning, ReasonPodUnderMultiplePDBs,
+				"pod %s/%s is selected by more than one PodDisruptionBudget, so the Eviction API refuses it; fix the PDBs or delete the pod", pod.Namespace, pod.Name)
+		}
+	}
+	for _, pod := range plan.DoNotEvict {
+		if r.once(node.UID, "dne/"+string(pod.UID)) {
+			r.event(node, corev1.EventTypeNormal, ReasonDoNotEvictPodBlocking,
+				"waiting for pod %s/%s (%s=true) to go on its own", pod.Namespace, pod.Name, ngv1alpha1.DoNotEvictAnnotation)
+		}
+	}
+	msg := waitingMessage(plan, out)
+	r.mu.Lock()
+	changed := r.waiting[node.UID] != msg
+	if r.waiting == nil {
+		r.waiting = map[types.UID]string{}
+	}
+	r.waiting[node.UID] = msg
+	r.mu.Unlock()
+	if changed {
+		r.event(node, corev1.EventTypeNormal, ReasonDrainWaiting, "%s", msg)
+	}
+}
+
+// waitingMessage says what the drain waits for, e.g. "waiting for 5 pods: 3
+// under PDB demo/web (eviction refused: 429), 1 terminating, 1 do-not-evict".
+func waitingMessage(plan *drain.Plan, out drain.Outcome) string {
+	var parts []string
+	blocked := map[types.NamespacedName]bool{}
+	for _, b := range out.Blocked {
+		blocked[b] = true
+	}
+	for _, g := range plan.Groups {
+		state := "evicting"
+		if blocked[g.PDB] {
+			state = "eviction refused by the PDB, waiting for its status to change"
+		}
+		parts = append(parts, fmt.Sprintf("%d under PDB %s (%s)", len(g.Pods), g.PDB, state))
+	}
+	add := func(n int, what string) {
+		if n > 0 {
+			parts = append(parts, fmt.Sprintf("%d %s", n, what))
+		}
+	}
+	add(len(plan.Unprotected), "without PDB")
+	add(len(plan.Terminating), "terminating")
+	add(len(plan.DoNotEvict), "do-not-evict")
+	add(len(plan.MultiplePDBs)+len(out.MultiplePDBs), "under several PDBs")
+	add(len(plan.DaemonSets), "DaemonSet (evicted last)")
+	return fmt.Sprintf("waiting for %d pods: %s", plan.Remaining(), strings.Join(parts, ", "))
+}
+
+// drainDeadline is deletion time plus the node's drain timeout (annotation,
+// else --drain-timeout); ok is false when there is none.
+func (r *Reconciler) drainDeadline(node *corev1.Node) (time.Time, bool) {
+	timeout := r.Opts.DrainTimeout
+	if v, ok := node.Annotations[ngv1alpha1.DrainTimeoutAnnotation]; ok {
+		d, err := time.ParseDuration(v)
+		if err != nil || d < 0 {
+			if r.once(node.UID, "bad-timeout") {
+				r.event(node, corev1.EventTypeWarning, ReasonDrainDeadlineExceeded,
+					"ignoring annotation %s=%q: not a duration such as 30m", ngv1alpha1.DrainTimeoutAnnotation, v)
+			}
+		} else {
+			timeout = d
+		}
+	}
+	if timeout <= 0 {
+		return time.Time{}, false
+	}
+	return node.DeletionTimestamp.Add(timeout), true
+}
+
+// deleteRemaining is the deadline's policy: the pods still on the node are
+// deleted (not evicted), PDBs and do-not-evict notwithstanding.
+func (r *Reconciler) deleteRemaining(ctx context.Context, node *corev1.Node, plan *drain.Plan, deadline time.Time) (reconcile.Result, error) {
+	pods := append(append(append(append([]*corev1.Pod{}, plan.Unprotected...), plan.MultiplePDBs...), plan.DoNotEvict...), plan.DaemonSets...)
+	for _, g := range plan.Groups {
+		pods = append(pods, g.Pods...)
+	}
+	if r.once(node.UID, "deadline") {
+		r.event(node, corev1.EventTypeWarning, ReasonDrainDeadlineExceeded,
+			"drain deadline %s passed with %d pods left: deleting them without regard to PodDisruptionBudgets",
+			deadline.UTC().Format(time.RFC3339), plan.Remaining())
+	}
+	if err := r.Evictor.Delete(ctx, pods); err != nil {
+		return reconcile.Result{}, err
+	}
+	return reconcile.Result{RequeueAfter: podsGonePoll}, nil
+}

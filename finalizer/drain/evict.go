@@ -1,0 +1,168 @@
+package drain
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"sync"
+
+	corev1 "k8s.io/api/core/v1"
+	policyv1 "k8s.io/api/policy/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+)
+
+// Eviction results, as metric label values.
+const (
+	ResultEvicted      = "evicted"
+	ResultBlocked      = "blocked_by_pdb"
+	ResultMultiplePDBs = "multiple_pdbs"
+	ResultGone         = "already_gone"
+	ResultError        = "error"
+	ResultDeleted      = "deleted_past_deadline"
+)
+
+// Evictor sends evictions. Use one Evictor per process: its per-PDB locks are
+// what keeps at most one eviction in flight per PDB across all nodes draining.
+type Evictor struct {
+	Client client.Client
+	// Parallel bounds concurrent evictions of pods under no PDB.
+	Parallel int
+	// Observe, if set, is called with the result of every eviction request.
+	Observe func(result string)
+
+	mu    sync.Mutex
+	locks map[types.UID]*sync.Mutex
+}
+
+// Outcome is what one pass of evictions did.
+type Outcome struct {
+	Evicted int
+	// Blocked are the PDBs that refused an eviction (429): their queues wait
+	// for the PDB's status to change.
+	Blocked []types.NamespacedName
+	// MultiplePDBs are pods the API server refused because more than one PDB
+	// selects them (500).
+	MultiplePDBs []*corev1.Pod
+	// Errs are other failures.
+	Errs []error
+}
+
+// Evict runs one pass over the plan: each PDB queue serially until a 429 or
+// its end, all queues and the unprotected pods concurrently.
+func (e *Evictor) Evict(ctx context.Context, plan *Plan) Outcome {
+	var (
+		mu  sync.Mutex
+		out Outcome
+		wg  sync.WaitGroup
+	)
+	record := func(pod *corev1.Pod, pdb *types.NamespacedName, err error) (stop bool) {
+		mu.Lock()
+		defer mu.Unlock()
+		switch result := classify(err); result {
+		case ResultEvicted, ResultGone:
+			out.Evicted++
+		case ResultBlocked:
+			if pdb != nil {
+				out.Blocked = append(out.Blocked, *pdb)
+			}
+			return true
+		case ResultMultiplePDBs:
+			out.MultiplePDBs = append(out.MultiplePDBs, pod)
+		default:
+			out.Errs = append(out.Errs, fmt.Errorf("evicting pod %s/%s: %w", pod.Namespace, pod.Name, err))
+			return pdb != nil // keep a PDB queue in order: retry next pass
+		}
+		return false
+	}
+	for _, g := range plan.Groups {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			lock := e.lockFor(g.UID)
+			lock.Lock()
+			defer lock.Unlock()
+			for _, pod := range g.Pods {
+				if ctx.Err() != nil || record(pod, &g.PDB, e.evict(ctx, pod)) {
+					return
+				}
+			}
+		}()
+	}
+	sem := make(chan struct{}, max(e.Parallel, 1))
+	for _, pod := range plan.Unprotected {
+		wg.Add(1)
+		sem <- struct{}{}
+		go func() {
+			defer func() { <-sem; wg.Done() }()
+			record(pod, nil, e.evict(ctx, pod))
+		}()
+	}
+	wg.Wait()
+	return out
+}
+
+// evict sends one eviction, for exactly this pod (UID precondition: never a
+// replacement with the same name).
+func (e *Evictor) evict(ctx context.Context, pod *corev1.Pod) error {
+	eviction := &policyv1.Eviction{
+		ObjectMeta:    metav1.ObjectMeta{Namespace: pod.Namespace, Name: pod.Name},
+		DeleteOptions: &metav1.DeleteOptions{Preconditions: &metav1.Preconditions{UID: &pod.UID}},
+	}
+	err := e.Client.SubResource("eviction").Create(ctx, pod, eviction)
+	if e.Observe != nil {
+		e.Observe(classify(err))
+	}
+	return err
+}
+
+// classify maps an Eviction API answer to a result: 200 evicted, 429 blocked
+// by a PDB, 500 more than one PDB, 404/409 (UID changed) gone.
+func classify(err error) string {
+	var status apierrors.APIStatus
+	switch {
+	case err == nil:
+		return ResultEvicted
+	case apierrors.IsNotFound(err), apierrors.IsConflict(err):
+		return ResultGone
+	case apierrors.IsTooManyRequests(err):
+		return ResultBlocked
+	case errors.As(err, &status) && status.Status().Code == http.StatusInternalServerError:
+		return ResultMultiplePDBs
+	default:
+		return ResultError
+	}
+}
+
+func (e *Evictor) lockFor(uid types.UID) *sync.Mutex {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.locks == nil {
+		e.locks = map[types.UID]*sync.Mutex{}
+	}
+	l, ok := e.locks[uid]
+	if !ok {
+		l = &sync.Mutex{}
+		e.locks[uid] = l
+	}
+	return l
+}
+
+// Delete deletes pods outright, bypassing PDBs: the drain deadline's policy.
+func (e *Evictor) Delete(ctx context.Context, pods []*corev1.Pod) error {
+	var errs []error
+	for _, pod := range pods {
+		err := e.Client.Delete(ctx, pod, client.Preconditions{UID: &pod.UID})
+		if client.IgnoreNotFound(err) != nil && !apierrors.IsConflict(err) {
+			errs = append(errs, fmt.Errorf("deleting pod %s/%s: %w", pod.Namespace, pod.Name, err))
+			continue
+		}
+		if e.Observe != nil {
+			e.Observe(ResultDeleted)
+		}
+	}
+	return errors.Join(errs...)
+}

@@ -1,0 +1,21 @@
+package finalizer
+
+// Event reasons of the termination, on the Node (kubectl describe node shows
+// them in order).
+const (
+	ReasonWaitingForMaintenanceHold = "WaitingForMaintenanceHold"
+	ReasonMaintenanceLeaseAcquired  = "MaintenanceLeaseAcquired"
+	ReasonCordoned                  = "CordonedForTermination"
+	ReasonTrafficCut                = "TrafficCut"
+	ReasonTrafficCutTimedOut        = "TrafficCutTimedOut"
+	ReasonDrainWaiting              = "DrainWaiting"
+	ReasonPodUnderMultiplePDBs      = "PodUnderMultiplePDBs"
+	ReasonDoNotEvictPodBlocking     = "DoNotEvictPodBlocking"
+	ReasonDrainDeadlineExceeded     = "DrainDeadlineExceeded"
+	ReasonDrained                   = "Drained"
+	ReasonWaitingForVolumeDetach    = "WaitingForVolumeDetach"
+	ReasonVolumeDetachTimedOut      = "VolumeDetachTimedOut"
+	ReasonReleased                  = "NodeReleased"
+
+	actionTerminate = "TerminateNode"
+)

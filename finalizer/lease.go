@@ -1,0 +1,107 @@
+package finalizer
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	coordinationv1 "k8s.io/api/coordination/v1"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	logf "sigs.k8s.io/controller-runtime/pkg/log"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+
+	ngv1alpha1 "github.com/nodeguard/nodeguard/api/v1alpha1"
+	"github.com/nodeguard/nodeguard/maintenance"
+)
+
+// maintenanceLeaseSeconds is the duration nodeguard writes in a node's
+// maintenance Lease; it renews once a third of it has passed (the KEP asks a
+// holder to renew within an hour).
+const maintenanceLeaseSeconds = 600
+
+// holdMaintenanceLease takes the node's maintenance Lease, or renews it, and
+// waits while someone else (an administrator's kubeadm... hold, or another
+// live holder) has it.
+func (r *Reconciler) holdMaintenanceLease(ctx context.Context, node *corev1.Node) (reconcile.Result, error) {
+	now := r.Clock.Now()
+	var lease coordinationv1.Lease
+	err := r.Reader.Get(ctx, client.ObjectKey{Namespace: ngv1alpha1.MaintenanceLeaseNamespace, Name: node.Name}, &lease)
+	if apierrors.IsNotFound(err) {
+		return reconcile.Result{}, r.createLease(ctx, node, now)
+	}
+	if err != nil {
+		return reconcile.Result{}, fmt.Errorf("reading maintenance Lease: %w", err)
+	}
+	if hold := maintenance.HeldAt(&lease, now); hold != nil && !maintenance.IsNodeguard(hold.Holder) {
+		if r.once(node.UID, "hold/"+hold.Holder) {
+			r.event(node, corev1.EventTypeWarning, ReasonWaitingForMaintenanceHold,
+				"waiting to drain: maintenance Lease %s/%s is %s", lease.Namespace, lease.Name, hold)
+		}
+		return reconcile.Result{RequeueAfter: holdPoll}, nil
+	}
+	holder := maintenance.HolderIdentity(r.Opts.Identity)
+	current := ptr.Deref(lease.Spec.HolderIdentity, "")
+	renewed := lease.Spec.RenewTime != nil && now.Sub(lease.Spec.RenewTime.Time) < maintenanceLeaseSeconds*time.Second/3
+	if current == holder && renewed && ptr.Deref(lease.Spec.LeaseDurationSeconds, 0) > 0 {
+		return reconcile.Result{}, nil
+	}
+	if current != holder {
+		lease.Spec.AcquireTime = ptr.To(metav1.NewMicroTime(now))
+		lease.Spec.LeaseTransitions = ptr.To(ptr.Deref(lease.Spec.LeaseTransitions, 0) + 1)
+	}
+	lease.Spec.HolderIdentity = ptr.To(holder)
+	lease.Spec.LeaseDurationSeconds = ptr.To[int32](maintenanceLeaseSeconds)
+	lease.Spec.RenewTime = ptr.To(metav1.NewMicroTime(now))
+	if err := r.Client.Update(ctx, &lease); err != nil {
+		return reconcile.Result{}, fmt.Errorf("taking maintenance Lease: %w", err)
+	}
+	if current != holder {
+		r.event(node, corev1.EventTypeNormal, ReasonMaintenanceLeaseAcquired, "holding maintenance Lease %s/%s as %s", lease.Namespace, lease.Name, holder)
+	}
+	return reconcile.Result{}, nil
+}
+
+func (r *Reconciler) createLease(ctx context.Context, node *corev1.Node, now time.Time) error {
+	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ngv1alpha1.MaintenanceLeaseNamespace}}
+	if err := r.Client.Create(ctx, ns); err != nil && !apierrors.IsAlreadyExists(err) {
+		return fmt.Errorf("creating namespace %s: %w", ns.Name, err)
+	}
+	holder := maintenance.HolderIdentity(r.Opts.Identity)
+	lease := &coordinationv1.Lease{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns.Name, Name: node.Name},
+		Spec: coordinationv1.LeaseSpec{
+			HolderIdentity:       ptr.To(holder),
+			LeaseDurationSeconds: ptr.To[int32](maintenanceLeaseSeconds),
+			AcquireTime:          ptr.To(metav1.NewMicroTime(now)),
+			RenewTime:            ptr.To(metav1.NewMicroTime(now)),
+		},
+	}
+	if err := r.Client.Create(ctx, lease); err != nil {
+		return fmt.Errorf("creating maintenance Lease: %w", err)
+	}
+	r.event(node, corev1.EventTypeNormal, ReasonMaintenanceLeaseAcquired, "holding maintenance Lease %s/%s as %s", lease.Namespace, lease.Name, holder)
+	return nil
+}
+
+// releaseMaintenanceLease gives the Lease up if nodeguard holds it. The KEP
+// says to set leaseDurationSeconds to 0, but kube-apiserver rejects that ("must
+// be greater than 0"), so it clears the holder instead, as client-go's leader
+// election does on release. The node is gone by then: failures are only logged,
+// and the Lease lapses on its own.
+func (r *Reconciler) releaseMaintenanceLease(ctx context.Context, node *corev1.Node) {
+	var lease coordinationv1.Lease
+	err := r.Reader.Get(ctx, client.ObjectKey{Namespace: ngv1alpha1.MaintenanceLeaseNamespace, Name: node.Name}, &lease)
+	if err != nil || !maintenance.IsNodeguard(ptr.Deref(lease.Spec.HolderIdentity, "")) {
+		return
+	}
+	lease.Spec.HolderIdentity = nil
+	lease.Spec.LeaseDurationSeconds = ptr.To[int32](1)
+	lease.Spec.RenewTime = ptr.To(metav1.NewMicroTime(r.Clock.Now()))
+	if err := r.Client.Update(ctx, &lease); err != nil {
+		logf.FromContext(ctx).Error(err, "Releasing maintenance Lease", "lease", client.ObjectKeyFromObject(&lease))
+	}
+}

@@ -1,0 +1,87 @@
+package finalizer
+
+import (
+	"sync"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"k8s.io/apimachinery/pkg/types"
+	"sigs.k8s.io/controller-runtime/pkg/metrics"
+)
+
+// Termination phases, as metric label values.
+const (
+	phaseLease   = "maintenance_lease"
+	phaseCordon  = "cordon"
+	phaseTraffic = "traffic_cut"
+	phaseDrain   = "drain"
+	phaseVolumes = "volume_detach"
+	phaseRelease = "release"
+	labelPhase   = "phase"
+	labelResult  = "result"
+)
+
+var (
+	nodesInPhase = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Name: "nodeguard_termination_nodes",
+		Help: "Nodes being terminated, by the phase they are in.",
+	}, []string{labelPhase})
+	evictions = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "nodeguard_evictions_total",
+		Help: "Eviction requests by result: evicted, blocked_by_pdb (429), multiple_pdbs (500), already_gone, error, deleted_past_deadline.",
+	}, []string{labelResult})
+	drainDuration = prometheus.NewHistogram(prometheus.HistogramOpts{
+		Name:    "nodeguard_drain_duration_seconds",
+		Help:    "Time from the start of a node's termination (cordon) until its pods are gone.",
+		Buckets: prometheus.ExponentialBuckets(1, 2, 14),
+	})
+	terminationDuration = prometheus.NewHistogram(prometheus.HistogramOpts{
+		Name:    "nodeguard_termination_duration_seconds",
+		Help:    "Time from a node's deletion until nodeguard released it.",
+		Buckets: prometheus.ExponentialBuckets(1, 2, 14),
+	})
+)
+
+func init() {
+	metrics.Registry.MustRegister(nodesInPhase, evictions, drainDuration, terminationDuration)
+	for _, p := range []string{phaseLease, phaseCordon, phaseTraffic, phaseDrain, phaseVolumes, phaseRelease} {
+		nodesInPhase.WithLabelValues(p)
+	}
+}
+
+// ObserveEviction counts one eviction result; use as drain.Evictor.Observe.
+func ObserveEviction(result string) { evictions.WithLabelValues(result).Inc() }
+
+// phases tracks which phase each terminating node is in, for the gauge.
+type phases struct {
+	mu     sync.Mutex
+	byNode map[types.UID]string
+	names  map[types.UID]string
+}
+
+func (p *phases) set(uid types.UID, name, phase string) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.byNode == nil {
+		p.byNode = map[types.UID]string{}
+		p.names = map[types.UID]string{}
+	}
+	p.names[uid] = name
+	if old, ok := p.byNode[uid]; ok {
+		if old == phase {
+			return
+		}
+		nodesInPhase.WithLabelValues(old).Dec()
+	}
+	p.byNode[uid] = phase
+	nodesInPhase.WithLabelValues(phase).Inc()
+}
+
+func (p *phases) forget(uid types.UID) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if old, ok := p.byNode[uid]; ok {
+		nodesInPhase.WithLabelValues(old).Dec()
+		delete(p.byNode, uid)
+		delete(p.names, uid)
+	}
+}

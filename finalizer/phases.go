@@ -1,0 +1,169 @@
+package finalizer
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	storagev1 "k8s.io/api/storage/v1"
+	"k8s.io/utils/ptr"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+
+	ngv1alpha1 "github.com/nodeguard/nodeguard/api/v1alpha1"
+	"github.com/nodeguard/nodeguard/azure"
+)
+
+// cordon marks the node unschedulable and adds the draining taint, which
+// counts the node unavailable for budgets and asks for AdminState Down.
+func (r *Reconciler) cordon(ctx context.Context, node *corev1.Node) (reconcile.Result, error) {
+	if node.Spec.Unschedulable && drainingTaint(node) != nil {
+		return reconcile.Result{}, nil
+	}
+	patch := client.MergeFromWithOptions(node.DeepCopy(), client.MergeFromWithOptimisticLock{})
+	node.Spec.Unschedulable = true
+	if drainingTaint(node) == nil {
+		node.Spec.Taints = append(node.Spec.Taints, corev1.Taint{
+			Key: ngv1alpha1.DrainingTaintKey, Value: ngv1alpha1.DrainingTaintValue,
+			Effect: corev1.TaintEffectNoSchedule, TimeAdded: ptr.To(metav1.NewTime(r.Clock.Now())),
+		})
+	}
+	if err := r.Client.Patch(ctx, node, patch); err != nil {
+		return reconcile.Result{}, fmt.Errorf("cordoning: %w", err)
+	}
+	r.event(node, corev1.EventTypeNormal, ReasonCordoned, "cordoned and tainted %s=%s:NoSchedule",
+		ngv1alpha1.DrainingTaintKey, ngv1alpha1.DrainingTaintValue)
+	return reconcile.Result{}, nil
+}
+
+func drainingTaint(node *corev1.Node) *corev1.Taint {
+	for i := range node.Spec.Taints {
+		if node.Spec.Taints[i].Key == ngv1alpha1.DrainingTaintKey {
+			return &node.Spec.Taints[i]
+		}
+	}
+	return nil
+}
+
+// terminationStarted is when nodeguard cordoned the node (else its deletion).
+func terminationStarted(node *corev1.Node) time.Time {
+	if t := drainingTaint(node); t != nil && t.TimeAdded != nil {
+		return t.TimeAdded.Time
+	}
+	return node.DeletionTimestamp.Time
+}
+
+// cutTraffic asks for AdminState Down and waits until Azure confirms it, for
+// at most AdminStateTimeout from the cordon: an ARM outage never wedges a
+// drain. It records when traffic was cut, and then waits CutoverPause.
+func (r *Reconciler) cutTraffic(ctx context.Context, node *corev1.Node) (reconcile.Result, error) {
+	if r.AdminState == nil {
+		return reconcile.Result{}, nil
+	}
+	if cutAt, ok := annotationTime(node, ngv1alpha1.TrafficCutAtAnnotation); ok {
+		if wait := cutAt.Add(r.Opts.CutoverPause).Sub(r.Clock.Now()); wait > 0 {
+			return reconcile.Result{RequeueAfter: wait}, nil
+		}
+		return reconcile.Result{}, nil
+	}
+	r.AdminState.SetDesired(node, azure.AdminStateDown)
+	waitCtx, cancel := context.WithTimeout(ctx, 200*time.Millisecond)
+	defer cancel()
+	err := r.AdminState.WaitConfirmed(waitCtx, node.UID, azure.AdminStateDown)
+	var failed *azure.UpdateFailedError
+	switch {
+	case err == nil:
+		r.event(node, corev1.EventTypeNormal, ReasonTrafficCut, "load balancer AdminState Down confirmed on every backend pool entry of the node")
+	case errors.As(err, &failed):
+		r.event(node, corev1.EventTypeWarning, ReasonTrafficCutTimedOut, "draining without a confirmed traffic cut: %v", err)
+	case waitCtx.Err() != nil && ctx.Err() == nil:
+		deadline := terminationStarted(node).Add(r.Opts.AdminStateTimeout)
+		if r.Clock.Now().Before(deadline) {
+			return reconcile.Result{RequeueAfter: trafficPoll}, nil
+		}
+		r.event(node, corev1.EventTypeWarning, ReasonTrafficCutTimedOut,
+			"Azure did not confirm AdminState Down within --admin-state-timeout (%s); draining anyway", r.Opts.AdminStateTimeout)
+	default:
+		return reconcile.Result{}, err
+	}
+	if err := r.annotate(ctx, node, ngv1alpha1.TrafficCutAtAnnotation); err != nil {
+		return reconcile.Result{}, err
+	}
+	if r.Opts.CutoverPause > 0 {
+		return reconcile.Result{RequeueAfter: r.Opts.CutoverPause}, nil
+	}
+	return reconcile.Result{}, nil
+}
+
+// waitForVolumes waits, for at most VolumeDetachTimeout after the drain, until
+// no VolumeAttachment refers to the node.
+func (r *Reconciler) waitForVolumes(ctx context.Context, node *corev1.Node) (reconcile.Result, error) {
+	if r.Opts.VolumeDetachTimeout <= 0 {
+		return reconcile.Result{}, nil
+	}
+	var list storagev1.VolumeAttachmentList
+	if err := r.Reader.List(ctx, &list); err != nil {
+		return reconcile.Result{}, fmt.Errorf("listing VolumeAttachments: %w", err)
+	}
+	var attached []string
+	for _, va := range list.Items {
+		if va.Spec.NodeName == node.Name {
+			attached = append(attached, va.Name)
+		}
+	}
+	if len(attached) == 0 {
+		return reconcile.Result{}, nil
+	}
+	drainedAt, _ := annotationTime(node, ngv1alpha1.DrainedAtAnnotation)
+	if r.Clock.Now().After(drainedAt.Add(r.Opts.VolumeDetachTimeout)) {
+		if r.once(node.UID, "volume-timeout") {
+			r.event(node, corev1.EventTypeWarning, ReasonVolumeDetachTimedOut,
+				"%d volume attachment(s) still present after %s, releasing anyway: %v", len(attached), r.Opts.VolumeDetachTimeout, attached)
+		}
+		return reconcile.Result{}, nil
+	}
+	if r.once(node.UID, "volume-wait") {
+		r.event(node, corev1.EventTypeNormal, ReasonWaitingForVolumeDetach, "waiting for %d volume attachment(s) to go: %v", len(attached), attached)
+	}
+	return reconcile.Result{RequeueAfter: volumePoll}, nil
+}
+
+// release removes only nodeguard's finalizer, with an optimistic lock, which
+// lets the API server delete the node, and gives up the maintenance Lease.
+func (r *Reconciler) release(ctx context.Context, node *corev1.Node) (reconcile.Result, error) {
+	r.event(node, corev1.EventTypeNormal, ReasonReleased, "traffic cut and pods drained: releasing the node")
+	patch := client.MergeFromWithOptions(node.DeepCopy(), client.MergeFromWithOptimisticLock{})
+	node.Finalizers = slices.DeleteFunc(slices.Clone(node.Finalizers), func(f string) bool { return f == ngv1alpha1.TerminationFinalizer })
+	if err := r.Client.Patch(ctx, node, patch); client.IgnoreNotFound(err) != nil {
+		return reconcile.Result{}, fmt.Errorf("removing finalizer: %w", err)
+	}
+	r.releaseMaintenanceLease(ctx, node)
+	terminationDuration.Observe(r.Clock.Since(node.DeletionTimestamp.Time).Seconds())
+	return reconcile.Result{}, nil
+}
+
+// annotate records the current time under key on the node.
+func (r *Reconciler) annotate(ctx context.Context, node *corev1.Node, key string) error {
+	patch := client.MergeFrom(node.DeepCopy())
+	if node.Annotations == nil {
+		node.Annotations = map[string]string{}
+	}
+	node.Annotations[key] = r.Clock.Now().UTC().Format(time.RFC3339Nano)
+	if err := r.Client.Patch(ctx, node, patch); err != nil {
+		return fmt.Errorf("annotating %s: %w", key, err)
+	}
+	return nil
+}
+
+func annotationTime(node *corev1.Node, key string) (time.Time, bool) {
+	v, ok := node.Annotations[key]
+	if !ok {
+		return time.Time{}, false
+	}
+	t, err := time.Parse(time.RFC3339Nano, v)
+	return t, err == nil
+}

@@ -1,0 +1,159 @@
+package e2e
+
+import (
+	"context"
+	"net/http"
+	"os/exec"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	coordinationv1 "k8s.io/api/coordination/v1"
+	corev1 "k8s.io/api/core/v1"
+	policyv1 "k8s.io/api/policy/v1"
+	eventsv1 "k8s.io/api/events/v1"
+	"k8s.io/utils/ptr"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	ngv1alpha1 "github.com/nodeguard/nodeguard/api/v1alpha1"
+	"github.com/nodeguard/nodeguard/test/harness"
+)
+
+func needsEnv(t *testing.T) {
+	t.Helper()
+	if env == nil {
+		t.Skip("needs the local cluster (not with -short)")
+	}
+}
+
+func kubectl(t *testing.T, args ...string) string {
+	t.Helper()
+	out, err := exec.Command("kubectl", append([]string{"--kubeconfig", env.Kubeconfig}, args...)...).CombinedOutput()
+	if err != nil {
+		t.Fatalf("kubectl %v: %v\n%s", args, err, out)
+	}
+	return string(out)
+}
+
+// targetStates returns the target node's entries' admin states in the emulator.
+func (top *topology) targetStates() []string {
+	var states []string
+	for _, p := range top.emulator.State() {
+		if p.Pool == "aksOutboundBackendPool" {
+			continue
+		}
+		for _, e := range p.Entries {
+			if e.Name == top.target || e.IP == "" && strings.Contains(e.IPConfigID, "/virtualMachines/0/") {
+				states = append(states, p.LoadBalancer+"/"+p.Pool+"="+e.AdminState)
+			}
+		}
+	}
+	return states
+}
+
+// TestDeleteNodeCutsTrafficThenDrainsWithinBudgets deletes a node carrying
+// three PDB-protected Deployments, unprotected pods, a DaemonSet pod, a mirror
+// pod, a completed pod and a do-not-evict pod with kubectl, and checks what the
+// user relies on.
+func TestDeleteNodeCutsTrafficThenDrainsWithinBudgets(t *testing.T) {
+	needsEnv(t)
+	ctx := context.Background()
+	top := newTopology(t, "drain")
+	proxy := startAPIProxy(t)
+	var downAtFirstEviction []string
+	var once sync.Once
+	proxy.onFirstEviction = func() { once.Do(func() { downAtFirstEviction = top.targetStates() }) }
+	startNodeguard(t, proxy.kubeconfig, top.emulator)
+	harness.Eventually(t, 30*time.Second, func(ctx context.Context) (bool, error) {
+		var node corev1.Node
+		err := env.Client.Get(ctx, client.ObjectKey{Name: top.target}, &node)
+		_, justAdded := node.Annotations[ngv1alpha1.FinalizerAddedAtAnnotation]
+		return err == nil && slices.Contains(node.Finalizers, ngv1alpha1.TerminationFinalizer) && !justAdded, err
+	}, "the backfill has put the termination finalizer on the target node")
+	monitor := watchBudgets(t, top.ns)
+
+	kubectl(t, "delete", "node", top.target, "--wait=false")
+
+	t.Cleanup(func() {
+		if t.Failed() {
+			for _, b := range budgets {
+				var pdb policyv1.PodDisruptionBudget
+				_ = env.Client.Get(ctx, client.ObjectKey{Namespace: top.ns, Name: b.app}, &pdb)
+				t.Logf("PDB %s status %+v; eviction answers %v", b.app, pdb.Status, proxy.evictionAnswers(b.app))
+			}
+		}
+	})
+	// Everything goes but the do-not-evict pod and the DaemonSet pod, which goes
+	// last; the node stays for them.
+	harness.Eventually(t, 2*time.Minute, func(ctx context.Context) (bool, error) {
+		pods, err := evictablePodsOn(ctx, top.ns, top.target)
+		var apps []string
+		for _, p := range pods {
+			apps = append(apps, p.Labels["app"])
+		}
+		slices.Sort(apps)
+		return err == nil && slices.Equal(apps, []string{"daemon", "keep"}), err
+	}, "only the do-not-evict pod and the DaemonSet pod are left on the node")
+	if gone, _ := nodeGone(ctx, top.target); gone {
+		t.Fatal("the node was released while a do-not-evict pod was still on it")
+	}
+	waitForNodeEvent(t, top.target, "DoNotEvictPodBlocking")
+	var lease coordinationv1.Lease
+	if err := env.Client.Get(ctx, client.ObjectKey{Namespace: ngv1alpha1.MaintenanceLeaseNamespace, Name: top.target}, &lease); err != nil ||
+		!strings.HasPrefix(ptr.Deref(lease.Spec.HolderIdentity, ""), "nodeguard/") || ptr.Deref(lease.Spec.LeaseDurationSeconds, 0) == 0 {
+		t.Errorf("during the drain the maintenance Lease should be held by nodeguard: %+v (%v)", lease.Spec, err)
+	}
+
+	pods, _ := evictablePodsOn(ctx, top.ns, top.target)
+	for i := range pods {
+		if pods[i].Labels["app"] == "keep" {
+			if err := env.Client.Delete(ctx, &pods[i]); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	harness.Eventually(t, time.Minute, func(ctx context.Context) (bool, error) {
+		return nodeGone(ctx, top.target)
+	}, "the node is released once the do-not-evict pod is gone")
+
+	monitor.check(t)
+	for _, b := range budgets {
+		if got := proxy.maxInFlight(b.app); got != 1 {
+			t.Errorf("%s: at most %d eviction requests in flight at once, want exactly 1", b.app, got)
+		}
+	}
+	if answers := proxy.evictionAnswers("two"); len(answers) < 2 || answers[0] != http.StatusCreated || answers[1] != http.StatusCreated {
+		t.Errorf("under maxUnavailable 2 the first two evictions should both succeed back to back, got %v", answers)
+	}
+	if len(downAtFirstEviction) == 0 {
+		t.Error("the target node has no load-balancer entries in the emulator")
+	}
+	for _, s := range downAtFirstEviction {
+		if !strings.HasSuffix(s, "=Down") {
+			t.Errorf("at the first eviction the node's entries were %v, want every one Down", downAtFirstEviction)
+			break
+		}
+	}
+	harness.Eventually(t, 10*time.Second, func(ctx context.Context) (bool, error) {
+		err := env.Client.Get(ctx, client.ObjectKey{Namespace: ngv1alpha1.MaintenanceLeaseNamespace, Name: top.target}, &lease)
+		return err == nil && lease.Spec.HolderIdentity == nil, err
+	}, "the maintenance Lease is released (no holder): %+v", &lease)
+}
+
+func waitForNodeEvent(t *testing.T, node, reason string) {
+	t.Helper()
+	harness.Eventually(t, 30*time.Second, func(ctx context.Context) (bool, error) {
+		var list eventsv1.EventList
+		if err := env.Client.List(ctx, &list); err != nil {
+			return false, err
+		}
+		for _, e := range list.Items {
+			if e.Regarding.Name == node && e.Reason == reason {
+				return true, nil
+			}
+		}
+		return false, nil
+	}, "event %s on node %s", reason, node)
+}

@@ -1,0 +1,279 @@
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	appsv1 "k8s.io/api/apps/v1"
+	batchv1 "k8s.io/api/batch/v1"
+	corev1 "k8s.io/api/core/v1"
+	policyv1 "k8s.io/api/policy/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/watch"
+	"k8s.io/utils/ptr"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	ngv1alpha1 "github.com/nodeguard/nodeguard/api/v1alpha1"
+	"github.com/nodeguard/nodeguard/test/armemulator"
+	"github.com/nodeguard/nodeguard/test/builder"
+	"github.com/nodeguard/nodeguard/test/harness"
+)
+
+// budgets are the protected workloads: 4 replicas each, and how many of them
+// must stay healthy.
+var budgets = []struct {
+	app        string
+	pdb        func(*policyv1.PodDisruptionBudgetSpec)
+	minHealthy int
+}{
+	{"one", builder.MaxUnavailable("1"), 3},
+	{"two", builder.MaxUnavailable("2"), 2},
+	{"most", builder.MinAvailable("75%"), 3},
+}
+
+// topology is a target node carrying every kind of pod, and spare nodes to
+// take the evicted ones.
+type topology struct {
+	ns, target string
+	spares     []string
+	emulator   *armemulator.Server
+}
+
+func vmssProviderID(index int) string {
+	return fmt.Sprintf("azure:///subscriptions/%s/resourceGroups/%s/providers/Microsoft.Compute/virtualMachineScaleSets/e2e-vmss/virtualMachines/%d",
+		subscription, resourceGroup, index)
+}
+
+// newTopology creates the target node and its pods, then the spare nodes,
+// and an ARM emulator whose load balancers hold all of them.
+func newTopology(t *testing.T, name string) *topology {
+	t.Helper()
+	c := env.Client
+	top := &topology{ns: name, target: name + "-target"}
+	var emuNodes []armemulator.Node
+	node := func(nodeName string, index int) *corev1.Node {
+		ip := fmt.Sprintf("10.%d.0.%d", len(name), index+4)
+		emuNodes = append(emuNodes, armemulator.Node{Name: nodeName, IPs: []string{ip}, ProviderID: vmssProviderID(index)})
+		return builder.Node(nodeName, builder.WithLabels("pool", name), builder.WithProviderID(vmssProviderID(index)), builder.WithInternalIP(ip))
+	}
+	mustCreate(t, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: name}})
+	mustCreate(t, node(top.target, 0))
+	onPool := builder.OnNodes("pool", name)
+	for _, b := range budgets {
+		mustCreate(t, builder.Deployment(name, b.app, 4, onPool))
+		mustCreate(t, builder.PDB(name, b.app, b.pdb))
+	}
+	mustCreate(t, builder.Deployment(name, "free", 3, onPool))
+	mustCreate(t, builder.Deployment(name, "keep", 1, onPool, builder.WithPodAnnotations(ngv1alpha1.DoNotEvictAnnotation, "true")))
+	mustCreate(t, daemonSet(name))
+	mustCreate(t, completedJob(name, top.target))
+	mustCreate(t, mirrorPod(name, top.target))
+	waitForPods(t, name, top.target, 4*len(budgets)+3+1+1+1) // + free, keep, daemon, mirror
+	for i := range 3 {
+		spare := fmt.Sprintf("%s-spare-%d", name, i)
+		top.spares = append(top.spares, spare)
+		mustCreate(t, node(spare, i+1))
+	}
+	emu, err := armemulator.Start("127.0.0.1:0",
+		armemulator.SeedForNodes(subscription, resourceGroup, emuNodes, armemulator.Topology{NICBased: true, Internal: true}),
+		armemulator.Options{Async: true, AsyncPolls: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { emu.Close() })
+	top.emulator = emu
+	harness.Eventually(t, time.Minute, func(ctx context.Context) (bool, error) {
+		for _, b := range budgets {
+			var pdb policyv1.PodDisruptionBudget
+			if err := c.Get(ctx, client.ObjectKey{Namespace: name, Name: b.app}, &pdb); err != nil || pdb.Status.CurrentHealthy != 4 {
+				return false, err
+			}
+		}
+		return true, nil
+	}, "every PDB sees its 4 pods healthy")
+	return top
+}
+
+func mustCreate(t *testing.T, obj client.Object) {
+	t.Helper()
+	if err := env.Client.Create(context.Background(), obj); err != nil {
+		t.Fatalf("creating %T %s: %v", obj, obj.GetName(), err)
+	}
+}
+
+func daemonSet(ns string) *appsv1.DaemonSet {
+	labels := map[string]string{"app": "daemon"}
+	return &appsv1.DaemonSet{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "daemon"},
+		Spec: appsv1.DaemonSetSpec{
+			Selector: &metav1.LabelSelector{MatchLabels: labels},
+			Template: corev1.PodTemplateSpec{
+				ObjectMeta: metav1.ObjectMeta{Labels: labels},
+				Spec: corev1.PodSpec{
+					NodeSelector:                  map[string]string{"pool": ns},
+					Containers:                    []corev1.Container{{Name: "agent", Image: "registry.k8s.io/pause:3.10"}},
+					TerminationGracePeriodSeconds: ptr.To[int64](0),
+				},
+			},
+		},
+	}
+}
+
+func completedJob(ns, node string) *batchv1.Job {
+	return &batchv1.Job{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "done"},
+		Spec: batchv1.JobSpec{Template: corev1.PodTemplateSpec{Spec: corev1.PodSpec{
+			NodeName:      node,
+			RestartPolicy: corev1.RestartPolicyNever,
+			Containers:    []corev1.Container{{Name: "job", Image: "registry.k8s.io/pause:3.10"}},
+		}}},
+	}
+}
+
+func mirrorPod(ns, node string) *corev1.Pod {
+	return &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "static-" + node, Annotations: map[string]string{"kubernetes.io/config.mirror": "e2e"}},
+		Spec: corev1.PodSpec{
+			NodeName:   node,
+			Containers: []corev1.Container{{Name: "static", Image: "registry.k8s.io/pause:3.10"}},
+		},
+	}
+}
+
+// waitForPods waits until want pods run on the node and the job's pod completed.
+func waitForPods(t *testing.T, ns, node string, want int) {
+	t.Helper()
+	harness.Eventually(t, 2*time.Minute, func(ctx context.Context) (bool, error) {
+		var pods corev1.PodList
+		if err := env.Client.List(ctx, &pods, client.InNamespace(ns)); err != nil {
+			return false, err
+		}
+		running, succeeded := 0, 0
+		for _, p := range pods.Items {
+			switch {
+			case p.Spec.NodeName != node:
+			case p.Status.Phase == corev1.PodRunning:
+				running++
+			case p.Status.Phase == corev1.PodSucceeded:
+				succeeded++
+			}
+		}
+		return running == want && succeeded == 1, nil
+	}, "%d pods run on %s and the job's pod completed", want, node)
+}
+
+// evictablePodsOn lists the pods on the node that the drain must remove: not
+// mirror pods, not finished pods.
+func evictablePodsOn(ctx context.Context, ns, node string) ([]corev1.Pod, error) {
+	var pods corev1.PodList
+	if err := env.Client.List(ctx, &pods, client.InNamespace(ns)); err != nil {
+		return nil, err
+	}
+	var out []corev1.Pod
+	for _, p := range pods.Items {
+		if p.Spec.NodeName == node && p.Annotations["kubernetes.io/config.mirror"] == "" &&
+			p.Status.Phase != corev1.PodSucceeded && p.Status.Phase != corev1.PodFailed {
+			out = append(out, p)
+		}
+	}
+	return out, nil
+}
+
+// budgetMonitor watches the protected workloads' pods and records every moment
+// one had fewer healthy (Ready, not deleting) pods than its PDB requires.
+type budgetMonitor struct {
+	mu         sync.Mutex
+	violations []string
+	stop       func()
+}
+
+func watchBudgets(t *testing.T, ns string) *budgetMonitor {
+	t.Helper()
+	wc, err := client.NewWithWatch(env.Config, client.Options{Scheme: env.Scheme})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	var pods corev1.PodList
+	if err := wc.List(ctx, &pods, client.InNamespace(ns)); err != nil {
+		t.Fatal(err)
+	}
+	w, err := wc.Watch(ctx, &corev1.PodList{}, client.InNamespace(ns), &client.ListOptions{Raw: &metav1.ListOptions{ResourceVersion: pods.ResourceVersion}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := &budgetMonitor{}
+	healthy := map[string]map[string]bool{} // app -> pod -> healthy
+	record := func(p *corev1.Pod, deleted bool) string {
+		app := p.Labels["app"]
+		if healthy[app] == nil {
+			healthy[app] = map[string]bool{}
+		}
+		healthy[app][p.Name] = !deleted && p.DeletionTimestamp == nil && podReady(p)
+		return app
+	}
+	update := func(p *corev1.Pod, deleted bool) {
+		app := record(p, deleted)
+		for _, b := range budgets {
+			if b.app != app {
+				continue
+			}
+			n := 0
+			for _, ok := range healthy[app] {
+				if ok {
+					n++
+				}
+			}
+			if n < b.minHealthy {
+				m.mu.Lock()
+				m.violations = append(m.violations, fmt.Sprintf("%s: %d healthy pods, PDB requires %d", app, n, b.minHealthy))
+				m.mu.Unlock()
+			}
+		}
+	}
+	for i := range pods.Items {
+		record(&pods.Items[i], false)
+	}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for ev := range w.ResultChan() {
+			if p, ok := ev.Object.(*corev1.Pod); ok {
+				update(p, ev.Type == watch.Deleted)
+			}
+		}
+	}()
+	m.stop = func() { cancel(); w.Stop(); <-done }
+	t.Cleanup(m.stop)
+	return m
+}
+
+func (m *budgetMonitor) check(t *testing.T) {
+	t.Helper()
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if len(m.violations) > 0 {
+		t.Errorf("PodDisruptionBudgets were violated %d times, first: %s", len(m.violations), m.violations[0])
+	}
+}
+
+func podReady(p *corev1.Pod) bool {
+	for _, c := range p.Status.Conditions {
+		if c.Type == corev1.PodReady {
+			return c.Status == corev1.ConditionTrue
+		}
+	}
+	return false
+}
+
+// nodeGone reports whether the node no longer exists.
+func nodeGone(ctx context.Context, name string) (bool, error) {
+	err := env.Client.Get(ctx, client.ObjectKey{Name: name}, &corev1.Node{})
+	if client.IgnoreNotFound(err) != nil {
+		return false, err
+	}
+	return err != nil, nil
+}
