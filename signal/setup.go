@@ -28,6 +28,10 @@ func (o *Options) BindFlags(fs *flag.FlagSet) {
 			"Runs with or without Azure configuration.")
 }
 
+// +kubebuilder:rbac:groups="",resources=nodes,verbs=get;list;watch;patch
+// +kubebuilder:rbac:groups="",resources=events,verbs=get;list;watch
+// +kubebuilder:rbac:groups=events.k8s.io,resources=events,verbs=create;patch
+
 // Setup adds the taint watcher and, with opts.SpotEvents, the spot-eviction
 // tainter to mgr. Both run on the leader only. adminState may be nil (no
 // Azure configuration): the watcher then only keeps the signal gauges. The
