@@ -1,0 +1,22 @@
+package signal
+
+// Event reasons on the Node (an API: keep them stable). The admin-state
+// manager adds its own (azure.ReasonDown, azure.ReasonNone,
+// azure.ReasonUpdateFailed, azure.ReasonUpdateRetrying) once Azure answers.
+const (
+	// ReasonSpotEvictionTaintAdded: a PreemptScheduled event became the
+	// spot-eviction taint.
+	ReasonSpotEvictionTaintAdded = "SpotEvictionTaintAdded"
+	// ReasonAdminStateDownRequested: the node carries a signal, and nodeguard
+	// asked for its load-balancer entries to be Down.
+	ReasonAdminStateDownRequested = "LoadBalancerAdminStateDownRequested"
+	// ReasonAdminStateRestoreRequested: every signal is gone, and nodeguard
+	// asked for None on the entries it had set Down.
+	ReasonAdminStateRestoreRequested = "LoadBalancerAdminStateRestoreRequested"
+	// ReasonAdminStateReleased: Azure confirmed None; nodeguard no longer
+	// manages the node's entries.
+	ReasonAdminStateReleased = "LoadBalancerAdminStateReleased"
+
+	actionSpotTaint  = "AddSpotEvictionTaint"
+	actionAdminState = "SetLoadBalancerAdminState"
+)

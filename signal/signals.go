@@ -1,0 +1,84 @@
+package signal
+
+import (
+	"slices"
+	"strings"
+
+	corev1 "k8s.io/api/core/v1"
+
+	ngv1alpha1 "github.com/nodeguard/nodeguard/api/v1alpha1"
+	"github.com/nodeguard/nodeguard/azure"
+	"github.com/nodeguard/nodeguard/azure/backends"
+)
+
+// Signal names (values of the metric label "signal").
+const (
+	signalOutOfService = "out_of_service"
+	signalShutdown     = "shutdown"
+	signalSpotEviction = "spot_eviction"
+	signalDraining     = "draining"
+	signalDeleting     = "deleting"
+)
+
+var allSignals = []string{signalOutOfService, signalShutdown, signalSpotEviction, signalDraining, signalDeleting}
+
+// signalsOf lists the signals a node carries, in allSignals order. It only
+// describes them (for gauges, events and change detection): whether a node is
+// Down is decided by azure.DesiredState alone.
+func signalsOf(n *corev1.Node) []string {
+	has := map[string]bool{}
+	for _, t := range n.Spec.Taints {
+		switch {
+		case t.Key == ngv1alpha1.OutOfServiceTaintKey:
+			has[signalOutOfService] = true
+		case t.Key == ngv1alpha1.CloudShutdownTaintKey:
+			has[signalShutdown] = true
+		case t.Key == ngv1alpha1.SpotEvictionTaintKey && t.Value == ngv1alpha1.SpotEvictionTaintValue:
+			has[signalSpotEviction] = true
+		case t.Key == ngv1alpha1.DrainingTaintKey:
+			has[signalDraining] = true
+		}
+	}
+	if n.DeletionTimestamp != nil && slices.Contains(n.Finalizers, ngv1alpha1.TerminationFinalizer) {
+		has[signalDeleting] = true
+	}
+	var out []string
+	for _, s := range allSignals {
+		if has[s] {
+			out = append(out, s)
+		}
+	}
+	return out
+}
+
+// heldDown reports whether nodeguard recorded taking the node's entries Down.
+func heldDown(n *corev1.Node) bool {
+	_, ok := n.Annotations[AdminStateDownAnnotation]
+	return ok
+}
+
+// inputs is everything the watcher's decision depends on. An update that
+// leaves it unchanged (a heartbeat, a label, a cordon) is not reconciled.
+type inputs struct {
+	desired  azure.AdminState
+	signals  string
+	held     bool
+	deleting bool
+	// ident finds the node's backend entries (name, providerID, InternalIPs).
+	ident string
+}
+
+func inputsOf(n *corev1.Node) inputs {
+	id := backends.FromNode(n)
+	ips := make([]string, 0, len(id.IPs))
+	for _, ip := range id.IPs {
+		ips = append(ips, ip.String())
+	}
+	return inputs{
+		desired:  azure.DesiredState(n),
+		signals:  strings.Join(signalsOf(n), ","),
+		held:     heldDown(n),
+		deleting: n.DeletionTimestamp != nil,
+		ident:    id.ProviderID + "|" + strings.Join(ips, ","),
+	}
+}
