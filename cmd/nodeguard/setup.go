@@ -25,11 +25,12 @@ import (
 	"github.com/nodeguard/nodeguard/budget"
 	"github.com/nodeguard/nodeguard/finalizer"
 	"github.com/nodeguard/nodeguard/finalizer/drain"
+	"github.com/nodeguard/nodeguard/signal"
 	ngwebhook "github.com/nodeguard/nodeguard/webhook"
 )
 
 // setupTermination adds the Azure admin-state manager (when Azure is
-// configured) and the termination controller.
+// configured), the taint watcher and the termination controller.
 func setupTermination(mgr ctrl.Manager, opts options) error {
 	adminState, err := azure.NewManager(opts.azure, mgr.GetEventRecorder("nodeguard-adminstate"))
 	if err != nil {
@@ -58,6 +59,9 @@ func setupTermination(mgr ctrl.Manager, opts options) error {
 			return err
 		}
 		r.AdminState = adminState
+	}
+	if err := signal.Setup(mgr, adminState, opts.signal); err != nil {
+		return fmt.Errorf("setting up the taint watcher: %w", err)
 	}
 	return r.SetupWithManager(mgr)
 }

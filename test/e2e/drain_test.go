@@ -60,7 +60,7 @@ func (top *topology) targetStates() []string {
 func TestDeleteNodeCutsTrafficThenDrainsWithinBudgets(t *testing.T) {
 	needsEnv(t)
 	ctx := context.Background()
-	top := newTopology(t, "drain")
+	top := newTopology(t, "drain", true)
 	proxy := startAPIProxy(t)
 	var downAtFirstEviction []string
 	var once sync.Once

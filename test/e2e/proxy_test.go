@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"context"
 	"net"
 	"net/http"
 	"net/http/httputil"
@@ -28,6 +29,7 @@ type apiProxy struct {
 	onFirstEviction func()
 
 	mu       sync.Mutex
+	podLists map[string]int // by field selector
 	inFlight map[string]int
 	maxInFl  map[string]int
 	answers  map[string][]int
@@ -43,7 +45,7 @@ func startAPIProxy(t *testing.T) *apiProxy {
 	if err != nil {
 		t.Fatal(err)
 	}
-	p := &apiProxy{inFlight: map[string]int{}, maxInFl: map[string]int{}, answers: map[string][]int{}}
+	p := &apiProxy{podLists: map[string]int{}, inFlight: map[string]int{}, maxInFl: map[string]int{}, answers: map[string][]int{}}
 	rp := httputil.NewSingleHostReverseProxy(target)
 	rp.Transport = transport
 	rp.FlushInterval = -1 // stream watches
@@ -54,6 +56,11 @@ func startAPIProxy(t *testing.T) *apiProxy {
 	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		m := evictionPath.FindStringSubmatch(r.URL.Path)
 		if r.Method != http.MethodPost || m == nil {
+			if r.Method == http.MethodGet && r.URL.Path == "/api/v1/pods" && r.URL.Query().Get("watch") == "" {
+				p.mu.Lock()
+				p.podLists[r.URL.Query().Get("fieldSelector")]++
+				p.mu.Unlock()
+			}
 			rp.ServeHTTP(w, r)
 			return
 		}
@@ -63,7 +70,11 @@ func startAPIProxy(t *testing.T) *apiProxy {
 		}
 		p.begin(workload)
 		rec := &statusRecorder{ResponseWriter: w, status: http.StatusOK}
-		rp.ServeHTTP(rec, r)
+		// An eviction that reached the proxy completes even if nodeguard is
+		// killed meanwhile. Cancelled half-way, kube-apiserver may charge the
+		// PDB without deleting the pod, which blocks that PDB for its 2-minute
+		// disruptedPods timeout (seen here): real, but not nodeguard's doing.
+		rp.ServeHTTP(rec, r.WithContext(context.WithoutCancel(r.Context())))
 		p.end(workload, rec.status)
 	})}
 	go func() { _ = srv.Serve(l) }()
@@ -99,6 +110,13 @@ func (p *apiProxy) end(workload string, status int) {
 	defer p.mu.Unlock()
 	p.inFlight[workload]--
 	p.answers[workload] = append(p.answers[workload], status)
+}
+
+// podListsOf counts the LISTs of a node's pods (one per drain pass).
+func (p *apiProxy) podListsOf(node string) int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.podLists["spec.nodeName="+node]
 }
 
 // maxInFlight is the most eviction requests ever in flight for a workload.

@@ -48,8 +48,9 @@ func vmssProviderID(index int) string {
 }
 
 // newTopology creates the target node and its pods, then the spare nodes,
-// and an ARM emulator whose load balancers hold all of them.
-func newTopology(t *testing.T, name string) *topology {
+// and an ARM emulator whose load balancers hold all of them. With doNotEvict,
+// one of the pods is annotated nodeguard.io/do-not-evict.
+func newTopology(t *testing.T, name string, doNotEvict bool) *topology {
 	t.Helper()
 	c := env.Client
 	top := &topology{ns: name, target: name + "-target"}
@@ -67,7 +68,11 @@ func newTopology(t *testing.T, name string) *topology {
 		mustCreate(t, builder.PDB(name, b.app, b.pdb))
 	}
 	mustCreate(t, builder.Deployment(name, "free", 3, onPool))
-	mustCreate(t, builder.Deployment(name, "keep", 1, onPool, builder.WithPodAnnotations(ngv1alpha1.DoNotEvictAnnotation, "true")))
+	keep := builder.WithPodAnnotations("example.com/role", "keep")
+	if doNotEvict {
+		keep = builder.WithPodAnnotations(ngv1alpha1.DoNotEvictAnnotation, "true")
+	}
+	mustCreate(t, builder.Deployment(name, "keep", 1, onPool, keep))
 	mustCreate(t, daemonSet(name))
 	mustCreate(t, completedJob(name, top.target))
 	mustCreate(t, mirrorPod(name, top.target))

@@ -9,6 +9,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	"github.com/nodeguard/nodeguard/test/armemulator"
 	"github.com/nodeguard/nodeguard/test/builder"
 	"github.com/nodeguard/nodeguard/test/harness"
 )
@@ -37,6 +38,16 @@ var demoNodes = []demoNode{
 func providerID(n demoNode, index int) string {
 	return fmt.Sprintf("azure:///subscriptions/%s/resourceGroups/%s/providers/Microsoft.Compute/virtualMachineScaleSets/aks-%s-vmss/virtualMachines/%d",
 		demoSubscription, demoResourceGroup, n.pool, index%3)
+}
+
+// emulatorSeed is an AKS-like resource group holding the demo nodes: a public
+// load balancer with a NIC-based pool and an internal one with an IP-based pool.
+func emulatorSeed() armemulator.Seed {
+	var nodes []armemulator.Node
+	for i, n := range demoNodes {
+		nodes = append(nodes, armemulator.Node{Name: n.name, IPs: []string{n.ip}, ProviderID: providerID(n, i)})
+	}
+	return armemulator.SeedForNodes(demoSubscription, demoResourceGroup, nodes, armemulator.Topology{NICBased: true, Internal: true})
 }
 
 func createDemo(ctx context.Context, env *harness.Env) error {

@@ -15,6 +15,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/nodeguard/nodeguard/test/armemulator"
 	"github.com/nodeguard/nodeguard/test/harness"
 )
 
@@ -57,11 +58,16 @@ func run(binDir, dir, pods string) error {
 	if err := createDemo(ctx, env); err != nil {
 		return fmt.Errorf("creating the demo topology: %w", err)
 	}
-	nodeguard, err := startNodeguard(binDir, env)
+	emulator, err := armemulator.Start("127.0.0.1:0", emulatorSeed(), armemulator.Options{Async: true, AsyncPolls: 1})
+	if err != nil {
+		return fmt.Errorf("starting the ARM emulator: %w", err)
+	}
+	defer emulator.Close()
+	nodeguard, err := startNodeguard(binDir, env, emulator.URL())
 	if err != nil {
 		return err
 	}
-	printWelcome(env)
+	printWelcome(env, emulator.URL())
 	select {
 	case <-ctx.Done():
 	case <-nodeguard.done:
@@ -79,13 +85,13 @@ type child struct {
 	err  error
 }
 
-func startNodeguard(binDir string, env *harness.Env) (*child, error) {
+func startNodeguard(binDir string, env *harness.Env, armURL string) (*child, error) {
 	logPath := filepath.Join(env.Dir, "nodeguard.log")
 	logFile, err := os.Create(logPath)
 	if err != nil {
 		return nil, err
 	}
-	cmd := exec.Command(filepath.Join(binDir, "nodeguard"), nodeguardArgs(env)...)
+	cmd := exec.Command(filepath.Join(binDir, "nodeguard"), nodeguardArgs(env, armURL)...)
 	cmd.Stdout, cmd.Stderr = logFile, logFile
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
 	if err := cmd.Start(); err != nil {
@@ -96,8 +102,11 @@ func startNodeguard(binDir string, env *harness.Env) (*child, error) {
 	return c, nil
 }
 
-func nodeguardArgs(env *harness.Env) []string {
+func nodeguardArgs(env *harness.Env, armURL string) []string {
 	return []string{
+		// Azure: the ARM emulator, with no credentials.
+		"--azure-config=", "--azure-arm-endpoint=" + armURL, "--azure-credential=none",
+		"--azure-subscription-id=" + demoSubscription, "--azure-resource-group=" + demoResourceGroup,
 		"--kubeconfig=" + env.Kubeconfig,
 		"--metrics-bind-address=127.0.0.1:8080", "--metrics-secure=false",
 		"--health-probe-bind-address=127.0.0.1:8081",
@@ -122,7 +131,7 @@ func (c *child) stop() {
 	}
 }
 
-func printWelcome(env *harness.Env) {
+func printWelcome(env *harness.Env, armURL string) {
 	fmt.Printf(`
 nodeguard sandbox is up. In another terminal:
 
@@ -132,9 +141,15 @@ nodeguard sandbox is up. In another terminal:
   kubectl delete node %[3]s    # admitted: the system budget allows 1
   kubectl delete node %[5]s    # denied: the budget is used up
   kubectl describe ndb system
+  kubectl get events --field-selector involvedObject.name=%[3]s
+
+The ARM emulator plays Azure: see every load-balancer backend entry and its AdminState with
+  curl -s %[6]s/emulator/state
+  kubectl taint node %[7]s node.kubernetes.io/out-of-service=nodeshutdown:NoExecute   # entries go Down
+  kubectl taint node %[7]s node.kubernetes.io/out-of-service-                         # back to None
   curl -s localhost:8080/metrics | grep ^nodeguard_
 
 Logs of every component (and nodeguard.log) are in %[4]s.
 Press Ctrl-C to stop everything.
-`, env.Kubeconfig, demoNamespace, demoNodes[0].name, env.Dir, demoNodes[1].name)
+`, env.Kubeconfig, demoNamespace, demoNodes[0].name, env.Dir, demoNodes[1].name, armURL, demoNodes[4].name)
 }

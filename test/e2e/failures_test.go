@@ -1,0 +1,188 @@
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"testing"
+	"time"
+
+	coordinationv1 "k8s.io/api/coordination/v1"
+	corev1 "k8s.io/api/core/v1"
+	eventsv1 "k8s.io/api/events/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	ngv1alpha1 "github.com/nodeguard/nodeguard/api/v1alpha1"
+	"github.com/nodeguard/nodeguard/test/builder"
+	"github.com/nodeguard/nodeguard/test/harness"
+)
+
+// waitForFinalizer waits until the backfill has put the finalizer on the node
+// and its few-second hold after adding it has passed.
+func waitForFinalizer(t *testing.T, node string) {
+	t.Helper()
+	harness.Eventually(t, 30*time.Second, func(ctx context.Context) (bool, error) {
+		var n corev1.Node
+		err := env.Client.Get(ctx, client.ObjectKey{Name: node}, &n)
+		_, justAdded := n.Annotations[ngv1alpha1.FinalizerAddedAtAnnotation]
+		return err == nil && slices.Contains(n.Finalizers, ngv1alpha1.TerminationFinalizer) && !justAdded, err
+	}, "the backfill has put the termination finalizer on %s", node)
+}
+
+func countNodeEvents(ctx context.Context, node, reason string) (int, error) {
+	var list eventsv1.EventList
+	if err := env.Client.List(ctx, &list); err != nil {
+		return 0, err
+	}
+	n := 0
+	for _, e := range list.Items {
+		if e.Regarding.Name == node && e.Reason == reason {
+			n++
+		}
+	}
+	return n, nil
+}
+
+// TestUnreachableARMAndAPodUnderTwoPDBs: with ARM unreachable the drain goes
+// on after --admin-state-timeout with a Warning event; a pod under two PDBs is
+// reported once and not evicted over and over; once it is gone, the node is
+// released.
+func TestUnreachableARMAndAPodUnderTwoPDBs(t *testing.T) {
+	needsEnv(t)
+	ctx := context.Background()
+	top := newTopology(t, "arm", false)
+	mustCreate(t, builder.Deployment(top.ns, "dual", 1, builder.OnNodes(corev1.LabelHostname, top.target)))
+	for _, name := range []string{"dual-a", "dual-b"} {
+		pdb := builder.PDB(top.ns, "dual", builder.MaxUnavailable("1"))
+		pdb.Name = name
+		mustCreate(t, pdb)
+	}
+	harness.Eventually(t, time.Minute, func(ctx context.Context) (bool, error) {
+		pods, err := evictablePodsOn(ctx, top.ns, top.target)
+		for _, p := range pods {
+			if p.Labels["app"] == "dual" && podReady(&p) {
+				return true, nil
+			}
+		}
+		return false, err
+	}, "the pod under two PDBs runs on the target")
+	top.emulator.Close() // ARM unreachable
+	proxy := startAPIProxy(t)
+	startNodeguard(t, proxy.kubeconfig, top.emulator, "--admin-state-timeout=3s")
+	waitForFinalizer(t, top.target)
+
+	kubectl(t, "delete", "node", top.target, "--wait=false")
+	waitForNodeEvent(t, top.target, "TrafficCutTimedOut")
+	waitForNodeEvent(t, top.target, "PodUnderMultiplePDBs")
+	harness.Eventually(t, time.Minute, func(ctx context.Context) (bool, error) {
+		pods, err := evictablePodsOn(ctx, top.ns, top.target)
+		var apps []string
+		for _, p := range pods {
+			apps = append(apps, p.Labels["app"])
+		}
+		slices.Sort(apps)
+		return err == nil && slices.Equal(apps, []string{"daemon", "dual"}), err
+	}, "everything but the pod under two PDBs (and the DaemonSet pod, last) is drained")
+	// Several more drain passes happen while the pod stays (PDB changes, backstop).
+	before := len(proxy.evictionAnswers("dual"))
+	passes := proxy.podListsOf(top.target)
+	harness.Eventually(t, 30*time.Second, func(ctx context.Context) (bool, error) {
+		return proxy.podListsOf(top.target) >= passes+3, nil
+	}, "three more drain passes happen")
+	if n, _ := countNodeEvents(ctx, top.target, "PodUnderMultiplePDBs"); n != 1 {
+		t.Errorf("%d PodUnderMultiplePDBs events, want exactly 1", n)
+	}
+	if after := len(proxy.evictionAnswers("dual")); after > 1 {
+		t.Errorf("the pod under two PDBs got %d eviction requests (%d before the last passes), want at most 1: no hot loop", after, before)
+	}
+	if gone, _ := nodeGone(ctx, top.target); gone {
+		t.Fatal("the node was released with a pod still on it")
+	}
+
+	pods, _ := evictablePodsOn(ctx, top.ns, top.target)
+	for i := range pods {
+		if pods[i].Labels["app"] == "dual" {
+			if err := env.Client.Delete(ctx, &pods[i]); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	harness.Eventually(t, time.Minute, func(ctx context.Context) (bool, error) {
+		return nodeGone(ctx, top.target)
+	}, "the node is released")
+}
+
+// TestKilledAtEveryPhaseStillReleasesWithinBudgets kills nodeguard (SIGKILL)
+// at ten points of a node's termination, from the Lease to the release, and
+// restarts it each time: the node is still released, no PDB is violated and no
+// finalizer or maintenance hold is left behind.
+func TestKilledAtEveryPhaseStillReleasesWithinBudgets(t *testing.T) {
+	needsEnv(t)
+	ctx := context.Background()
+	top := newTopology(t, "kill", false)
+	proxy := startAPIProxy(t)
+	monitor := watchBudgets(t, top.ns)
+	start := func() *process { return startNodeguard(t, proxy.kubeconfig, top.emulator) }
+	ng := start()
+	waitForFinalizer(t, top.target)
+	kubectl(t, "delete", "node", top.target, "--wait=false")
+
+	var node corev1.Node
+	getNode := func(ctx context.Context) (bool, error) {
+		err := env.Client.Get(ctx, client.ObjectKey{Name: top.target}, &node)
+		return err == nil, client.IgnoreNotFound(err)
+	}
+	podsLeft := func(ctx context.Context) int {
+		pods, _ := evictablePodsOn(ctx, top.ns, top.target)
+		return len(pods)
+	}
+	initial := podsLeft(ctx)
+	killPoints := []struct {
+		name    string
+		reached func(ctx context.Context) bool
+	}{
+		{"at start-up", func(context.Context) bool { return true }},
+		{"maintenance Lease taken", func(ctx context.Context) bool {
+			var l coordinationv1.Lease
+			return env.Client.Get(ctx, client.ObjectKey{Namespace: ngv1alpha1.MaintenanceLeaseNamespace, Name: top.target}, &l) == nil && l.Spec.HolderIdentity != nil
+		}},
+		{"cordoned", func(ctx context.Context) bool { ok, _ := getNode(ctx); return ok && node.Spec.Unschedulable }},
+		{"traffic cut", func(ctx context.Context) bool {
+			ok, _ := getNode(ctx)
+			_, cut := node.Annotations[ngv1alpha1.TrafficCutAtAnnotation]
+			return ok && cut
+		}},
+	}
+	for _, left := range []int{1, 3, 6, 9, 12, 14} {
+		killPoints = append(killPoints, struct {
+			name    string
+			reached func(ctx context.Context) bool
+		}{fmt.Sprintf("%d pods evicted", left), func(ctx context.Context) bool { return podsLeft(ctx) <= initial-left }})
+	}
+	kills := 0
+	for _, kp := range killPoints {
+		if ok, _ := getNode(ctx); !ok {
+			break // released already: the remaining points were passed
+		}
+		began := time.Now()
+		_ = harness.Poll(ctx, 30*time.Second, func(ctx context.Context) (bool, error) { return kp.reached(ctx), nil })
+		ng.kill()
+		kills++
+		t.Logf("killed nodeguard: %s (after %s)", kp.name, time.Since(began).Round(time.Millisecond))
+		ng = start()
+	}
+	harness.Eventually(t, 2*time.Minute, func(ctx context.Context) (bool, error) {
+		return nodeGone(ctx, top.target)
+	}, "the node is released after %d kills", kills)
+	if kills < 8 {
+		t.Errorf("only %d kills happened before the release; the test needs a slower drain", kills)
+	}
+	monitor.check(t)
+	var lease coordinationv1.Lease
+	harness.Eventually(t, 10*time.Second, func(ctx context.Context) (bool, error) {
+		err := env.Client.Get(ctx, client.ObjectKey{Namespace: ngv1alpha1.MaintenanceLeaseNamespace, Name: top.target}, &lease)
+		return err == nil && lease.Spec.HolderIdentity == nil, err
+	}, "the maintenance Lease is released")
+	// In-flight evictions are not checked here: a request of a killed process
+	// may still be on its way when the restarted one sends the next.
+}
