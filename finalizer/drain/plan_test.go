@@ -1,0 +1,126 @@
+package drain
+
+import (
+	"slices"
+	"testing"
+
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	policyv1 "k8s.io/api/policy/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/utils/ptr"
+
+	ngv1alpha1 "github.com/nodeguard/nodeguard/api/v1alpha1"
+)
+
+func pod(name, app string, mods ...func(*corev1.Pod)) corev1.Pod {
+	p := corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: name, UID: types.UID(name), Labels: map[string]string{"app": app}}}
+	p.Status.Phase = corev1.PodRunning
+	for _, m := range mods {
+		m(&p)
+	}
+	return p
+}
+
+func annotated(k, v string) func(*corev1.Pod) {
+	return func(p *corev1.Pod) { p.Annotations = map[string]string{k: v} }
+}
+func phase(ph corev1.PodPhase) func(*corev1.Pod) { return func(p *corev1.Pod) { p.Status.Phase = ph } }
+func deleting(p *corev1.Pod)                     { p.DeletionTimestamp = ptr.To(metav1.Now()) }
+func daemon(p *corev1.Pod) {
+	p.OwnerReferences = []metav1.OwnerReference{{APIVersion: appsv1.SchemeGroupVersion.String(), Kind: "DaemonSet", Name: "ds", Controller: ptr.To(true)}}
+}
+
+func pdb(name string, selector *metav1.LabelSelector) policyv1.PodDisruptionBudget {
+	return policyv1.PodDisruptionBudget{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: name, UID: types.UID("pdb-" + name)}, Spec: policyv1.PodDisruptionBudgetSpec{Selector: selector}}
+}
+
+func app(a string) *metav1.LabelSelector {
+	return &metav1.LabelSelector{MatchLabels: map[string]string{"app": a}}
+}
+
+func names(pods []*corev1.Pod) []string {
+	var out []string
+	for _, p := range pods {
+		out = append(out, p.Name)
+	}
+	slices.Sort(out)
+	return out
+}
+
+func TestNewPlan(t *testing.T) {
+	pdbs := []policyv1.PodDisruptionBudget{
+		pdb("web", app("web")), pdb("api", app("api")),
+		pdb("dual-a", app("dual")), pdb("dual-b", app("dual")),
+		pdb("nil-selector", nil), // matches nothing, as in the Eviction API
+	}
+	pods := []corev1.Pod{
+		pod("web-1", "web"), pod("web-2", "web"), pod("api-1", "api"),
+		pod("free-1", "free"),
+		pod("dual-1", "dual"),
+		pod("mirror", "web", annotated("kubernetes.io/config.mirror", "x")),
+		pod("done", "web", phase(corev1.PodSucceeded)),
+		pod("failed", "free", phase(corev1.PodFailed)),
+		pod("keep", "free", annotated(ngv1alpha1.DoNotEvictAnnotation, "true")),
+		pod("going", "web", deleting),
+		pod("agent", "agent", daemon),
+	}
+	plan, err := NewPlan(pods, pdbs, DaemonSetsLast)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(plan.Groups) != 2 || plan.Groups[0].PDB.Name != "api" || plan.Groups[1].PDB.Name != "web" {
+		t.Fatalf("groups = %+v, want api and web in name order", plan.Groups)
+	}
+	if got := names(plan.Groups[1].Pods); !slices.Equal(got, []string{"web-1", "web-2"}) {
+		t.Errorf("web queue = %v", got)
+	}
+	for _, c := range []struct {
+		what      string
+		got, want []string
+	}{
+		{"unprotected", names(plan.Unprotected), []string{"free-1"}},
+		{"multiple PDBs", names(plan.MultiplePDBs), []string{"dual-1"}},
+		{"do-not-evict", names(plan.DoNotEvict), []string{"keep"}},
+		{"terminating", names(plan.Terminating), []string{"going"}},
+		{"DaemonSet pods held back", names(plan.DaemonSets), []string{"agent"}},
+	} {
+		if !slices.Equal(c.got, c.want) {
+			t.Errorf("%s = %v, want %v", c.what, c.got, c.want)
+		}
+	}
+	// 2 web + 1 api + free + dual + keep + going + agent; mirror and finished pods ignored.
+	if got := plan.Remaining(); got != 8 {
+		t.Errorf("remaining = %d, want 8", got)
+	}
+}
+
+func TestDaemonSetPodsGoLastOrStay(t *testing.T) {
+	agent := pod("agent", "agent", daemon)
+	last, _ := NewPlan([]corev1.Pod{agent}, nil, DaemonSetsLast)
+	if got := names(last.Unprotected); !slices.Equal(got, []string{"agent"}) || len(last.DaemonSets) != 0 {
+		t.Errorf("with nothing else left, the DaemonSet pod should be evicted: %+v", last)
+	}
+	skip, _ := NewPlan([]corev1.Pod{agent, pod("web-1", "web")}, nil, DaemonSetsSkip)
+	if skip.Remaining() != 1 || len(skip.DaemonSets) != 0 {
+		t.Errorf("with skip, DaemonSet pods are not waited for: %+v", skip)
+	}
+	blocked, _ := NewPlan([]corev1.Pod{agent, pod("keep", "x", annotated(ngv1alpha1.DoNotEvictAnnotation, "true"))}, nil, DaemonSetsLast)
+	if len(blocked.DaemonSets) != 1 || len(blocked.Unprotected) != 0 {
+		t.Errorf("a do-not-evict pod still running keeps the DaemonSet pod: %+v", blocked)
+	}
+}
+
+func TestEmptySelectorPDBCoversEveryPodOfItsNamespace(t *testing.T) {
+	all := pdb("all", &metav1.LabelSelector{})
+	other := pdb("elsewhere", &metav1.LabelSelector{})
+	other.Namespace = "other"
+	plan, err := NewPlan([]corev1.Pod{pod("a", "x"), pod("b", "y")}, []policyv1.PodDisruptionBudget{all, other}, DaemonSetsLast)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(plan.Groups) != 1 || plan.Groups[0].PDB.Name != "all" || len(plan.Groups[0].Pods) != 2 {
+		t.Errorf("groups = %+v, want one queue of both pods under PDB all", plan.Groups)
+	}
+}
