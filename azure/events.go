@@ -36,7 +36,7 @@ func retryingEvent(pool string, attempt, maxRetries int, err string, at time.Tim
 
 func failedEvent(pool string, err string) event {
 	return event{warning: true, reason: ReasonUpdateFailed,
-		note: fmt.Sprintf("Backend pool %s update failed (non-retriable): %s", pool, err)}
+		note: fmt.Sprintf("Backend pool %s update failed and is not retried now: %s. It is tried again at the next resync or when the node's desired admin state changes.", pool, err)}
 }
 
 func exhaustedEvent(pool string, retries int, err string, resync time.Duration) event {

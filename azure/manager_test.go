@@ -530,7 +530,7 @@ func TestTerminalErrors(t *testing.T) {
 				t.Errorf("terminal error retried: %d calls", got)
 			}
 			e.wantReasons(n0.Name, ReasonUpdateFailed)
-			if evs := e.rec.all(); !strings.Contains(evs[0].note, "non-retriable") || evs[0].typ != corev1.EventTypeWarning {
+			if evs := e.rec.all(); !strings.Contains(evs[0].note, "not retried now") || evs[0].typ != corev1.EventTypeWarning {
 				t.Errorf("failed event = %+v", evs[0])
 			}
 			if got := failures() - before; got != 1 {

@@ -53,7 +53,7 @@ func signalsOf(n *corev1.Node) []string {
 
 // heldDown reports whether nodeguard recorded taking the node's entries Down.
 func heldDown(n *corev1.Node) bool {
-	_, ok := n.Annotations[AdminStateDownAnnotation]
+	_, ok := n.Annotations[ngv1alpha1.AdminStateDownAnnotation]
 	return ok
 }
 

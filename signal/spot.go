@@ -126,7 +126,7 @@ func (s *SpotTainter) Reconcile(ctx context.Context, req reconcile.Request) (rec
 	if node.Annotations == nil {
 		node.Annotations = map[string]string{}
 	}
-	node.Annotations[SpotEventHandledAnnotation] = newest.UTC().Format(time.RFC3339)
+	node.Annotations[ngv1alpha1.SpotEventHandledAnnotation] = newest.UTC().Format(time.RFC3339)
 	if err := s.Client.Patch(ctx, &node, patch); err != nil {
 		switch {
 		case apierrors.IsNotFound(err):
@@ -156,7 +156,7 @@ func (s *SpotTainter) newEvent(ctx context.Context, node *corev1.Node) (*corev1.
 		return nil, time.Time{}, fmt.Errorf("listing PreemptScheduled events of node %s: %w", node.Name, err)
 	}
 	var handled time.Time
-	if v, ok := node.Annotations[SpotEventHandledAnnotation]; ok {
+	if v, ok := node.Annotations[ngv1alpha1.SpotEventHandledAnnotation]; ok {
 		handled, _ = time.Parse(time.RFC3339, v) // unparsable: zero, nothing handled
 	}
 	var first *corev1.Event

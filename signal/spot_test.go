@@ -12,6 +12,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 
+	ngv1alpha1 "github.com/nodeguard/nodeguard/api/v1alpha1"
 	"github.com/nodeguard/nodeguard/test/harness"
 )
 
@@ -148,8 +149,8 @@ func TestPreemptScheduledEvents(t *testing.T) {
 					return hasSpotTaint(getNode(t, node.Name)), nil
 				}, "node %s has the spot-eviction taint", node.Name)
 				n := getNode(t, node.Name)
-				if _, err := time.Parse(time.RFC3339, n.Annotations[SpotEventHandledAnnotation]); err != nil {
-					t.Errorf("%s = %q: %v", SpotEventHandledAnnotation, n.Annotations[SpotEventHandledAnnotation], err)
+				if _, err := time.Parse(time.RFC3339, n.Annotations[ngv1alpha1.SpotEventHandledAnnotation]); err != nil {
+					t.Errorf("%s = %q: %v", ngv1alpha1.SpotEventHandledAnnotation, n.Annotations[ngv1alpha1.SpotEventHandledAnnotation], err)
 				}
 				return
 			}

@@ -194,7 +194,7 @@ func (w *Watcher) holdDown(ctx context.Context, n *corev1.Node, rec nodeRecord) 
 		if n.Annotations == nil {
 			n.Annotations = map[string]string{}
 		}
-		n.Annotations[AdminStateDownAnnotation] = w.Clock.Now().UTC().Format(time.RFC3339)
+		n.Annotations[ngv1alpha1.AdminStateDownAnnotation] = w.Clock.Now().UTC().Format(time.RFC3339)
 		if err := w.Client.Patch(ctx, n, patch); err != nil {
 			if apierrors.IsNotFound(err) {
 				return reconcile.Result{}, nil
@@ -203,7 +203,7 @@ func (w *Watcher) holdDown(ctx context.Context, n *corev1.Node, rec nodeRecord) 
 		}
 		adminStateRequests.WithLabelValues(string(azure.AdminStateDown)).Inc()
 		ctrl.LoggerFrom(ctx).Info("Node carries a signal; setting load-balancer admin state Down", "node", klog.KObj(n), "signals", rec.signals)
-		w.event(n, ReasonAdminStateDownRequested, "Node has %s: asked Azure to set the node's load-balancer backend entries Down; nodeguard restores None once every signal is gone", describe(rec.signals))
+		w.event(n, ReasonAdminStateDownRequested, "signals %s: asked Azure to set the node's load-balancer backend entries Down; nodeguard restores None once every signal is gone", describe(rec.signals))
 	}
 	w.AdminState.SetDesired(n, azure.AdminStateDown)
 	w.track(n, azure.AdminStateDown)
@@ -242,7 +242,7 @@ func (w *Watcher) restore(ctx context.Context, n *corev1.Node, rec nodeRecord) (
 	// Optimistic lock: a signal that arrived meanwhile makes this conflict,
 	// and the retry takes the node Down again.
 	patch := client.MergeFromWithOptions(n.DeepCopy(), client.MergeFromWithOptimisticLock{})
-	delete(n.Annotations, AdminStateDownAnnotation)
+	delete(n.Annotations, ngv1alpha1.AdminStateDownAnnotation)
 	if err := w.Client.Patch(ctx, n, patch); err != nil {
 		switch {
 		case apierrors.IsNotFound(err):
@@ -301,5 +301,5 @@ var signalText = map[string]string{
 	signalShutdown:     "taint " + ngv1alpha1.CloudShutdownTaintKey,
 	signalSpotEviction: "taint " + ngv1alpha1.SpotEvictionTaintKey + "=" + ngv1alpha1.SpotEvictionTaintValue,
 	signalDraining:     "taint " + ngv1alpha1.DrainingTaintKey,
-	signalDeleting:     "deleting under finalizer " + ngv1alpha1.TerminationFinalizer,
+	signalDeleting:     "being deleted under finalizer " + ngv1alpha1.TerminationFinalizer,
 }

@@ -57,7 +57,7 @@ func TestSignalTaintsSetDownAndRestoreNone(t *testing.T) {
 			}
 			waitEntries(t, emu, tt.node, "Down")
 			if !heldDown(getNode(t, tt.node)) {
-				t.Errorf("node %s lacks %s while Down", tt.node, AdminStateDownAnnotation)
+				t.Errorf("node %s lacks %s while Down", tt.node, ngv1alpha1.AdminStateDownAnnotation)
 			}
 			for _, other := range nodes {
 				if other.name != tt.node {
@@ -175,7 +175,7 @@ func TestDeletedNodeCausesNoWriteAndReplacementIsNotDown(t *testing.T) {
 	wantEntries(t, emu, gone.name, "None")
 	wantEntries(t, emu, stays.name, "None")
 	if heldDown(getNode(t, gone.name)) {
-		t.Errorf("the replacement node carries %s", AdminStateDownAnnotation)
+		t.Errorf("the replacement node carries %s", ngv1alpha1.AdminStateDownAnnotation)
 	}
 }
 
@@ -245,7 +245,7 @@ func TestInputsChanged(t *testing.T) {
 		{"second signal", base(taint(outOfService)), base(taint(outOfService, spotEviction)), true},
 		{"deleting with finalizer", base(builder.WithFinalizers(ngv1alpha1.TerminationFinalizer)),
 			base(builder.WithFinalizers(ngv1alpha1.TerminationFinalizer), func(n *corev1.Node) { n.DeletionTimestamp = &deleting }), true},
-		{"record removed", base(func(n *corev1.Node) { n.Annotations[AdminStateDownAnnotation] = "t" }), base(), true},
+		{"record removed", base(func(n *corev1.Node) { n.Annotations[ngv1alpha1.AdminStateDownAnnotation] = "t" }), base(), true},
 		{"new InternalIP", base(), base(builder.WithInternalIP("fd00::1")), true},
 	}
 	p := inputsChanged()

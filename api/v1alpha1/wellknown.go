@@ -30,6 +30,19 @@ const (
 	TrafficCutAtAnnotation = "nodeguard.io/traffic-cut-at"
 	DrainedAtAnnotation    = "nodeguard.io/drained-at"
 
+	// AdminStateDownAnnotation (RFC 3339 time) marks a node whose
+	// load-balancer entries nodeguard asked to be Down. nodeguard restores None
+	// only on nodes carrying it, and removes it once Azure confirmed None.
+	// Removing it by hand tells nodeguard to leave the node's entries alone
+	// once its signals are gone.
+	AdminStateDownAnnotation = "nodeguard.io/admin-state-down"
+
+	// SpotEventHandledAnnotation (RFC 3339 time) records the creation time of
+	// the newest PreemptScheduled event nodeguard turned into the
+	// spot-eviction taint. Events created at or before it are never acted on
+	// again, so a taint an operator removed stays removed across restarts.
+	SpotEventHandledAnnotation = "nodeguard.io/spot-eviction-event-at"
+
 	// DoNotEvictAnnotation ("true") on a pod makes the drain wait for the pod to
 	// go on its own instead of evicting it.
 	DoNotEvictAnnotation = "nodeguard.io/do-not-evict"
