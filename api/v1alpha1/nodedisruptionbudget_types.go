@@ -149,7 +149,3 @@ type NodeDisruptionBudgetList struct {
 	metav1.ListMeta `json:"metadata,omitempty"`
 	Items           []NodeDisruptionBudget `json:"items"`
 }
-
-func init() {
-	SchemeBuilder.Register(&NodeDisruptionBudget{}, &NodeDisruptionBudgetList{})
-}

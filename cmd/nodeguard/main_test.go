@@ -89,10 +89,10 @@ func TestInvalidFlagsFailWithAClearMessage(t *testing.T) {
 
 // replica is one nodeguard process.
 type replica struct {
-	cmd                   *exec.Cmd
-	metrics, probe, hooks string // host:port
-	done                  chan error
-	log                   string
+	cmd            *exec.Cmd
+	metrics, probe string // host:port
+	done           chan error
+	log            string
 }
 
 func startReplica(t *testing.T, name string, extra ...string) *replica {
