@@ -10,6 +10,9 @@ import (
 	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
 	eventsv1 "k8s.io/api/events/v1"
+	storagev1 "k8s.io/api/storage/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	ngv1alpha1 "github.com/nodeguard/nodeguard/api/v1alpha1"
@@ -185,4 +188,40 @@ func TestKilledAtEveryPhaseStillReleasesWithinBudgets(t *testing.T) {
 	}, "the maintenance Lease is released")
 	// In-flight evictions are not checked here: a request of a killed process
 	// may still be on its way when the restarted one sends the next.
+}
+
+// TestDrainDeadlineThenVolumeDetach: past --drain-timeout the pods left (here a
+// do-not-evict one) are deleted with a Warning event; then the node waits for
+// its VolumeAttachments to go before it is released.
+func TestDrainDeadlineThenVolumeDetach(t *testing.T) {
+	needsEnv(t)
+	ctx := context.Background()
+	top := newTopology(t, "deadline", true)
+	attachment := &storagev1.VolumeAttachment{
+		ObjectMeta: metav1.ObjectMeta{Name: "deadline-disk"},
+		Spec: storagev1.VolumeAttachmentSpec{
+			Attacher: "disk.csi.azure.com", NodeName: top.target,
+			Source: storagev1.VolumeAttachmentSource{PersistentVolumeName: ptr.To("pv-deadline")},
+		},
+	}
+	mustCreate(t, attachment)
+	startNodeguard(t, env.Kubeconfig, top.emulator, "--drain-timeout=5s", "--volume-detach-timeout=5m")
+	waitForFinalizer(t, top.target)
+
+	kubectl(t, "delete", "node", top.target, "--wait=false")
+	waitForNodeEvent(t, top.target, "DrainDeadlineExceeded")
+	waitForNodeEvent(t, top.target, "WaitingForVolumeDetach")
+	harness.Eventually(t, time.Minute, func(ctx context.Context) (bool, error) {
+		pods, err := evictablePodsOn(ctx, top.ns, top.target)
+		return err == nil && len(pods) == 0, err
+	}, "the do-not-evict pod was deleted past the deadline")
+	if gone, _ := nodeGone(ctx, top.target); gone {
+		t.Fatal("the node was released while a VolumeAttachment still referred to it")
+	}
+	if err := env.Client.Delete(ctx, attachment); err != nil {
+		t.Fatal(err)
+	}
+	harness.Eventually(t, time.Minute, func(ctx context.Context) (bool, error) {
+		return nodeGone(ctx, top.target)
+	}, "the node is released once its volume is detached")
 }
