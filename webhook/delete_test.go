@@ -14,7 +14,6 @@ import (
 	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
-	eventsv1 "k8s.io/api/events/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/ptr"
@@ -141,9 +140,9 @@ func TestKubectlDeleteIsHeldToTheBudget(t *testing.T) {
 		t.Errorf("dry run of a delete the budget refuses should be refused too: %v\n%s", err, out)
 	}
 
-	waitForEvent(t, "kubectl-0", "NodeDeletionAdmitted")
-	waitForEvent(t, "kubectl-1", "NodeDeletionDenied")
-	waitForEvent(t, "kubectl", "DisruptionDenied")
+	harness.WaitForEvent(t, env.Client, "kubectl-0", "NodeDeletionAdmitted")
+	harness.WaitForEvent(t, env.Client, "kubectl-1", "NodeDeletionDenied")
+	harness.WaitForEvent(t, env.Client, "kubectl", "DisruptionDenied")
 }
 
 func getBudget(t *testing.T, name string) *ngv1alpha1.NodeDisruptionBudget {
@@ -153,22 +152,6 @@ func getBudget(t *testing.T, name string) *ngv1alpha1.NodeDisruptionBudget {
 		t.Fatal(err)
 	}
 	return &ndb
-}
-
-func waitForEvent(t *testing.T, regarding, reason string) {
-	t.Helper()
-	harness.Eventually(t, 30*time.Second, func(ctx context.Context) (bool, error) {
-		var list eventsv1.EventList
-		if err := env.Client.List(ctx, &list); err != nil {
-			return false, err
-		}
-		for _, e := range list.Items {
-			if e.Regarding.Name == regarding && e.Reason == reason {
-				return true, nil
-			}
-		}
-		return false, nil
-	}, "an event %s about %s", reason, regarding)
 }
 
 // TestConcurrentDeletesNeverOverAdmit sends 50 concurrent deletions of distinct

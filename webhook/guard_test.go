@@ -49,7 +49,7 @@ type guard struct {
 
 func startGuard(t *testing.T, backfill bool) *guard {
 	t.Helper()
-	port := freePort(t)
+	port := harness.FreePort(t)
 	mgr, err := ctrl.NewManager(env.Config, ctrl.Options{
 		Scheme:                 env.Scheme,
 		Metrics:                metricsserver.Options{BindAddress: "0"},
@@ -160,16 +160,6 @@ func (p *proxy) serve(conn net.Conn) {
 	defer upstream.Close()
 	go func() { _, _ = io.Copy(upstream, conn) }()
 	_, _ = io.Copy(conn, upstream)
-}
-
-func freePort(t *testing.T) int {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port
 }
 
 // createReadyNodes creates Ready nodes named prefix-0..n-1 with the label pool=prefix.

@@ -201,7 +201,7 @@ func TestWebhookServerReloadsRotatedCertificate(t *testing.T) {
 	}
 	certDir := t.TempDir()
 	first := writeCert(t, certDir, "first")
-	port := freePort(t)
+	port := harness.FreePort(t)
 	startReplica(t, "webhook", "--leader-elect=false", fmt.Sprintf("--webhook-port=%d", port), "--webhook-cert-dir="+certDir)
 	addr := fmt.Sprintf("127.0.0.1:%d", port)
 	harness.Eventually(t, 30*time.Second, func(context.Context) (bool, error) {
@@ -265,14 +265,4 @@ func writeAtomically(t *testing.T, path string, data []byte) {
 	}
 }
 
-func freePort(t *testing.T) int {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port
-}
-
-func freeAddr(t *testing.T) string { return fmt.Sprintf("127.0.0.1:%d", freePort(t)) }
+func freeAddr(t *testing.T) string { return fmt.Sprintf("127.0.0.1:%d", harness.FreePort(t)) }

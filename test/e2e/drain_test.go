@@ -12,7 +12,6 @@ import (
 
 	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
-	eventsv1 "k8s.io/api/events/v1"
 	policyv1 "k8s.io/api/policy/v1"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -99,7 +98,7 @@ func TestDeleteNodeCutsTrafficThenDrainsWithinBudgets(t *testing.T) {
 	if gone, _ := nodeGone(ctx, top.target); gone {
 		t.Fatal("the node was released while a do-not-evict pod was still on it")
 	}
-	waitForNodeEvent(t, top.target, "DoNotEvictPodBlocking")
+	harness.WaitForEvent(t, env.Client, top.target, "DoNotEvictPodBlocking")
 	var lease coordinationv1.Lease
 	if err := env.Client.Get(ctx, client.ObjectKey{Namespace: ngv1alpha1.MaintenanceLeaseNamespace, Name: top.target}, &lease); err != nil ||
 		!strings.HasPrefix(ptr.Deref(lease.Spec.HolderIdentity, ""), "nodeguard/") || ptr.Deref(lease.Spec.LeaseDurationSeconds, 0) == 0 {
@@ -140,20 +139,4 @@ func TestDeleteNodeCutsTrafficThenDrainsWithinBudgets(t *testing.T) {
 		err := env.Client.Get(ctx, client.ObjectKey{Namespace: ngv1alpha1.MaintenanceLeaseNamespace, Name: top.target}, &lease)
 		return err == nil && lease.Spec.HolderIdentity == nil, err
 	}, "the maintenance Lease is released (no holder): %+v", &lease)
-}
-
-func waitForNodeEvent(t *testing.T, node, reason string) {
-	t.Helper()
-	harness.Eventually(t, 30*time.Second, func(ctx context.Context) (bool, error) {
-		var list eventsv1.EventList
-		if err := env.Client.List(ctx, &list); err != nil {
-			return false, err
-		}
-		for _, e := range list.Items {
-			if e.Regarding.Name == node && e.Reason == reason {
-				return true, nil
-			}
-		}
-		return false, nil
-	}, "event %s on node %s", reason, node)
 }

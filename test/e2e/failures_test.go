@@ -9,7 +9,6 @@ import (
 
 	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
-	eventsv1 "k8s.io/api/events/v1"
 	storagev1 "k8s.io/api/storage/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/ptr"
@@ -30,20 +29,6 @@ func waitForFinalizer(t *testing.T, node string) {
 		_, justAdded := n.Annotations[ngv1alpha1.FinalizerAddedAtAnnotation]
 		return err == nil && slices.Contains(n.Finalizers, ngv1alpha1.TerminationFinalizer) && !justAdded, err
 	}, "the backfill has put the termination finalizer on %s", node)
-}
-
-func countNodeEvents(ctx context.Context, node, reason string) (int, error) {
-	var list eventsv1.EventList
-	if err := env.Client.List(ctx, &list); err != nil {
-		return 0, err
-	}
-	n := 0
-	for _, e := range list.Items {
-		if e.Regarding.Name == node && e.Reason == reason {
-			n++
-		}
-	}
-	return n, nil
 }
 
 // TestUnreachableARMAndAPodUnderTwoPDBs: with ARM unreachable the drain goes
@@ -75,8 +60,8 @@ func TestUnreachableARMAndAPodUnderTwoPDBs(t *testing.T) {
 	waitForFinalizer(t, top.target)
 
 	kubectl(t, "delete", "node", top.target, "--wait=false")
-	waitForNodeEvent(t, top.target, "TrafficCutTimedOut")
-	waitForNodeEvent(t, top.target, "PodUnderMultiplePDBs")
+	harness.WaitForEvent(t, env.Client, top.target, "TrafficCutTimedOut")
+	harness.WaitForEvent(t, env.Client, top.target, "PodUnderMultiplePDBs")
 	harness.Eventually(t, time.Minute, func(ctx context.Context) (bool, error) {
 		pods, err := evictablePodsOn(ctx, top.ns, top.target)
 		var apps []string
@@ -92,7 +77,7 @@ func TestUnreachableARMAndAPodUnderTwoPDBs(t *testing.T) {
 	harness.Eventually(t, 30*time.Second, func(ctx context.Context) (bool, error) {
 		return proxy.podListsOf(top.target) >= passes+3, nil
 	}, "three more drain passes happen")
-	if n, _ := countNodeEvents(ctx, top.target, "PodUnderMultiplePDBs"); n != 1 {
+	if n, _ := harness.CountEvents(ctx, env.Client, top.target, "PodUnderMultiplePDBs"); n != 1 {
 		t.Errorf("%d PodUnderMultiplePDBs events, want exactly 1", n)
 	}
 	if after := len(proxy.evictionAnswers("dual")); after > 1 {
@@ -209,8 +194,8 @@ func TestDrainDeadlineThenVolumeDetach(t *testing.T) {
 	waitForFinalizer(t, top.target)
 
 	kubectl(t, "delete", "node", top.target, "--wait=false")
-	waitForNodeEvent(t, top.target, "DrainDeadlineExceeded")
-	waitForNodeEvent(t, top.target, "WaitingForVolumeDetach")
+	harness.WaitForEvent(t, env.Client, top.target, "DrainDeadlineExceeded")
+	harness.WaitForEvent(t, env.Client, top.target, "WaitingForVolumeDetach")
 	harness.Eventually(t, time.Minute, func(ctx context.Context) (bool, error) {
 		pods, err := evictablePodsOn(ctx, top.ns, top.target)
 		return err == nil && len(pods) == 0, err
