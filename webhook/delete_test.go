@@ -351,3 +351,25 @@ func TestMissingFinalizerNeverLetsANodeGoUnguarded(t *testing.T) {
 		return !marked, nil
 	}, "the backfill removes the finalizer-added-at mark after the hold")
 }
+
+// TestAPIServerDeletesANodeWhoseFinalizerWasAddedDuringItsDelete is the
+// experiment behind the finalizer-added-at hold: a webhook that adds a
+// finalizer to the node during DELETE admission and then allows the delete
+// does not save the node. kube-apiserver decided "delete now" from the node it
+// read before admission, and removes it, finalizer and all. If this ever fails,
+// the API server changed and the hold may no longer be needed.
+func TestAPIServerDeletesANodeWhoseFinalizerWasAddedDuringItsDelete(t *testing.T) {
+	needsEnv(t)
+	useGuards(t, startExperiment(t))
+	createReadyNodes(t, "experiment", 1)
+	if slices.Contains(getNode(t, "experiment-0").Finalizers, ngv1alpha1.TerminationFinalizer) {
+		t.Fatal("the experiment's node should start without the finalizer")
+	}
+	if out, err := kubectl("delete", "node", "experiment-0", "--wait=false"); err != nil {
+		t.Fatalf("delete: %v\n%s", err, out)
+	}
+	err := env.Client.Get(context.Background(), client.ObjectKey{Name: "experiment-0"}, &corev1.Node{})
+	if !apierrors.IsNotFound(err) {
+		t.Fatalf("the node survived (err %v): a finalizer added during DELETE admission now protects that delete", err)
+	}
+}

@@ -15,7 +15,11 @@ import (
 	"testing"
 	"time"
 
+	admissionv1 "k8s.io/api/admission/v1"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/utils/clock"
 	"k8s.io/utils/ptr"
 	ctrl "sigs.k8s.io/controller-runtime"
@@ -23,6 +27,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/config"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 	"sigs.k8s.io/controller-runtime/pkg/webhook"
+	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
 
 	ngv1alpha1 "github.com/nodeguard/nodeguard/api/v1alpha1"
 	"github.com/nodeguard/nodeguard/budget"
@@ -239,4 +244,40 @@ func TestWebhookServerAnswersMalformedReviews(t *testing.T) {
 	if code != http.StatusOK || !strings.Contains(body, `"allowed":true`) {
 		t.Fatalf("after malformed reviews: HTTP %d %s", code, body)
 	}
+}
+
+// startExperiment serves, at both webhook paths, a handler that adds the
+// termination finalizer by an API patch during DELETE admission and allows.
+func startExperiment(t *testing.T) *guard {
+	t.Helper()
+	port := harness.FreePort(t)
+	mgr, err := ctrl.NewManager(env.Config, ctrl.Options{
+		Scheme:                 env.Scheme,
+		Metrics:                metricsserver.Options{BindAddress: "0"},
+		HealthProbeBindAddress: "0",
+		WebhookServer:          webhook.NewServer(webhook.Options{Host: "127.0.0.1", Port: port, CertDir: env.Webhook.LocalServingCertDir}),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	allow := webhook.Admission{Handler: admission.HandlerFunc(func(ctx context.Context, req admission.Request) admission.Response {
+		if req.Operation == admissionv1.Delete {
+			patch := []byte(`{"metadata":{"finalizers":["` + ngv1alpha1.TerminationFinalizer + `"]}}`)
+			node := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: req.Name}}
+			if err := env.Client.Patch(ctx, node, client.RawPatch(types.MergePatchType, patch)); err != nil {
+				return admission.Errored(http.StatusInternalServerError, err)
+			}
+		}
+		return admission.Allowed("")
+	})}
+	mgr.GetWebhookServer().Register(ngwebhook.FinalizerPath, &webhook.Admission{Handler: admission.HandlerFunc(
+		func(context.Context, admission.Request) admission.Response { return admission.Allowed("") })})
+	mgr.GetWebhookServer().Register(ngwebhook.DeletePath, &allow)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- mgr.Start(ctx) }()
+	checker := mgr.GetWebhookServer().StartedChecker()
+	harness.Eventually(t, 30*time.Second, func(context.Context) (bool, error) { return checker(nil) == nil, nil }, "the experiment's webhook serves")
+	t.Cleanup(func() { cancel(); <-done })
+	return &guard{addr: fmt.Sprintf("127.0.0.1:%d", port)}
 }
