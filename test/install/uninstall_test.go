@@ -117,13 +117,16 @@ func TestUninstallReleasesEveryNode(t *testing.T) {
 			return err == nil && ptr.Deref(cur.Spec.Replicas, 1) == 0, nil
 		})
 		ng.kill()
-		var pods corev1.PodList
-		_ = env.Client.List(ctx, &pods, client.InNamespace(namespace))
-		for i := range pods.Items {
-			p := &pods.Items[i]
-			p.Finalizers = slices.DeleteFunc(p.Finalizers, func(f string) bool { return f == processFinalizer })
-			_ = env.Client.Update(ctx, p)
-		}
+		_ = harness.Poll(ctx, 90*time.Second, func(ctx context.Context) (bool, error) {
+			var pods corev1.PodList
+			if err := env.Client.List(ctx, &pods, client.InNamespace(namespace)); err != nil {
+				return false, nil
+			}
+			for i := range pods.Items {
+				_ = env.Client.Patch(ctx, &pods.Items[i], client.RawPatch("application/merge-patch+json", []byte(`{"metadata":{"finalizers":null}}`)))
+			}
+			return len(pods.Items) == 0, nil
+		})
 	}()
 	// Let the first drain finish once the webhooks are gone.
 	go func() {
