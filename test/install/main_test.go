@@ -15,6 +15,7 @@ package install
 
 import (
 	"bytes"
+	"flag"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -50,6 +51,10 @@ func TestMain(m *testing.M) {
 }
 
 func run(m *testing.M, dir string) int {
+	flag.Parse()
+	if testing.Short() {
+		return m.Run() // every test here needs the cluster
+	}
 	nodeguard = filepath.Join(dir, "nodeguard")
 	if out, err := exec.Command("go", "build", "-o", nodeguard, "github.com/nodeguard/nodeguard/cmd/nodeguard").CombinedOutput(); err != nil {
 		os.Stderr.Write(out)
