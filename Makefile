@@ -10,6 +10,8 @@ GO         ?= go
 TEST_P     ?= 2
 TEST_FLAGS ?=
 CONTROLLER_GEN := $(BIN)/controller-gen
+IMG            ?= ghcr.io/nodeguard/nodeguard:0.1.0
+CONTAINER_TOOL ?= docker
 
 export KUBEBUILDER_ASSETS := $(BIN)
 export NODEGUARD_BIN_DIR  := $(BIN)
@@ -34,10 +36,19 @@ build: ## Build bin/nodeguard.
 .PHONY: test
 test: tools ## Run unit, integration and e2e tests (builds the control-plane tools first when missing).
 	$(GO) test -p $(TEST_P) -timeout 40m $(TEST_FLAGS) ./...
+	cd test/chart && $(GO) test $(TEST_FLAGS) ./...
 
 .PHONY: test-unit
 test-unit: ## Run only the tests that need no control plane.
 	$(GO) test -short $(TEST_FLAGS) ./...
+
+.PHONY: test-chart
+test-chart: ## Render the Helm chart and compare it with the kustomize manifests (module test/chart).
+	cd test/chart && $(GO) test $(TEST_FLAGS) ./...
+
+.PHONY: test-install
+test-install: tools ## Dry-run the kustomize base, run nodeguard under its exact RBAC, and test nodeguard uninstall on the local cluster.
+	$(GO) test $(TEST_FLAGS) ./test/install
 
 .PHONY: verify
 verify: tools ## Fail when generated files are stale, go.mod is untidy or code is unformatted.
@@ -60,6 +71,21 @@ generate: tools ## Generate deepcopy code for the API types.
 manifests: tools ## Generate the CRD, RBAC and webhook manifests from markers.
 	$(CONTROLLER_GEN) crd rbac:roleName=nodeguard webhook paths=./... \
 		output:crd:dir=manifests/crd output:rbac:dir=manifests/rbac output:webhook:dir=manifests/webhook
+
+##@ Release
+
+.PHONY: chart
+chart: ## Copy the generated CRD and ClusterRole, the alerts and the dashboard into charts/nodeguard.
+	cp manifests/crd/nodeguard.io_nodedisruptionbudgets.yaml charts/nodeguard/crds/
+	cp manifests/rbac/role.yaml charts/nodeguard/files/role.yaml
+	cp manifests/prometheus/rules.yaml charts/nodeguard/files/prometheus-rules.yaml
+	cp dashboards/nodeguard.json charts/nodeguard/files/dashboard.json
+
+.PHONY: image
+image: ## Build the container image $(IMG) with $(CONTAINER_TOOL) (needs a running container engine).
+	@command -v $(CONTAINER_TOOL) >/dev/null 2>&1 || { echo "make image: $(CONTAINER_TOOL) is not installed; set CONTAINER_TOOL=podman or build the Dockerfile elsewhere" >&2; exit 1; }
+	@$(CONTAINER_TOOL) info >/dev/null 2>&1 || { echo "make image: no container engine is reachable through $(CONTAINER_TOOL); the image cannot be built on this machine" >&2; exit 1; }
+	$(CONTAINER_TOOL) build -t $(IMG) .
 
 ##@ Tools
 

@@ -17,6 +17,9 @@ import (
 )
 
 func main() {
+	if len(os.Args) > 1 && os.Args[1] == "uninstall" {
+		os.Exit(runUninstall(os.Args[2:], os.Stdout))
+	}
 	var opts options
 	opts.bind(flag.CommandLine)
 	zapOpts := zap.Options{}
@@ -40,6 +43,7 @@ NodeDisruptionBudget, then cuts the node's load-balancer traffic and drains it
 serially per PodDisruptionBudget before releasing it.
 
 Usage: nodeguard [flags]
+       nodeguard uninstall [flags]   (see nodeguard uninstall --help)
 
 Flags:
 `)

@@ -88,6 +88,11 @@ func setupGuard(mgr ctrl.Manager, opts options) error {
 	return (&budget.StatusReconciler{Client: mgr.GetClient(), Clock: clock.RealClock{}, ClaimTimeout: opts.claimTimeout}).SetupWithManager(mgr)
 }
 
+// The secure metrics endpoint authenticates scrapers with TokenReviews and
+// authorizes them with SubjectAccessReviews.
+// +kubebuilder:rbac:groups=authentication.k8s.io,resources=tokenreviews,verbs=create
+// +kubebuilder:rbac:groups=authorization.k8s.io,resources=subjectaccessreviews,verbs=create
+
 func managerOptions(opts options, lease types.NamespacedName) ctrl.Options {
 	// HTTP/2 is off for the webhook and metrics servers (CVE-2023-44487/39325);
 	// TLS 1.2 is the minimum.

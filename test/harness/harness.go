@@ -55,6 +55,9 @@ type Options struct {
 	WebhookManifests []string
 	// Dir holds logs, kubeconfig and data; a temporary directory when empty.
 	Dir string
+	// AuditPolicy, when set, is an audit policy (YAML) for kube-apiserver,
+	// which then writes JSON audit events to Env.AuditLog.
+	AuditPolicy string
 }
 
 // Env is a running control plane.
@@ -72,6 +75,8 @@ type Env struct {
 	Dir string
 	// Webhook is where installed webhook configurations send requests.
 	Webhook *envtest.WebhookInstallOptions
+	// AuditLog is the path of kube-apiserver's audit log (Options.AuditPolicy).
+	AuditLog string
 
 	testEnv    *envtest.Environment
 	processes  []*process
@@ -133,6 +138,15 @@ func (e *Env) startAPIServer(opts Options) error {
 	if err != nil {
 		return err
 	}
+	apiServer := &envtest.APIServer{Path: apiserver, Out: apiLog, Err: apiLog}
+	if opts.AuditPolicy != "" {
+		policy := filepath.Join(e.Dir, "audit-policy.yaml")
+		if err := os.WriteFile(policy, []byte(opts.AuditPolicy), 0o644); err != nil {
+			return err
+		}
+		e.AuditLog = filepath.Join(e.Dir, "audit.log")
+		apiServer.Configure().Set("audit-policy-file", policy).Set("audit-log-path", e.AuditLog).Set("audit-log-format", "json")
+	}
 	e.testEnv = &envtest.Environment{
 		Scheme:                   e.Scheme,
 		CRDDirectoryPaths:        []string{CRDDir()},
@@ -141,7 +155,7 @@ func (e *Env) startAPIServer(opts Options) error {
 		ControlPlaneStartTimeout: 90 * time.Second,
 		WebhookInstallOptions:    envtest.WebhookInstallOptions{Paths: opts.WebhookManifests},
 		ControlPlane: envtest.ControlPlane{
-			APIServer: &envtest.APIServer{Path: apiserver, Out: apiLog, Err: apiLog},
+			APIServer: apiServer,
 			Etcd:      &envtest.Etcd{Path: etcd, Out: etcdLog, Err: etcdLog},
 		},
 	}

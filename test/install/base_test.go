@@ -1,0 +1,89 @@
+package install
+
+import (
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/nodeguard/nodeguard/test/harness"
+)
+
+// stubCRDs stand in for cert-manager's and the Prometheus Operator's CRDs,
+// which this cluster does not have: they accept any spec, so the dry-run
+// below checks those objects' kind, scope and metadata, not their spec.
+const stubCRDs = `
+apiVersion: apiextensions.k8s.io/v1
+kind: CustomResourceDefinition
+metadata: {name: issuers.cert-manager.io}
+spec:
+  group: cert-manager.io
+  names: {kind: Issuer, plural: issuers, singular: issuer, listKind: IssuerList}
+  scope: Namespaced
+  versions: [{name: v1, served: true, storage: true, schema: {openAPIV3Schema: {type: object, x-kubernetes-preserve-unknown-fields: true}}}]
+---
+apiVersion: apiextensions.k8s.io/v1
+kind: CustomResourceDefinition
+metadata: {name: certificates.cert-manager.io}
+spec:
+  group: cert-manager.io
+  names: {kind: Certificate, plural: certificates, singular: certificate, listKind: CertificateList}
+  scope: Namespaced
+  versions: [{name: v1, served: true, storage: true, schema: {openAPIV3Schema: {type: object, x-kubernetes-preserve-unknown-fields: true}}}]
+---
+apiVersion: apiextensions.k8s.io/v1
+kind: CustomResourceDefinition
+metadata: {name: servicemonitors.monitoring.coreos.com}
+spec:
+  group: monitoring.coreos.com
+  names: {kind: ServiceMonitor, plural: servicemonitors, singular: servicemonitor, listKind: ServiceMonitorList}
+  scope: Namespaced
+  versions: [{name: v1, served: true, storage: true, schema: {openAPIV3Schema: {type: object, x-kubernetes-preserve-unknown-fields: true}}}]
+---
+apiVersion: apiextensions.k8s.io/v1
+kind: CustomResourceDefinition
+metadata: {name: prometheusrules.monitoring.coreos.com}
+spec:
+  group: monitoring.coreos.com
+  names: {kind: PrometheusRule, plural: prometheusrules, singular: prometheusrule, listKind: PrometheusRuleList}
+  scope: Namespaced
+  versions: [{name: v1, served: true, storage: true, schema: {openAPIV3Schema: {type: object, x-kubernetes-preserve-unknown-fields: true}}}]
+`
+
+// TestKustomizeIsValidOnTheServer applies the base and the AKS example overlay
+// (every component) with a server-side dry-run: the API server validates
+// every object, the CRD and the webhook configurations included.
+func TestKustomizeIsValidOnTheServer(t *testing.T) {
+	needsEnv(t)
+	applyRBAC(t) // the namespace must exist for a dry-run of namespaced objects
+	kubectl(t, stubCRDs, "apply", "-f", "-")
+	kubectl(t, "", "wait", "--for=condition=Established", "--timeout=60s",
+		"crd/issuers.cert-manager.io", "crd/certificates.cert-manager.io",
+		"crd/servicemonitors.monitoring.coreos.com", "crd/prometheusrules.monitoring.coreos.com")
+	for _, dir := range []string{"default", "overlays/aks"} {
+		t.Run(dir, func(t *testing.T) {
+			out, err := exec.Command("kubectl", "kustomize", filepath.Join(harness.RepoRoot(), "manifests", dir)).Output()
+			if err != nil {
+				t.Fatalf("kubectl kustomize manifests/%s: %v", dir, err)
+			}
+			// The webhook configurations exist already, as envtest installed
+			// them pointing at the local server (a URL, not the Service):
+			// dry-run them under other names, as new objects.
+			manifests := strings.ReplaceAll(string(out), "-webhook-configuration\n", "-webhook-configuration-dryrun\n")
+			got := kubectl(t, manifests, "apply", "--server-side", "--dry-run=server", "-f", "-")
+			objects := strings.Count(string(out), "\nkind: ")
+			if lines := strings.Count(strings.TrimSpace(got), "\n") + 1; lines != objects {
+				t.Errorf("dry-run applied %d objects of %d:\n%s", lines, objects, got)
+			}
+			for _, want := range []string{
+				"customresourcedefinition.apiextensions.k8s.io/nodedisruptionbudgets.nodeguard.io",
+				"deployment.apps/nodeguard", "validatingwebhookconfiguration.admissionregistration.k8s.io/nodeguard-validating-webhook-configuration",
+				"certificate.cert-manager.io/nodeguard-serving-cert",
+			} {
+				if !strings.Contains(got, want) {
+					t.Errorf("dry-run output lacks %s:\n%s", want, got)
+				}
+			}
+		})
+	}
+}

@@ -1,0 +1,415 @@
+package install
+
+import (
+	"bufio"
+	"context"
+	"crypto/tls"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"path/filepath"
+	"slices"
+	"sort"
+	"strings"
+	"testing"
+	"time"
+
+	authenticationv1 "k8s.io/api/authentication/v1"
+	corev1 "k8s.io/api/core/v1"
+	eventsv1 "k8s.io/api/events/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/yaml"
+
+	ngv1alpha1 "github.com/nodeguard/nodeguard/api/v1alpha1"
+	"github.com/nodeguard/nodeguard/signal"
+	"github.com/nodeguard/nodeguard/test/armemulator"
+	"github.com/nodeguard/nodeguard/test/builder"
+	"github.com/nodeguard/nodeguard/test/harness"
+)
+
+// permission is one verb on one resource, as RBAC grants it and as the audit
+// log records a request.
+type permission struct{ group, resource, verb, namespace string }
+
+func (p permission) String() string {
+	s := p.verb + " " + p.resource
+	if p.group != "" {
+		s += "." + p.group
+	}
+	if p.namespace != "" {
+		s += " in " + p.namespace
+	}
+	return s
+}
+
+// grantedPermissions expands the rules of a role file into single verbs.
+func grantedPermissions(t *testing.T, path, namespace string) []permission {
+	t.Helper()
+	data, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var perms []permission
+	for _, doc := range strings.Split(string(data), "\n---\n") {
+		var role rbacv1.ClusterRole // a Role's rules read the same
+		if err := yaml.Unmarshal([]byte(doc), &role); err != nil {
+			t.Fatalf("%s: %v", path, err)
+		}
+		for _, r := range role.Rules {
+			if len(r.NonResourceURLs) > 0 {
+				continue
+			}
+			for _, g := range r.APIGroups {
+				for _, res := range r.Resources {
+					for _, v := range r.Verbs {
+						if g == "*" || res == "*" || v == "*" {
+							t.Errorf("%s grants a wildcard: %+v", path, r)
+						}
+						perms = append(perms, permission{g, res, v, namespace})
+					}
+				}
+			}
+		}
+	}
+	return perms
+}
+
+// auditEvent is the part of a kube-apiserver audit event this test reads.
+type auditEvent struct {
+	Verb             string `json:"verb"`
+	RequestURI       string `json:"requestURI"`
+	ImpersonatedUser *struct {
+		Username string `json:"username"`
+	} `json:"impersonatedUser"`
+	ObjectRef *struct {
+		Resource    string `json:"resource"`
+		Subresource string `json:"subresource"`
+		Namespace   string `json:"namespace"`
+		APIGroup    string `json:"apiGroup"`
+	} `json:"objectRef"`
+	ResponseStatus *struct {
+		Code int `json:"code"`
+	} `json:"responseStatus"`
+}
+
+// requestsOf reads the audit log: the permissions the user's requests used
+// (answered with anything but 403) and the requests refused with 403.
+func requestsOf(t *testing.T, user string) (used map[permission]bool, forbidden []string) {
+	t.Helper()
+	f, err := os.Open(env.AuditLog)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	used = map[permission]bool{}
+	sc := bufio.NewScanner(f)
+	sc.Buffer(make([]byte, 1<<20), 16<<20)
+	for sc.Scan() {
+		var e auditEvent
+		if err := json.Unmarshal(sc.Bytes(), &e); err != nil {
+			t.Fatalf("audit log: %v", err)
+		}
+		if e.ImpersonatedUser == nil || e.ImpersonatedUser.Username != user || e.ObjectRef == nil || e.ResponseStatus == nil {
+			continue
+		}
+		res := e.ObjectRef.Resource
+		if e.ObjectRef.Subresource != "" {
+			res += "/" + e.ObjectRef.Subresource
+		}
+		p := permission{e.ObjectRef.APIGroup, res, e.Verb, e.ObjectRef.Namespace}
+		if e.ResponseStatus.Code == http.StatusForbidden {
+			forbidden = append(forbidden, p.String()+" ("+e.RequestURI+")")
+			continue
+		}
+		used[p] = true
+	}
+	if err := sc.Err(); err != nil {
+		t.Fatal(err)
+	}
+	return used, forbidden
+}
+
+// usedAnywhere tells whether a cluster-wide grant was used in any namespace
+// (or cluster-scoped); a namespaced grant must be used in its namespace.
+func usedAnywhere(used map[permission]bool, p permission) bool {
+	for u := range used {
+		if u.group == p.group && u.resource == p.resource && u.verb == p.verb && (p.namespace == "" || u.namespace == p.namespace) {
+			return true
+		}
+	}
+	return false
+}
+
+// knownUnused are granted verbs this scenario does not use, each with the
+// reason. The test fails for any other unused grant, and for any listed one
+// that becomes used.
+var knownUnused = func() map[permission]string {
+	const watchList = "informers stream their initial list with a watch (WatchList), which the API server authorizes as watch; kept for API servers and clients without WatchList, which LIST first"
+	const narrow = "no code path uses it: narrow the +kubebuilder:rbac marker"
+	m := map[permission]string{
+		{"", "events", "get", ""}:                                   narrow + " (signal/setup.go: events are read from the cache)",
+		{"", "namespaces", "get", ""}:                               narrow + " (finalizer/controller.go: the maintenance namespace is created, AlreadyExists ignored)",
+		{"nodeguard.io", "nodedisruptionbudgets/status", "get", ""}: narrow + " (status is written with Status().Update only)",
+		{"policy", "poddisruptionbudgets", "get", ""}:               narrow + " (PDBs are read from the cache)",
+		{"", "pods", "get", ""}:                                     narrow + " (pods are listed by spec.nodeName)",
+		{"", "nodes", "update", ""}:                                 narrow + " (finalizer/controller.go: nodes are patched, never updated)",
+		{"", "events", "patch", namespace}:                          "client-go's leader-election recorder patches an event only when it repeats within its aggregation window",
+	}
+	for _, p := range []permission{
+		{"", "events", "list", ""}, {"coordination.k8s.io", "leases", "list", ""}, {"coordination.k8s.io", "leases", "list", namespace},
+		{"nodeguard.io", "nodedisruptionbudgets", "list", ""}, {"", "nodes", "list", ""}, {"policy", "poddisruptionbudgets", "list", ""},
+	} {
+		m[p] = watchList
+	}
+	return m
+}()
+
+// TestLeastPrivilege runs nodeguard as its ServiceAccount, with exactly the
+// generated ClusterRole and the leader-election Role, through a scenario that
+// uses every feature: the guard (finalizer on create, backfill, a delete
+// admitted within a NodeDisruptionBudget and one denied), the drain (evictions
+// under a PDB, a do-not-evict pod deleted past its deadline, the maintenance
+// Lease), the taint watcher (admin state Down and back to None, the
+// spot-eviction taint from a PreemptScheduled event), budget status, leader
+// election and the secure metrics endpoint. Then, from the API server's audit
+// log: no request of nodeguard was forbidden, and every verb the roles grant
+// was used. So removing any one rule makes a request of this scenario fail,
+// and this test fails with it.
+func TestLeastPrivilege(t *testing.T) {
+	needsEnv(t)
+	applyRBAC(t)
+	ctx := context.Background()
+	const ns, pool = "rbac", "rbac"
+	mustCreate(t, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}})
+	names := []string{"rbac-target", "rbac-other", "rbac-signal", "rbac-spare"}
+	var emuNodes []armemulator.Node
+	for i, name := range names {
+		ip := fmt.Sprintf("10.77.0.%d", i+4)
+		id := fmt.Sprintf("azure:///subscriptions/%s/resourceGroups/%s/providers/Microsoft.Compute/virtualMachineScaleSets/install-vmss/virtualMachines/%d", subscription, resourceGroup, i)
+		emuNodes = append(emuNodes, armemulator.Node{Name: name, IPs: []string{ip}, ProviderID: id})
+		mustCreate(t, builder.Node(name, builder.WithLabels("pool", pool), builder.WithProviderID(id), builder.WithInternalIP(ip)))
+	}
+	emu, err := armemulator.Start("127.0.0.1:0", armemulator.SeedForNodes(subscription, resourceGroup, emuNodes, armemulator.Topology{}), armemulator.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { emu.Close() })
+	target := names[0]
+	mustCreate(t, builder.Deployment(ns, "web", 2, builder.OnNodes(corev1.LabelHostname, target)))
+	mustCreate(t, builder.PDB(ns, "web", builder.MaxUnavailable("1")))
+	mustCreate(t, barePod(ns, "keep", target, map[string]string{ngv1alpha1.DoNotEvictAnnotation: "true"}))
+	waitRunning(t, ns, "keep")
+	mustCreate(t, builder.NDB("rbac", builder.NDBSelecting("pool", pool), builder.NDBMaxUnavailable("1")))
+
+	const secret = "nodeguard-install-test-client-secret-0c4f"
+	metricsPort := freePort(t)
+	ng := startNodeguard(t, emu, azureJSON(secret), fmt.Sprintf("--metrics-bind-address=127.0.0.1:%d", metricsPort))
+
+	// Guard: the backfill puts the finalizer on existing nodes, the webhook on
+	// new ones.
+	for _, n := range names {
+		waitForFinalizer(t, n)
+	}
+	mustCreate(t, builder.Node("rbac-new", builder.WithLabels("pool", "rbac-new")))
+	var created corev1.Node
+	if err := env.Client.Get(ctx, client.ObjectKey{Name: "rbac-new"}, &created); err != nil || !slices.Contains(created.Finalizers, ngv1alpha1.TerminationFinalizer) {
+		t.Errorf("the webhook did not put the finalizer on a new node: %v %v", created.Finalizers, err)
+	}
+	// Budget status.
+	harness.Eventually(t, 30*time.Second, func(ctx context.Context) (bool, error) {
+		var ndb ngv1alpha1.NodeDisruptionBudget
+		err := env.Client.Get(ctx, client.ObjectKey{Name: "rbac"}, &ndb)
+		return err == nil && ndb.Status.ExpectedNodes == int32(len(names)) && ndb.Status.DisruptionsAllowed == 1, err
+	}, "the NodeDisruptionBudget's status counts %d nodes and allows 1 disruption", len(names))
+
+	// The drain: admitted within the budget; a do-not-evict pod is deleted
+	// past the node's drain deadline.
+	if err := env.Client.Patch(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: target}},
+		client.RawPatch("application/merge-patch+json", []byte(`{"metadata":{"annotations":{"`+ngv1alpha1.DrainTimeoutAnnotation+`":"10s"}}}`))); err != nil {
+		t.Fatal(err)
+	}
+	if err := env.Client.Delete(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: target}}); err != nil {
+		t.Fatalf("deleting %s within its budget: %v", target, err)
+	}
+	// The budget is spent: a second delete is denied.
+	err = env.Client.Delete(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: names[1]}})
+	if !apierrors.IsTooManyRequests(err) {
+		t.Errorf("deleting a second node under maxUnavailable 1: got %v, want a 429 denial", err)
+	}
+
+	// The taint watcher: a signal taint cuts traffic, its removal restores it.
+	signalled := names[2]
+	setTaints(t, signalled, corev1.Taint{Key: ngv1alpha1.OutOfServiceTaintKey, Value: "nodeshutdown", Effect: corev1.TaintEffectNoExecute})
+	waitAdminState(t, emu, signalled, "Down")
+	setTaints(t, signalled)
+	waitAdminState(t, emu, signalled, "None")
+	// The spot-eviction taint from a PreemptScheduled event.
+	spot := names[3]
+	mustCreate(t, &corev1.Event{
+		ObjectMeta:     metav1.ObjectMeta{Namespace: "default", Name: "preempt-" + spot},
+		InvolvedObject: corev1.ObjectReference{Kind: "Node", Name: spot, APIVersion: "v1"},
+		Reason:         signal.PreemptScheduledReason, Message: "Preempt scheduled", Type: corev1.EventTypeWarning,
+		FirstTimestamp: metav1.Now(), LastTimestamp: metav1.Now(), Count: 1,
+		Source: corev1.EventSource{Component: "install-test"},
+	})
+	harness.Eventually(t, 30*time.Second, func(ctx context.Context) (bool, error) {
+		var n corev1.Node
+		err := env.Client.Get(ctx, client.ObjectKey{Name: spot}, &n)
+		return err == nil && slices.ContainsFunc(n.Spec.Taints, func(tt corev1.Taint) bool { return tt.Key == ngv1alpha1.SpotEvictionTaintKey }), err
+	}, "the PreemptScheduled event became the spot-eviction taint on %s", spot)
+
+	harness.Eventually(t, 90*time.Second, func(ctx context.Context) (bool, error) {
+		return nodeGone(ctx, target)
+	}, "the deleted node is drained and released")
+
+	// Secure metrics: a caller allowed to GET /metrics is served, another is not.
+	token := metricsToken(t, true)
+	if code, body := scrape(t, metricsPort, token); code != http.StatusOK || !strings.Contains(body, "nodeguard_evictions_total") {
+		t.Errorf("scraping with a token bound to nodeguard-metrics-reader: %d, want 200 with nodeguard metrics", code)
+	}
+	unauthorized := metricsToken(t, false)
+	if code, _ := scrape(t, metricsPort, unauthorized); code != http.StatusForbidden {
+		t.Errorf("scraping with a token lacking nodeguard-metrics-reader: %d, want 403", code)
+	}
+	if code, _ := scrape(t, metricsPort, ""); code != http.StatusUnauthorized {
+		t.Errorf("scraping without a token: %d, want 401", code)
+	}
+
+	// No credential in the logs or in events.
+	ng.kill()
+	logText := ng.log(t)
+	for what, s := range map[string]string{"the Azure client secret": secret, "a scraper's token": token, "another scraper's token": unauthorized} {
+		if strings.Contains(logText, s) {
+			t.Errorf("nodeguard's log contains %s", what)
+		}
+	}
+	var events eventsv1.EventList
+	if err := env.Client.List(ctx, &events); err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range events.Items {
+		if strings.Contains(e.Note, secret) || strings.Contains(e.Note, token) {
+			t.Errorf("event %s/%s carries a credential", e.Namespace, e.Name)
+		}
+	}
+
+	// The audit log: nothing forbidden, every grant used.
+	root := harness.RepoRoot()
+	granted := append(grantedPermissions(t, filepath.Join(root, "manifests", "rbac", "role.yaml"), ""),
+		grantedPermissions(t, filepath.Join(root, "manifests", "rbac", "leader_election_role.yaml"), namespace)...)
+	used, forbidden := requestsOf(t, serviceAccount)
+	slices.Sort(forbidden)
+	forbidden = slices.Compact(forbidden)
+	for _, f := range forbidden {
+		t.Errorf("nodeguard was forbidden: %s", f)
+	}
+	var unused []string
+	for _, p := range granted {
+		if usedAnywhere(used, p) {
+			if why, ok := knownUnused[p]; ok {
+				t.Errorf("%s is listed as unused (%s) but was used: drop it from knownUnused", p, why)
+			}
+			continue
+		}
+		if _, ok := knownUnused[p]; !ok {
+			unused = append(unused, p.String())
+		}
+	}
+	sort.Strings(unused)
+	for _, u := range unused {
+		t.Errorf("granted but never used in the scenario (remove the rule, or exercise it): %s", u)
+	}
+	t.Logf("%d granted verbs, %d distinct requests of nodeguard audited, %d forbidden", len(granted), len(used), len(forbidden))
+}
+
+func setTaints(t *testing.T, node string, taints ...corev1.Taint) {
+	t.Helper()
+	var n corev1.Node
+	if err := env.Client.Get(context.Background(), client.ObjectKey{Name: node}, &n); err != nil {
+		t.Fatal(err)
+	}
+	patch := client.MergeFrom(n.DeepCopy())
+	n.Spec.Taints = taints
+	if err := env.Client.Patch(context.Background(), &n, patch); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// waitAdminState waits until every emulator entry of the node has the state.
+func waitAdminState(t *testing.T, emu *armemulator.Server, node, want string) {
+	t.Helper()
+	got := map[string]string{}
+	harness.Eventually(t, 30*time.Second, func(context.Context) (bool, error) {
+		clear(got)
+		for k, v := range emu.AdminStates() {
+			// The outbound-only pool carries no inbound traffic: nodeguard leaves it.
+			if strings.HasSuffix(k, "/"+node) && !strings.Contains(k, "/aksOutboundBackendPool/") {
+				got[k] = v
+			}
+		}
+		for _, v := range got {
+			if v != want {
+				return false, nil
+			}
+		}
+		return len(got) > 0, nil
+	}, "node %s's load-balancer entries are %s: %v", node, want, got)
+}
+
+// metricsToken returns a token of a new ServiceAccount, bound to
+// nodeguard-metrics-reader when allowed.
+func metricsToken(t *testing.T, allowed bool) string {
+	t.Helper()
+	ctx := context.Background()
+	name := "scraper-denied"
+	if allowed {
+		name = "scraper"
+	}
+	mustCreate(t, &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: name}})
+	if allowed {
+		mustCreate(t, &rbacv1.ClusterRoleBinding{
+			ObjectMeta: metav1.ObjectMeta{Name: "install-test-scraper"},
+			RoleRef:    rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "ClusterRole", Name: "nodeguard-metrics-reader"},
+			Subjects:   []rbacv1.Subject{{Kind: rbacv1.ServiceAccountKind, Namespace: "default", Name: name}},
+		})
+	}
+	cs, err := kubernetes.NewForConfig(env.Config)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tr, err := cs.CoreV1().ServiceAccounts("default").CreateToken(ctx, name, &authenticationv1.TokenRequest{}, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatalf("requesting a token for %s: %v", name, err)
+	}
+	return tr.Status.Token
+}
+
+// scrape GETs /metrics over HTTPS (controller-runtime's self-signed
+// certificate) with a bearer token, retrying until the server answers.
+func scrape(t *testing.T, port int, token string) (int, string) {
+	t.Helper()
+	c := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{TLSClientConfig: &tls.Config{InsecureSkipVerify: true}}}
+	var code int
+	var body string
+	harness.Eventually(t, 30*time.Second, func(ctx context.Context) (bool, error) {
+		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, fmt.Sprintf("https://127.0.0.1:%d/metrics", port), nil)
+		if token != "" {
+			req.Header.Set("Authorization", "Bearer "+token)
+		}
+		resp, err := c.Do(req)
+		if err != nil {
+			return false, nil
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		code, body = resp.StatusCode, string(b)
+		return code != http.StatusInternalServerError, nil
+	}, "the metrics endpoint answers")
+	return code, body
+}

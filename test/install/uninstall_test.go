@@ -1,0 +1,201 @@
+package install
+
+import (
+	"bytes"
+	"context"
+	"os/exec"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/yaml"
+
+	ngv1alpha1 "github.com/nodeguard/nodeguard/api/v1alpha1"
+	"github.com/nodeguard/nodeguard/test/armemulator"
+	"github.com/nodeguard/nodeguard/test/builder"
+	"github.com/nodeguard/nodeguard/test/harness"
+)
+
+// processFinalizer keeps the stand-in nodeguard pods until the test has killed
+// the nodeguard process they stand for: here a pod being gone means the
+// process is gone, as with a real kubelet.
+const processFinalizer = "install.nodeguard.io/process"
+
+// baseDeployment returns the kustomize base's Deployment, whose pods (run by
+// kwok) stand in for the nodeguard process the test runs.
+func baseDeployment(t *testing.T) *appsv1.Deployment {
+	t.Helper()
+	for _, doc := range strings.Split(baseYAML, "\n---\n") {
+		if strings.Contains(doc, "\nkind: Deployment\n") {
+			var d appsv1.Deployment
+			if err := yaml.Unmarshal([]byte(doc), &d); err != nil {
+				t.Fatal(err)
+			}
+			return &d
+		}
+	}
+	t.Fatal("the base has no Deployment")
+	return nil
+}
+
+// TestUninstallReleasesEveryNode installs nodeguard (the base's Deployment,
+// with the nodeguard process run by the test as its ServiceAccount), puts
+// nodes in every state, and runs nodeguard uninstall: the webhook
+// configurations go first, a drain in progress is let finish, a drain that
+// cannot finish is cut short and reported, nodeguard is stopped, and no node
+// is left with the finalizer, the draining taint or a bookkeeping mark. Then
+// kubectl delete node works without nodeguard.
+func TestUninstallReleasesEveryNode(t *testing.T) {
+	needsEnv(t)
+	applyRBAC(t)
+	ctx := context.Background()
+	const ns = "uninstall"
+	mustCreate(t, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}})
+	nodes := []string{"un-infra", "un-finishes", "un-stuck", "un-idle", "un-marked"}
+	for _, n := range nodes {
+		mustCreate(t, builder.Node(n, builder.WithLabels("pool", "uninstall")))
+	}
+	d := baseDeployment(t)
+	d.Spec.Template.Finalizers = []string{processFinalizer}
+	d.Spec.Template.Spec.NodeSelector = map[string]string{corev1.LabelHostname: "un-infra"}
+	d.Spec.Template.Spec.TopologySpreadConstraints = nil
+	d.Spec.Template.Spec.PriorityClassName = ""
+	mustCreate(t, d)
+	emu, err := armemulator.Start("127.0.0.1:0", armemulator.Seed{Subscription: subscription, ResourceGroup: resourceGroup}, armemulator.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { emu.Close() })
+	ng := startNodeguard(t, emu, azureJSON("unused"))
+	harness.Eventually(t, time.Minute, func(ctx context.Context) (bool, error) {
+		err := env.Client.Get(ctx, client.ObjectKeyFromObject(d), d)
+		return err == nil && d.Status.ReadyReplicas == 2, err
+	}, "nodeguard's Deployment is ready")
+	for _, n := range nodes {
+		waitForFinalizer(t, n)
+	}
+	// Two drains in progress, each held by a do-not-evict pod: one is let go
+	// during the uninstall, the other never.
+	for _, n := range []string{"un-finishes", "un-stuck"} {
+		mustCreate(t, barePod(ns, n, n, map[string]string{ngv1alpha1.DoNotEvictAnnotation: "true"}))
+		waitRunning(t, ns, n)
+		kubectl(t, "", "delete", "node", n, "--wait=false")
+	}
+	harness.Eventually(t, 30*time.Second, func(ctx context.Context) (bool, error) {
+		var n corev1.Node
+		err := env.Client.Get(ctx, client.ObjectKey{Name: "un-stuck"}, &n)
+		return err == nil && slices.ContainsFunc(n.Spec.Taints, func(t corev1.Taint) bool { return t.Key == ngv1alpha1.DrainingTaintKey }), err
+	}, "nodeguard drains un-stuck")
+	// Marks nodeguard may leave on a node that is not being deleted.
+	var marked corev1.Node
+	if err := env.Client.Get(ctx, client.ObjectKey{Name: "un-marked"}, &marked); err != nil {
+		t.Fatal(err)
+	}
+	patch := client.MergeFrom(marked.DeepCopy())
+	marked.Spec.Taints = append(marked.Spec.Taints, corev1.Taint{Key: ngv1alpha1.DrainingTaintKey, Value: ngv1alpha1.DrainingTaintValue, Effect: corev1.TaintEffectNoSchedule})
+	marked.Annotations[ngv1alpha1.FinalizerAddedAtAnnotation] = "2099-01-01T00:00:00Z" // held: only uninstall removes it
+	marked.Annotations[ngv1alpha1.DrainTimeoutAnnotation] = "30m"                      // the user's: stays
+	if err := env.Client.Patch(ctx, &marked, patch); err != nil {
+		t.Fatal(err)
+	}
+
+	// Stand in for the kubelet: once the Deployment is scaled to 0, stop the
+	// process, then let its pods go.
+	stopped := make(chan struct{})
+	go func() {
+		defer close(stopped)
+		_ = harness.Poll(ctx, 2*time.Minute, func(ctx context.Context) (bool, error) {
+			var cur appsv1.Deployment
+			err := env.Client.Get(ctx, client.ObjectKeyFromObject(d), &cur)
+			return err == nil && ptr.Deref(cur.Spec.Replicas, 1) == 0, nil
+		})
+		ng.kill()
+		_ = harness.Poll(ctx, 90*time.Second, func(ctx context.Context) (bool, error) {
+			var pods corev1.PodList
+			if err := env.Client.List(ctx, &pods, client.InNamespace(namespace)); err != nil {
+				return false, nil
+			}
+			for i := range pods.Items {
+				_ = env.Client.Patch(ctx, &pods.Items[i], client.RawPatch("application/merge-patch+json", []byte(`{"metadata":{"finalizers":null}}`)))
+			}
+			return len(pods.Items) == 0, nil
+		})
+	}()
+	// Let the first drain finish once the webhooks are gone.
+	go func() {
+		_ = harness.Poll(ctx, time.Minute, func(ctx context.Context) (bool, error) {
+			var list admissionregistrationv1.ValidatingWebhookConfigurationList
+			err := env.Client.List(ctx, &list)
+			return err == nil && !slices.ContainsFunc(list.Items, func(c admissionregistrationv1.ValidatingWebhookConfiguration) bool {
+				return c.Name == "nodeguard-validating-webhook-configuration"
+			}), nil
+		})
+		_ = env.Client.Delete(ctx, barePod(ns, "un-finishes", "un-finishes", nil))
+	}()
+
+	cmd := exec.Command(nodeguard, "uninstall", "--kubeconfig="+env.Kubeconfig, "--drain-wait=25s", "--stop-wait=60s")
+	var out bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &out
+	err = cmd.Run()
+	<-stopped
+	t.Logf("nodeguard uninstall:\n%s", out.String())
+	if err != nil {
+		t.Fatalf("nodeguard uninstall: %v", err)
+	}
+	for _, want := range []string{
+		"deleted MutatingWebhookConfiguration nodeguard-mutating-webhook-configuration",
+		"deleted ValidatingWebhookConfiguration nodeguard-validating-webhook-configuration",
+		"drained and released: un-finishes",
+		"scaled Deployment nodeguard-system/nodeguard to 0",
+		"un-marked: removed finalizer, taint nodeguard.io/draining, annotation nodeguard.io/finalizer-added-at",
+		"un-stuck: released WITHOUT a complete drain",
+	} {
+		if !strings.Contains(out.String(), want) {
+			t.Errorf("the output lacks %q", want)
+		}
+	}
+	if strings.Index(out.String(), "deleted ValidatingWebhookConfiguration") > strings.Index(out.String(), "removed finalizer") {
+		t.Error("the webhook configurations must go before any finalizer")
+	}
+
+	var list corev1.NodeList
+	if err := env.Client.List(ctx, &list); err != nil {
+		t.Fatal(err)
+	}
+	for _, n := range list.Items {
+		if slices.Contains(n.Finalizers, ngv1alpha1.TerminationFinalizer) {
+			t.Errorf("node %s still has the finalizer", n.Name)
+		}
+		if slices.ContainsFunc(n.Spec.Taints, func(t corev1.Taint) bool { return t.Key == ngv1alpha1.DrainingTaintKey }) {
+			t.Errorf("node %s still has the draining taint", n.Name)
+		}
+		if _, ok := n.Annotations[ngv1alpha1.FinalizerAddedAtAnnotation]; ok {
+			t.Errorf("node %s still has %s", n.Name, ngv1alpha1.FinalizerAddedAtAnnotation)
+		}
+	}
+	if err := env.Client.Get(ctx, client.ObjectKey{Name: "un-marked"}, &marked); err != nil || marked.Annotations[ngv1alpha1.DrainTimeoutAnnotation] != "30m" {
+		t.Errorf("uninstall must leave the user's %s annotation: %v %v", ngv1alpha1.DrainTimeoutAnnotation, marked.Annotations, err)
+	}
+	for _, n := range []string{"un-finishes", "un-stuck"} {
+		harness.Eventually(t, 30*time.Second, func(ctx context.Context) (bool, error) { return nodeGone(ctx, n) }, "%s is gone", n)
+	}
+	// Without nodeguard, deleting a node just works.
+	kubectl(t, "", "delete", "node", "un-idle", "un-marked", "--timeout=30s")
+	for _, n := range []string{"un-idle", "un-marked"} {
+		if gone, err := nodeGone(ctx, n); !gone {
+			t.Errorf("node %s is not gone after kubectl delete node: %v", n, err)
+		}
+	}
+	// A second run finds nothing to do.
+	again, err := exec.Command(nodeguard, "uninstall", "--kubeconfig="+env.Kubeconfig, "--drain-wait=0").CombinedOutput()
+	if err != nil || !strings.Contains(string(again), "none found") {
+		t.Errorf("a second uninstall: %v\n%s", err, again)
+	}
+}
