@@ -151,15 +151,8 @@ func usedAnywhere(used map[permission]bool, p permission) bool {
 // that becomes used.
 var knownUnused = func() map[permission]string {
 	const watchList = "informers stream their initial list with a watch (WatchList), which the API server authorizes as watch; kept for API servers and clients without WatchList, which LIST first"
-	const narrow = "no code path uses it: narrow the +kubebuilder:rbac marker"
 	m := map[permission]string{
-		{"", "events", "get", ""}:                                   narrow + " (signal/setup.go: events are read from the cache)",
-		{"", "namespaces", "get", ""}:                               narrow + " (finalizer/controller.go: the maintenance namespace is created, AlreadyExists ignored)",
-		{"nodeguard.io", "nodedisruptionbudgets/status", "get", ""}: narrow + " (status is written with Status().Update only)",
-		{"policy", "poddisruptionbudgets", "get", ""}:               narrow + " (PDBs are read from the cache)",
-		{"", "pods", "get", ""}:                                     narrow + " (pods are listed by spec.nodeName)",
-		{"", "nodes", "update", ""}:                                 narrow + " (finalizer/controller.go: nodes are patched, never updated)",
-		{"", "events", "patch", namespace}:                          "client-go's leader-election recorder patches an event only when it repeats within its aggregation window",
+		{"", "events", "patch", namespace}: "client-go's leader-election recorder patches an event only when it repeats within its aggregation window",
 	}
 	for _, p := range []permission{
 		{"", "events", "list", ""}, {"coordination.k8s.io", "leases", "list", ""}, {"coordination.k8s.io", "leases", "list", namespace},
