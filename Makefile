@@ -52,10 +52,10 @@ test-install: tools ## Dry-run the kustomize base, run nodeguard under its exact
 
 .PHONY: verify
 verify: tools ## Fail when generated files are stale, go.mod is untidy or code is unformatted.
-	$(MAKE) generate manifests
+	$(MAKE) generate manifests chart
 	$(GO) mod tidy
 	@test -z "$$(gofmt -l $$(git ls-files '*.go'))" || { gofmt -l $$(git ls-files '*.go'); echo "gofmt needed"; exit 1; }
-	@git diff --exit-code -- api manifests go.mod go.sum || { echo "generated files or go.mod are stale: run make generate manifests && go mod tidy, then commit"; exit 1; }
+	@git diff --exit-code -- api manifests charts go.mod go.sum || { echo "generated files or go.mod are stale: run make generate manifests chart && go mod tidy, then commit"; exit 1; }
 
 .PHONY: lint
 lint: ## Run go vet.
