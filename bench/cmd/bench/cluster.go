@@ -305,23 +305,28 @@ func readProc(pid int) (procSample, error) {
 	return s, nil
 }
 
-// childPID finds a direct child process of this one by command name (the
-// harness starts kube-controller-manager and friends as children).
-func childPID(comm string) int {
+// childPID finds a direct child process of this one by the base name of its
+// executable (the harness starts kube-controller-manager and friends as
+// children; /proc/<pid>/comm is cut at 15 characters, so read cmdline).
+func childPID(name string) int {
 	entries, _ := os.ReadDir("/proc")
-	me := os.Getpid()
+	me := strconv.Itoa(os.Getpid())
 	for _, e := range entries {
 		pid, err := strconv.Atoi(e.Name())
 		if err != nil {
 			continue
 		}
-		c, err := os.ReadFile(fmt.Sprintf("/proc/%d/comm", pid))
-		if err != nil || strings.TrimSpace(string(c)) != comm {
+		cmdline, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
+		if err != nil || len(cmdline) == 0 {
+			continue
+		}
+		argv0, _, _ := strings.Cut(string(cmdline), "\x00")
+		if filepath.Base(argv0) != name {
 			continue
 		}
 		status, _ := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
 		for _, line := range strings.Split(string(status), "\n") {
-			if f := strings.Fields(line); len(f) == 2 && f[0] == "PPid:" && f[1] == strconv.Itoa(me) {
+			if f := strings.Fields(line); len(f) == 2 && f[0] == "PPid:" && f[1] == me {
 				return pid
 			}
 		}

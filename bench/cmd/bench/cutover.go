@@ -31,6 +31,7 @@ type cutoverResult struct {
 	ARMLatency time.Duration   `json:"armLatency"`
 	FirstPUT   bench.Summary   `json:"taintToFirstDownPUT"`
 	AllPUTs    bench.Summary   `json:"taintToLastDownPUT"`
+	Busy       bench.Summary   `json:"taintToFirstDownPUTWhileAWriteIsInFlight"`
 	PoolsNode  int             `json:"poolsPerNode"`
 	Fleet      []fleetRound    `json:"fleet"`
 	Raw        []time.Duration `json:"rawTaintToFirstDownPUT"`
@@ -195,34 +196,59 @@ func runCutover(ctx context.Context, c config, env *harness.Env) (*cutoverResult
 	defer ng.stop()
 
 	r := &cutoverResult{ARMLatency: c.armLatency, PoolsNode: 2}
-	var firsts, lasts []time.Duration
-	logf("cutover: %d taint/untaint trials on one node, ARM latency %s", c.cutTrials, c.armLatency)
-	for i := -1; i < c.cutTrials; i++ { // trial -1 warms up (pool discovery)
-		if ctx.Err() != nil {
-			return nil, ctx.Err()
-		}
+	// trial taints the probe node and waits for its Down PUTs, then untaints it
+	// and waits for the None PUTs to arrive and, unless busy, to complete: a
+	// busy trial's taint lands while the previous write is still in flight.
+	trial := func(busy bool) (first, last time.Duration, err error) {
 		sent := time.Now()
 		if err := setTaint(ctx, cl, probe, true); err != nil {
-			return nil, err
+			return 0, 0, err
 		}
 		accepted := time.Now()
-		first, last, err := rec.waitPUTs(ctx, sent, probe, "Down", 2)
+		f, l, err := rec.waitPUTs(ctx, sent, probe, "Down", 2)
 		if err != nil {
-			return nil, err
-		}
-		if i >= 0 {
-			firsts = append(firsts, max(first.Sub(accepted), 0))
-			lasts = append(lasts, max(last.Sub(accepted), 0))
+			return 0, 0, err
 		}
 		sent = time.Now()
 		if err := setTaint(ctx, cl, probe, false); err != nil {
-			return nil, err
+			return 0, 0, err
 		}
 		if _, _, err := rec.waitPUTs(ctx, sent, probe, "None", 2); err != nil {
+			return 0, 0, err
+		}
+		if !busy {
+			err = harness.Poll(ctx, 30*time.Second, func(context.Context) (bool, error) {
+				for key, s := range emu.AdminStates() {
+					if strings.HasSuffix(key, "/"+probe) && s != "None" {
+						return false, nil
+					}
+				}
+				return true, nil
+			})
+			time.Sleep(20 * time.Millisecond)
+		}
+		return max(f.Sub(accepted), 0), max(l.Sub(accepted), 0), err
+	}
+	var firsts, lasts, busy []time.Duration
+	logf("cutover: %d taint/untaint trials on one node, ARM latency %s", c.cutTrials, c.armLatency)
+	if _, _, err := trial(false); err != nil { // warm-up: pool discovery
+		return nil, err
+	}
+	for range c.cutTrials {
+		f, l, err := trial(false)
+		if err != nil {
 			return nil, err
 		}
+		firsts, lasts = append(firsts, f), append(lasts, l)
 	}
-	r.FirstPUT, r.AllPUTs, r.Raw = bench.Summarize(firsts), bench.Summarize(lasts), firsts
+	for range c.cutTrials / 2 {
+		f, _, err := trial(true)
+		if err != nil {
+			return nil, err
+		}
+		busy = append(busy, f)
+	}
+	r.FirstPUT, r.AllPUTs, r.Busy, r.Raw = bench.Summarize(firsts), bench.Summarize(lasts), bench.Summarize(busy), firsts
 
 	logf("cutover: %d nodes tainted at once, %d rounds", c.fleetNodes, c.fleetRounds)
 	for range c.fleetRounds {
@@ -321,6 +347,7 @@ func cutoverTable(r *cutoverResult) *bench.Table {
 	rt := func(d time.Duration) string { return fmt.Sprintf("%.1f", bench.Ratio(d, r.ARMLatency)) }
 	t.AddRow("taint accepted → first PUT marking the node Down", bench.Millis(r.FirstPUT.P50), bench.Millis(r.FirstPUT.P99), bench.Millis(r.FirstPUT.Max), fmt.Sprint(r.FirstPUT.N), rt(r.FirstPUT.P50))
 	t.AddRow(fmt.Sprintf("taint accepted → PUT in its last pool (%d pools)", r.PoolsNode), bench.Millis(r.AllPUTs.P50), bench.Millis(r.AllPUTs.P99), bench.Millis(r.AllPUTs.Max), fmt.Sprint(r.AllPUTs.N), rt(r.AllPUTs.P50))
+	t.AddRow("same, tainted while the previous write (the untaint's PUT) is in flight", bench.Millis(r.Busy.P50), bench.Millis(r.Busy.P99), bench.Millis(r.Busy.Max), fmt.Sprint(r.Busy.N), rt(r.Busy.P50))
 	t.Note("A PUT needs a fresh GET of its pool first, so the floor is 1 ARM round trip (the GET) plus the watch delay; \"first PUT\" is its arrival at the emulator.")
 	for i, f := range r.Fleet {
 		perPool := (f.Naive + f.Pools - 1) / f.Pools
