@@ -142,6 +142,16 @@ type apiProxy struct {
 	maxInFl  map[string]int
 	answers  map[string]map[int]int // workload -> status -> count
 	first    map[string]time.Time   // namespace -> first eviction request
+	log      []evictionRecord
+}
+
+// evictionRecord is one eviction request through the proxy.
+type evictionRecord struct {
+	Workload string    `json:"workload"`
+	Pod      string    `json:"pod"`
+	Start    time.Time `json:"start"`
+	End      time.Time `json:"end"`
+	Status   int       `json:"status"`
 }
 
 func startAPIProxy(env *harness.Env, dir, name string) (*apiProxy, error) {
@@ -168,10 +178,14 @@ func startAPIProxy(env *harness.Env, dir, name string) (*apiProxy, error) {
 			return
 		}
 		workload := m[1] + "/" + workloadOf(m[2])
+		began := time.Now()
 		p.begin(workload)
 		rec := &statusRecorder{ResponseWriter: w, status: http.StatusOK}
 		rp.ServeHTTP(rec, r.WithContext(context.WithoutCancel(r.Context())))
 		p.end(workload, rec.status)
+		p.mu.Lock()
+		p.log = append(p.log, evictionRecord{Workload: workload, Pod: m[2], Start: began, End: time.Now(), Status: rec.status})
+		p.mu.Unlock()
 	})}
 	go func() { _ = p.srv.Serve(l) }()
 	p.kubeconfig = filepath.Join(dir, name+".kubeconfig")
@@ -236,6 +250,19 @@ func (p *apiProxy) firstEviction(ns string) time.Time {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	return p.first[ns]
+}
+
+// evictionLog returns every eviction request of namespace ns.
+func (p *apiProxy) evictionLog(ns string) []evictionRecord {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	var out []evictionRecord
+	for _, e := range p.log {
+		if strings.HasPrefix(e.Workload, ns+"/") {
+			out = append(out, e)
+		}
+	}
+	return out
 }
 
 // maxInFlight is the most eviction requests in flight at once for one
