@@ -180,11 +180,21 @@ func startAPIProxy(env *harness.Env, dir, name string) (*apiProxy, error) {
 		workload := m[1] + "/" + workloadOf(m[2])
 		began := time.Now()
 		p.begin(workload)
-		rec := &statusRecorder{ResponseWriter: w, status: http.StatusOK}
+		// The request ends, for the in-flight count, when the apiserver's
+		// answer starts back to the client: the client may send its next
+		// request before this handler returns.
+		var ended time.Time
+		rec := &statusRecorder{ResponseWriter: w, status: http.StatusOK, onHeader: func(status int) {
+			ended = time.Now()
+			p.end(workload, status)
+		}}
 		rp.ServeHTTP(rec, r.WithContext(context.WithoutCancel(r.Context())))
-		p.end(workload, rec.status)
+		if ended.IsZero() {
+			ended = time.Now()
+			p.end(workload, rec.status)
+		}
 		p.mu.Lock()
-		p.log = append(p.log, evictionRecord{Workload: workload, Pod: m[2], Start: began, End: time.Now(), Status: rec.status})
+		p.log = append(p.log, evictionRecord{Workload: workload, Pod: m[2], Start: began, End: ended, Status: rec.status})
 		p.mu.Unlock()
 	})}
 	go func() { _ = p.srv.Serve(l) }()
@@ -279,11 +289,16 @@ func (p *apiProxy) maxInFlight(ns string, apps []string) int {
 
 type statusRecorder struct {
 	http.ResponseWriter
-	status int
+	status   int
+	onHeader func(status int)
 }
 
 func (r *statusRecorder) WriteHeader(code int) {
 	r.status = code
+	if r.onHeader != nil {
+		r.onHeader(code)
+		r.onHeader = nil
+	}
 	r.ResponseWriter.WriteHeader(code)
 }
 

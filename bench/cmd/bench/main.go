@@ -78,7 +78,7 @@ func main() {
 	c.profiles = strings.Split(profiles, ",")
 	c.drainApps, c.drainReplicas, c.drainFree = 4, 10, 10
 	c.cutTrials, c.fleetNodes, c.fleetRounds = 200, 100, 3
-	c.admissionN, c.admissionConc, c.admissionRound = 100, 8, 2
+	c.admissionN, c.admissionConc, c.admissionRound = 100, 8, 4
 	c.scaleNodes, c.scalePods, c.scaleDrain, c.scaleIdle = 200, 4000, 20, 30*time.Second
 	if scale {
 		c.scaleNodes, c.scalePods, c.scaleIdle = 2000, 40000, 60*time.Second
@@ -207,7 +207,7 @@ func writeResults(c config, res *results) error {
 		res.Panels = drainPanels(res.Drain)
 	}
 	if len(res.Panels) > 0 {
-		fmt.Fprintf(&md, "Drain timelines: `drain-timeline.svg`.\n\n")
+		fmt.Fprintf(&md, "![Pods left on the drained node over time: kubectl drain vs nodeguard](drain-timeline.svg)\n\n")
 	}
 	for _, e := range res.Errors {
 		fmt.Fprintf(&md, "**Error:** %s\n\n", e)
