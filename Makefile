@@ -61,6 +61,18 @@ verify: tools ## Fail when generated files are stale, go.mod is untidy or code i
 lint: ## Run go vet.
 	$(GO) vet ./...
 
+##@ Benchmark
+
+BENCH_OUT  ?= $(CURDIR)/_output/bench
+BENCH_ARGS ?=
+
+.PHONY: bench
+bench: tools ## Benchmark nodeguard against kubectl drain, naive ARM updates and a no-op webhook (15-25 min; BENCH_ARGS=--quick for a smoke run, --scale for 2,000 nodes).
+	@mkdir -p $(BENCH_OUT)
+	$(GO) build -o $(BENCH_OUT)/nodeguard ./cmd/nodeguard
+	$(GO) build -o $(BENCH_OUT)/bench ./bench/cmd/bench
+	$(BENCH_OUT)/bench --nodeguard=$(BENCH_OUT)/nodeguard --out=$(BENCH_OUT) $(BENCH_ARGS)
+
 ##@ Generate
 
 .PHONY: generate

@@ -1,0 +1,342 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	policyv1 "k8s.io/api/policy/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	ngv1alpha1 "github.com/nodeguard/nodeguard/api/v1alpha1"
+	"github.com/nodeguard/nodeguard/bench"
+	"github.com/nodeguard/nodeguard/test/armemulator"
+	"github.com/nodeguard/nodeguard/test/builder"
+	"github.com/nodeguard/nodeguard/test/harness"
+)
+
+// The two drainers, each with a namespace and a node of its own.
+const (
+	kubectlNS   = "kubectl"
+	nodeguardNS = "nodeguard"
+	// drainLabel selects every pod of the drain section, for the tracker.
+	drainLabel = "bench.nodeguard.io/drain"
+)
+
+// drainResult is one profile's drain comparison.
+type drainResult struct {
+	Profile         string                   `json:"profile"`
+	PodsPerNode     int                      `json:"podsPerNode"`
+	KubectlEmpty    time.Duration            `json:"kubectlEmpty"`
+	KubectlExit     time.Duration            `json:"kubectlExit"`
+	NodeguardEmpty  time.Duration            `json:"nodeguardEmpty"`
+	NodeguardGone   time.Duration            `json:"nodeguardNodeReleased"`
+	Ratio           float64                  `json:"ratioKubectlOverNodeguard"`
+	Cycle           time.Duration            `json:"evictionToReplacementReadyP50"`
+	Cycles          int                      `json:"cyclesMeasured"`
+	Chain           int                      `json:"longestPDBChain"`
+	LowerBound      time.Duration            `json:"lowerBound"`
+	Evictions       [2]int                   `json:"evictionRequests"` // kubectl, nodeguard
+	TooMany         [2]int                   `json:"evictions429"`
+	KubectlOutput   int                      `json:"kubectl429FromOutput"`
+	MaxUnavailable  [2]int                   `json:"maxUnavailablePerPDB"`
+	MaxInFlight     [2]int                   `json:"maxEvictionsInFlightPerPDB"`
+	Budget          int                      `json:"budget"`
+	FirstEviction   [2]time.Duration         `json:"firstEviction"`
+	Evicts          [2][]evictionRecord      `json:"evictionLog"`
+	OwnChain        [2]time.Duration         `json:"longestPDBSumOfCycles"`
+	Healthy         map[string][]bench.Point `json:"healthyTimelines"`
+	KubectlTimeline []bench.Point            `json:"kubectlTimeline"`
+	NodeguardLine   []bench.Point            `json:"nodeguardTimeline"`
+}
+
+func protectedApps(c config) []string {
+	var apps []string
+	for i := range c.drainApps {
+		apps = append(apps, fmt.Sprintf("pdb-%c", 'a'+i))
+	}
+	return apps
+}
+
+// runDrain drains two identical nodes at once: one with kubectl drain, one by
+// deleting it under nodeguard.
+func runDrain(ctx context.Context, c config, env *harness.Env, profile string) (*drainResult, error) {
+	cl := env.Client
+	apps := protectedApps(c)
+	replicas := map[string]int{}
+	var emuNodes []armemulator.Node
+	nodeFor := func(ns, name string, index int) *corev1.Node {
+		ip := fmt.Sprintf("10.%d.0.%d", 10+len(ns), index+4)
+		opts := []builder.NodeOption{builder.WithLabels("group", ns), builder.WithInternalIP(ip), builder.WithProviderID(vmssID("drain", index))}
+		if ns == nodeguardNS {
+			opts = append(opts, builder.WithLabels(managedLabel, "true"))
+			emuNodes = append(emuNodes, armemulator.Node{Name: name, IPs: []string{ip}, ProviderID: vmssID("drain", index)})
+		}
+		return builder.Node(name, opts...)
+	}
+	logf("drain %s: creating two nodes with %d pods each", profile, c.drainApps*c.drainReplicas+c.drainFree)
+	for _, ns := range []string{kubectlNS, nodeguardNS} {
+		if err := create(ctx, cl, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}); err != nil {
+			return nil, err
+		}
+		if err := create(ctx, cl, nodeFor(ns, ns+"-target", 0)); err != nil {
+			return nil, err
+		}
+		for _, app := range apps {
+			if err := create(ctx, cl, drainDeployment(ns, app, c.drainReplicas)); err != nil {
+				return nil, err
+			}
+			if err := create(ctx, cl, builder.PDB(ns, app, builder.MaxUnavailable("1"))); err != nil {
+				return nil, err
+			}
+			replicas[ns+"/"+app] = c.drainReplicas
+		}
+		if err := create(ctx, cl, drainDeployment(ns, "free", c.drainFree)); err != nil {
+			return nil, err
+		}
+	}
+	perNode := c.drainApps*c.drainReplicas + c.drainFree
+	for _, ns := range []string{kubectlNS, nodeguardNS} {
+		if err := waitReadyOn(ctx, cl, ns, ns+"-target", perNode); err != nil {
+			return nil, err
+		}
+	}
+	// Spare nodes take the replacements; created now so that the initial pods
+	// all landed on the targets.
+	for _, ns := range []string{kubectlNS, nodeguardNS} {
+		for i := range 2 {
+			if err := create(ctx, cl, nodeFor(ns, fmt.Sprintf("%s-spare-%d", ns, i), i+1)); err != nil {
+				return nil, err
+			}
+		}
+	}
+	if err := harness.Poll(ctx, 2*time.Minute, func(ctx context.Context) (bool, error) {
+		for _, ns := range []string{kubectlNS, nodeguardNS} {
+			for _, app := range apps {
+				var pdb policyv1.PodDisruptionBudget
+				if err := cl.Get(ctx, client.ObjectKey{Namespace: ns, Name: app}, &pdb); err != nil ||
+					pdb.Status.CurrentHealthy != int32(c.drainReplicas) || pdb.Status.DisruptionsAllowed != 1 {
+					return false, err
+				}
+			}
+		}
+		return true, nil
+	}); err != nil {
+		return nil, fmt.Errorf("waiting for every PDB to allow 1 disruption: %w", err)
+	}
+
+	emu, err := armemulator.Start("127.0.0.1:0", armemulator.SeedForNodes(subscription, resourceGroup, emuNodes, armemulator.Topology{Internal: true}), armemulator.Options{})
+	if err != nil {
+		return nil, err
+	}
+	defer emu.Close()
+	proxy, err := startAPIProxy(env, env.Dir, "drain-proxy")
+	if err != nil {
+		return nil, err
+	}
+	defer proxy.close()
+	ng, err := startNodeguard(c.nodeguard, env, proxy.kubeconfig, emu.URL(), filepath.Join(env.Dir, "nodeguard-drain.log"))
+	if err != nil {
+		return nil, err
+	}
+	defer ng.stop()
+	target := nodeguardNS + "-target"
+	if err := waitFinalizer(ctx, cl, target); err != nil {
+		return nil, err
+	}
+	tr, err := startPodTracker(ctx, env.Config, drainLabel+"=true", replicas)
+	if err != nil {
+		return nil, err
+	}
+
+	logf("drain %s: kubectl drain %s-target and kubectl delete node %s, at once", profile, kubectlNS, target)
+	start := tr.begin(kubectlNS+"-target", target)
+	var wg sync.WaitGroup
+	var kubectlOut []byte
+	var kubectlErr, deleteErr error
+	var kubectlExit time.Duration
+	wg.Add(2)
+	go func() {
+		defer wg.Done()
+		cmd := exec.CommandContext(ctx, "kubectl", "--kubeconfig", proxy.kubeconfig, "drain", kubectlNS+"-target",
+			"--ignore-daemonsets", "--delete-emptydir-data", "--timeout=15m")
+		kubectlOut, kubectlErr = cmd.CombinedOutput()
+		kubectlExit = time.Since(start)
+	}()
+	go func() {
+		defer wg.Done()
+		out, err := exec.CommandContext(ctx, "kubectl", "--kubeconfig", env.Kubeconfig, "delete", "node", target, "--wait=false").CombinedOutput()
+		if err != nil {
+			deleteErr = fmt.Errorf("kubectl delete node: %v: %s", err, out)
+		}
+	}()
+	var gone time.Duration
+	err = harness.Poll(ctx, 15*time.Minute, func(ctx context.Context) (bool, error) {
+		if gone == 0 {
+			if err := cl.Get(ctx, client.ObjectKey{Name: target}, &corev1.Node{}); client.IgnoreNotFound(err) == nil && err != nil {
+				gone = time.Since(start)
+			}
+		}
+		return gone > 0 && tr.left(kubectlNS+"-target") == 0 && tr.left(target) == 0, nil
+	})
+	wg.Wait()
+	if deleteErr != nil {
+		return nil, deleteErr
+	}
+	if kubectlErr != nil {
+		return nil, fmt.Errorf("kubectl drain: %v: %s", kubectlErr, kubectlOut)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("waiting for both nodes to be empty (kubectl %d pods left, nodeguard %d): %w", tr.left(kubectlNS+"-target"), tr.left(target), err)
+	}
+
+	r := &drainResult{Profile: profile, PodsPerNode: perNode, NodeguardGone: gone, KubectlExit: kubectlExit, Budget: 1,
+		KubectlTimeline: tr.timeline(kubectlNS + "-target"), NodeguardLine: tr.timeline(target)}
+	r.KubectlEmpty = emptyAt(r.KubectlTimeline)
+	r.NodeguardEmpty = emptyAt(r.NodeguardLine)
+	r.Ratio = bench.Ratio(r.KubectlEmpty, r.NodeguardEmpty)
+	var cycles []time.Duration
+	var chains []int
+	for _, ns := range []string{kubectlNS, nodeguardNS} {
+		for _, app := range apps {
+			cycles = append(cycles, bench.Dips(tr.healthyTimeline(ns+"/"+app), c.drainReplicas)...)
+			chains = append(chains, bench.ChainLength(c.drainReplicas, 1))
+		}
+	}
+	r.Cycle, r.Cycles = bench.Percentile(cycles, 50), len(cycles)
+	r.Chain = slices.Max(chains)
+	r.LowerBound = bench.LowerBound(chains, r.Cycle)
+	r.Healthy = map[string][]bench.Point{}
+	for i, ns := range []string{kubectlNS, nodeguardNS} {
+		if t := proxy.firstEviction(ns); !t.IsZero() {
+			r.FirstEviction[i] = t.Sub(start)
+		}
+		for _, app := range apps {
+			h := tr.healthyTimeline(ns + "/" + app)
+			r.Healthy[ns+"/"+app] = h
+			var sum time.Duration
+			for _, d := range bench.Dips(h, c.drainReplicas) {
+				sum += d
+			}
+			r.OwnChain[i] = max(r.OwnChain[i], sum)
+		}
+		r.Evicts[i] = proxy.evictionLog(ns)
+		r.Evictions[i] = proxy.evictions(ns, 0)
+		r.TooMany[i] = proxy.evictions(ns, 429)
+		r.MaxInFlight[i] = proxy.maxInFlight(ns, apps)
+		for _, app := range apps {
+			r.MaxUnavailable[i] = max(r.MaxUnavailable[i], tr.maxUnavailable(ns+"/"+app))
+		}
+	}
+	r.KubectlOutput = strings.Count(string(kubectlOut), "Cannot evict pod as it would violate the pod's disruption budget")
+	logf("drain %s: kubectl %s, nodeguard %s (ratio %.2f), lower bound %s", profile,
+		bench.Seconds(r.KubectlEmpty), bench.Seconds(r.NodeguardEmpty), r.Ratio, bench.Seconds(r.LowerBound))
+	return r, nil
+}
+
+// emptyAt is when a node's pod count last reached zero.
+func emptyAt(pts []bench.Point) time.Duration {
+	if len(pts) == 0 || pts[len(pts)-1].V != 0 {
+		return 0
+	}
+	return pts[len(pts)-1].T
+}
+
+func drainDeployment(ns, app string, replicas int) client.Object {
+	d := builder.Deployment(ns, app, int32(replicas), builder.OnNodes("group", ns))
+	d.Spec.Template.Labels[drainLabel] = "true"
+	return d
+}
+
+func vmssID(set string, index int) string {
+	return fmt.Sprintf("azure:///subscriptions/%s/resourceGroups/%s/providers/Microsoft.Compute/virtualMachineScaleSets/%s/virtualMachines/%d",
+		subscription, resourceGroup, set, index)
+}
+
+func create(ctx context.Context, cl client.Client, obj client.Object) error {
+	if err := cl.Create(ctx, obj); err != nil {
+		return fmt.Errorf("creating %T %s: %w", obj, obj.GetName(), err)
+	}
+	return nil
+}
+
+// waitReadyOn waits until want pods of the namespace are Ready on the node.
+func waitReadyOn(ctx context.Context, cl client.Client, ns, node string, want int) error {
+	n := 0
+	err := harness.Poll(ctx, 5*time.Minute, func(ctx context.Context) (bool, error) {
+		var pods corev1.PodList
+		if err := cl.List(ctx, &pods, client.InNamespace(ns)); err != nil {
+			return false, err
+		}
+		n = 0
+		for i := range pods.Items {
+			if pods.Items[i].Spec.NodeName == node && podReady(&pods.Items[i]) {
+				n++
+			}
+		}
+		return n == want, nil
+	})
+	if err != nil {
+		return fmt.Errorf("%d of %d pods Ready on %s: %w", n, want, node, err)
+	}
+	return nil
+}
+
+// waitFinalizer waits until nodeguard's finalizer is on the node and its
+// few-second hold after adding it has passed.
+func waitFinalizer(ctx context.Context, cl client.Client, node string) error {
+	return harness.Poll(ctx, time.Minute, func(ctx context.Context) (bool, error) {
+		var n corev1.Node
+		err := cl.Get(ctx, client.ObjectKey{Name: node}, &n)
+		_, justAdded := n.Annotations[ngv1alpha1.FinalizerAddedAtAnnotation]
+		return err == nil && slices.Contains(n.Finalizers, ngv1alpha1.TerminationFinalizer) && !justAdded, err
+	})
+}
+
+func drainTable(rs []*drainResult) *bench.Table {
+	if len(rs) == 0 {
+		return nil
+	}
+	t := &bench.Table{
+		Title: "1. Drain: kubectl drain vs nodeguard (same workload, same cluster, at once)",
+		Header: []string{"kwok pods", "pods/node", "kubectl drain", "nodeguard", "speed-up", "lower bound", "nodeguard / bound",
+			"429s kubectl", "429s nodeguard", "max unavailable/PDB (budget 1) kubectl, nodeguard", "max evictions in flight/PDB kubectl, nodeguard"},
+	}
+	for _, r := range rs {
+		t.AddRow(r.Profile, fmt.Sprint(r.PodsPerNode), bench.Seconds(r.KubectlEmpty), bench.Seconds(r.NodeguardEmpty), bench.Times(r.Ratio),
+			bench.Seconds(r.LowerBound), bench.Times(bench.Ratio(r.NodeguardEmpty, r.LowerBound)),
+			fmt.Sprintf("%d of %d", r.TooMany[0], r.Evictions[0]), fmt.Sprintf("%d of %d", r.TooMany[1], r.Evictions[1]),
+			fmt.Sprintf("%d, %d", r.MaxUnavailable[0], r.MaxUnavailable[1]), fmt.Sprintf("%d, %d", r.MaxInFlight[0], r.MaxInFlight[1]))
+	}
+	t.Note("Times run from the start (kubectl drain started; kubectl delete node issued) until the last pod object on the node is gone. nodeguard's time includes the maintenance Lease, cordon, draining taint and AdminState Down through the ARM emulator.")
+	t.Note("Lower bound = longest PDB chain (pods of one PDB on the node ÷ disruptions allowed) × the median eviction-to-replacement-Ready cycle seen by the monitor in the same run (both nodes pooled). Under pod-general a cycle is 1–6 s at random, so the bound is an estimate and a ratio near 1.0× means at the bound; the exact figure per drainer is its own longest PDB's sum of cycles, in the notes.")
+	for _, r := range rs {
+		t.Note("%s: chain %d × cycle %s (median of %d) = %s; the longest PDB's own cycles summed to %s (kubectl) and %s (nodeguard); first eviction request after %s (kubectl) and %s (nodeguard: Lease, cordon, taint, traffic cut); nodeguard's node released (finalizer removed) at %s; kubectl drain exited at %s and printed %d PDB refusals.",
+			r.Profile, r.Chain, bench.Millis(r.Cycle), r.Cycles, bench.Seconds(r.LowerBound), bench.Seconds(r.OwnChain[0]), bench.Seconds(r.OwnChain[1]), bench.Millis(r.FirstEviction[0]), bench.Millis(r.FirstEviction[1]),
+			bench.Seconds(r.NodeguardGone), bench.Seconds(r.KubectlExit), r.KubectlOutput)
+	}
+	return t
+}
+
+func drainPanels(rs []*drainResult) []bench.Panel {
+	var ps []bench.Panel
+	for _, r := range rs {
+		ps = append(ps, bench.Panel{
+			Title:  fmt.Sprintf("kwok %s: kubectl drain %s, nodeguard %s (%.1f× faster)", r.Profile, bench.Seconds(r.KubectlEmpty), bench.Seconds(r.NodeguardEmpty), r.Ratio),
+			YLabel: "pods on the node",
+			Series: []bench.Series{
+				{Name: "kubectl drain", Color: "#d62728", Points: r.KubectlTimeline},
+				{Name: "nodeguard", Color: "#1f77b4", Points: r.NodeguardLine},
+			},
+			Marker: r.LowerBound, MarkerLabel: "lower bound",
+		})
+	}
+	return ps
+}

@@ -1,0 +1,250 @@
+// Command bench is `make bench`: nodeguard against its comparators, side by
+// side, in one run, on full local clusters (etcd, kube-apiserver,
+// kube-controller-manager, kube-scheduler, kwok) and the ARM emulator:
+//
+//  1. drain: kubectl drain and nodeguard each empty an identical node
+//     concurrently, under the kwok pod-fast and pod-general stage profiles;
+//  2. cutover: taint-to-PUT latency of the load-balancer admin state, and how
+//     many PUTs 100 nodes tainted at once cost, with a fixed ARM latency;
+//  3. admission: latency of node CREATE/UPDATE/DELETE through the real
+//     apiserver with nodeguard's webhooks against a no-op webhook;
+//  4. scale: nodeguard's RSS and CPU with many kwok nodes and pods, idle and
+//     while 20 nodes drain, beside kube-controller-manager's.
+//
+// Every figure is a ratio or a count measured in the same run; absolute times
+// are context. It prints a markdown table and writes it, the raw numbers
+// (results.json) and the drain timelines (drain-timeline.svg) to --out.
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"runtime"
+	"slices"
+	"strings"
+	"syscall"
+	"time"
+
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/log/zap"
+
+	"go.uber.org/zap/zapcore"
+
+	"github.com/nodeguard/nodeguard/bench"
+	"github.com/nodeguard/nodeguard/test/harness"
+)
+
+// config is what a run measures, and how much.
+type config struct {
+	nodeguard string
+	out       string
+	sections  []string
+	profiles  []string
+	quick     bool
+
+	drainApps, drainReplicas, drainFree int
+
+	cutTrials      int
+	armLatency     time.Duration
+	fleetNodes     int
+	fleetRounds    int
+	admissionN     int
+	admissionConc  int
+	admissionRound int
+
+	scaleNodes, scalePods, scaleDrain int
+	scaleIdle                         time.Duration
+}
+
+func main() {
+	c := config{}
+	var sections, profiles string
+	var scale bool
+	flag.StringVar(&c.nodeguard, "nodeguard", filepath.Join(harness.RepoRoot(), "_output", "bench", "nodeguard"), "The nodeguard binary under test.")
+	flag.StringVar(&c.out, "out", filepath.Join(harness.RepoRoot(), "_output", "bench"), "Directory for results.md, results.json, drain-timeline.svg and the clusters' logs.")
+	flag.StringVar(&sections, "sections", "drain,cutover,admission,scale", "Comma-separated sections to run.")
+	flag.StringVar(&profiles, "profiles", harness.PodsFast+","+harness.PodsGeneral, "kwok pod-stage profiles of the drain section.")
+	flag.BoolVar(&c.quick, "quick", false, "A smoke run of a few minutes: pod-fast only, small workloads, few trials.")
+	flag.BoolVar(&scale, "scale", false, "Run the scale section at full size (2,000 nodes, 40,000 pods: long and heavy) instead of 200 nodes and 4,000 pods.")
+	flag.DurationVar(&c.armLatency, "arm-latency", 50*time.Millisecond, "Fixed latency the ARM emulator adds to every call in the cutover section.")
+	flag.Parse()
+	c.sections = strings.Split(sections, ",")
+	c.profiles = strings.Split(profiles, ",")
+	c.drainApps, c.drainReplicas, c.drainFree = 4, 10, 10
+	c.cutTrials, c.fleetNodes, c.fleetRounds = 200, 100, 3
+	c.admissionN, c.admissionConc, c.admissionRound = 100, 8, 4
+	c.scaleNodes, c.scalePods, c.scaleDrain, c.scaleIdle = 200, 4000, 20, 30*time.Second
+	if scale {
+		c.scaleNodes, c.scalePods, c.scaleIdle = 2000, 40000, 60*time.Second
+	}
+	if c.quick {
+		c.profiles = []string{harness.PodsFast}
+		c.drainApps, c.drainReplicas, c.drainFree = 2, 5, 4
+		c.cutTrials, c.fleetNodes, c.fleetRounds = 30, 40, 1
+		c.admissionN, c.admissionRound = 30, 1
+		if !scale {
+			c.scaleNodes, c.scalePods, c.scaleDrain, c.scaleIdle = 40, 400, 5, 10*time.Second
+		}
+	}
+	ctrl.SetLogger(zap.New(zap.WriteTo(os.Stderr), zap.Level(zapcore.ErrorLevel)))
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	if err := run(ctx, c); err != nil {
+		fmt.Fprintln(os.Stderr, "bench:", err)
+		os.Exit(1)
+	}
+}
+
+// results is everything a run measured, written as results.json.
+type results struct {
+	Started  time.Time      `json:"started"`
+	Duration string         `json:"duration"`
+	Config   map[string]any `json:"config"`
+	Drain    []*drainResult `json:"drain,omitempty"`
+	Cutover  *cutoverResult `json:"cutover,omitempty"`
+	Admit    *admitResult   `json:"admission,omitempty"`
+	Scale    *scaleResult   `json:"scale,omitempty"`
+	Tables   []*bench.Table `json:"tables"`
+	Panels   []bench.Panel  `json:"panels,omitempty"`
+	Errors   []string       `json:"errors,omitempty"`
+}
+
+func (c config) has(section string) bool { return slices.Contains(c.sections, section) }
+
+func run(ctx context.Context, c config) error {
+	if _, err := os.Stat(c.nodeguard); err != nil {
+		return fmt.Errorf("nodeguard binary %s: %w (make bench builds it)", c.nodeguard, err)
+	}
+	if err := os.MkdirAll(c.out, 0o755); err != nil {
+		return err
+	}
+	res := &results{Started: time.Now(), Config: map[string]any{
+		"quick": c.quick, "sections": c.sections, "profiles": c.profiles,
+		"drain":     fmt.Sprintf("%d Deployments x %d replicas under maxUnavailable 1 + %d unprotected pods per node", c.drainApps, c.drainReplicas, c.drainFree),
+		"cutover":   fmt.Sprintf("%d trials, ARM latency %s, %d nodes x %d rounds", c.cutTrials, c.armLatency, c.fleetNodes, c.fleetRounds),
+		"admission": fmt.Sprintf("%d per operation x %d rounds, %d clients", c.admissionN, c.admissionRound, c.admissionConc),
+		"scale":     fmt.Sprintf("%d nodes, %d pods, %d nodes drained, idle %s", c.scaleNodes, c.scalePods, c.scaleDrain, c.scaleIdle),
+	}}
+	fail := func(section string, err error) {
+		msg := fmt.Sprintf("%s: %v", section, err)
+		fmt.Fprintln(os.Stderr, "bench: "+msg)
+		res.Errors = append(res.Errors, msg)
+	}
+	needShared := c.has("cutover") || c.has("admission")
+	for i, profile := range c.profiles {
+		if !c.has("drain") && (i > 0 || !needShared) {
+			break
+		}
+		if ctx.Err() != nil {
+			break
+		}
+		logf("starting a cluster with kwok %s pod stages", profile)
+		env, err := startCluster(ctx, filepath.Join(c.out, "cluster-"+profile), profile)
+		if err != nil {
+			fail("cluster "+profile, err)
+			continue
+		}
+		if c.has("drain") {
+			d, err := runDrain(ctx, c, env, profile)
+			if err != nil {
+				fail("drain "+profile, err)
+			}
+			if d != nil {
+				res.Drain = append(res.Drain, d)
+			}
+		}
+		if i == 0 && c.has("admission") && ctx.Err() == nil {
+			a, err := runAdmission(ctx, c, env)
+			if err != nil {
+				fail("admission", err)
+			}
+			res.Admit = a
+		}
+		if i == 0 && c.has("cutover") && ctx.Err() == nil {
+			r, err := runCutover(ctx, c, env)
+			if err != nil {
+				fail("cutover", err)
+			}
+			res.Cutover = r
+		}
+		_ = env.Stop()
+	}
+	if c.has("scale") && ctx.Err() == nil {
+		logf("starting a cluster for the scale section")
+		env, err := startCluster(ctx, filepath.Join(c.out, "cluster-scale"), harness.PodsFast)
+		if err != nil {
+			fail("cluster scale", err)
+		} else {
+			s, err := runScale(ctx, c, env)
+			if err != nil {
+				fail("scale", err)
+			}
+			res.Scale = s
+			_ = env.Stop()
+		}
+	}
+	res.Duration = time.Since(res.Started).Round(time.Second).String()
+	return writeResults(c, res)
+}
+
+func writeResults(c config, res *results) error {
+	res.Tables = append(res.Tables, drainTable(res.Drain), cutoverTable(res.Cutover), admissionTable(res.Admit), scaleTable(res.Scale))
+	res.Tables = slices.DeleteFunc(res.Tables, func(t *bench.Table) bool { return t == nil })
+	var md bytes.Buffer
+	fmt.Fprintf(&md, "## nodeguard benchmark results\n\n")
+	fmt.Fprintf(&md, "Run %s on %s (%s, `%s`). Ratios and counts are measured side by side in the same run; absolute times are context only (shared, noisy 2-core machine).\n\n",
+		res.Started.UTC().Format("2006-01-02 15:04 MST"), hostInfo(), res.Duration, strings.Join(os.Args[1:], " "))
+	for _, t := range res.Tables {
+		t.WriteMarkdown(&md)
+	}
+	if len(res.Panels) == 0 {
+		res.Panels = drainPanels(res.Drain)
+	}
+	if len(res.Panels) > 0 {
+		fmt.Fprintf(&md, "![Pods left on the drained node over time: kubectl drain vs nodeguard](drain-timeline.svg)\n\n")
+	}
+	for _, e := range res.Errors {
+		fmt.Fprintf(&md, "**Error:** %s\n\n", e)
+	}
+	fmt.Print("\n" + md.String())
+	if err := os.WriteFile(filepath.Join(c.out, "results.md"), md.Bytes(), 0o644); err != nil {
+		return err
+	}
+	raw, err := json.MarshalIndent(res, "", "  ")
+	if err != nil {
+		return err
+	}
+	if err := os.WriteFile(filepath.Join(c.out, "results.json"), raw, 0o644); err != nil {
+		return err
+	}
+	if len(res.Panels) > 0 {
+		f, err := os.Create(filepath.Join(c.out, "drain-timeline.svg"))
+		if err != nil {
+			return err
+		}
+		defer f.Close()
+		if err := bench.WriteTimelineSVG(f, "Pods left on the drained node: kubectl drain vs nodeguard", res.Panels); err != nil {
+			return err
+		}
+	}
+	logf("wrote %s/results.md, results.json and drain-timeline.svg", c.out)
+	if len(res.Errors) > 0 {
+		return fmt.Errorf("%d section(s) failed", len(res.Errors))
+	}
+	return nil
+}
+
+func hostInfo() string {
+	host, _ := os.Hostname()
+	return fmt.Sprintf("%s, %d CPUs", host, runtime.NumCPU())
+}
+
+func logf(format string, args ...any) {
+	fmt.Fprintf(os.Stderr, "%s %s\n", time.Now().Format("15:04:05"), fmt.Sprintf(format, args...))
+}
