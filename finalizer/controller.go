@@ -103,6 +103,9 @@ type Reconciler struct {
 	reported map[types.UID]map[string]bool
 	waiting  map[types.UID]string
 	backoff  map[types.UID]time.Duration
+	// queues are the PDBs of each draining node's eviction queues, by node
+	// name: a PDB change wakes only the nodes waiting on that PDB.
+	queues map[string]map[types.UID]bool
 }
 
 // +kubebuilder:rbac:groups="",resources=nodes,verbs=get;list;watch;patch
@@ -128,20 +131,40 @@ func terminating(obj client.Object) bool {
 	return obj.GetDeletionTimestamp() != nil && slices.Contains(obj.GetFinalizers(), ngv1alpha1.TerminationFinalizer)
 }
 
-// terminatingNodes maps a PDB change to every node being terminated: few at a
-// time, and a PDB's pods may sit on any of them.
-func (r *Reconciler) terminatingNodes(ctx context.Context, _ client.Object) []reconcile.Request {
+// terminatingNodes maps a PDB change to the nodes being terminated whose
+// eviction queues include that PDB, and to those not drained yet (their
+// queues are unknown until their first drain pass).
+func (r *Reconciler) terminatingNodes(ctx context.Context, pdb client.Object) []reconcile.Request {
 	var nodes corev1.NodeList
 	if err := r.Client.List(ctx, &nodes); err != nil {
 		return nil
 	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
 	var reqs []reconcile.Request
 	for i := range nodes.Items {
-		if terminating(&nodes.Items[i]) {
+		if !terminating(&nodes.Items[i]) {
+			continue
+		}
+		if queues, known := r.queues[nodes.Items[i].Name]; !known || queues[pdb.GetUID()] {
 			reqs = append(reqs, reconcile.Request{NamespacedName: types.NamespacedName{Name: nodes.Items[i].Name}})
 		}
 	}
 	return reqs
+}
+
+// rememberQueues records the PDBs the node's drain waits on.
+func (r *Reconciler) rememberQueues(node string, groups []drain.Group) {
+	queues := make(map[types.UID]bool, len(groups))
+	for _, g := range groups {
+		queues[g.UID] = true
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.queues == nil {
+		r.queues = map[string]map[types.UID]bool{}
+	}
+	r.queues[node] = queues
 }
 
 // phase is one step of termination. A non-zero Result means "wait": later
@@ -203,9 +226,13 @@ func (r *Reconciler) forgetName(name string) {
 }
 
 func (r *Reconciler) forget(uid types.UID) {
+	r.phases.mu.Lock()
+	name := r.phases.names[uid]
+	r.phases.mu.Unlock()
 	r.phases.forget(uid)
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	delete(r.queues, name)
 	delete(r.waiting, uid)
 	delete(r.backoff, uid)
 	delete(r.reported, uid)

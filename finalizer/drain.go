@@ -28,6 +28,7 @@ func (r *Reconciler) drain(ctx context.Context, node *corev1.Node) (reconcile.Re
 	if err != nil {
 		return reconcile.Result{}, err
 	}
+	r.rememberQueues(node.Name, plan.Groups)
 	if plan.Remaining() == 0 {
 		drainDuration.Observe(r.Clock.Since(terminationStarted(node)).Seconds())
 		r.event(node, corev1.EventTypeNormal, ReasonDrained, "every evictable pod is gone")

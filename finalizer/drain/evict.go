@@ -52,7 +52,8 @@ type Outcome struct {
 }
 
 // Evict runs one pass over the plan: each PDB queue serially until a 429 or
-// its end, all queues and the unprotected pods concurrently.
+// its end, all queues and the unprotected pods concurrently. Blocked queues
+// send nothing.
 func (e *Evictor) Evict(ctx context.Context, plan *Plan) Outcome {
 	var (
 		mu  sync.Mutex
@@ -79,6 +80,12 @@ func (e *Evictor) Evict(ctx context.Context, plan *Plan) Outcome {
 		return false
 	}
 	for _, g := range plan.Groups {
+		if g.Blocked {
+			mu.Lock()
+			out.Blocked = append(out.Blocked, g.PDB)
+			mu.Unlock()
+			continue
+		}
 		wg.Add(1)
 		go func() {
 			defer wg.Done()

@@ -50,11 +50,16 @@ type Plan struct {
 	DaemonSets []*corev1.Pod
 }
 
-// Group is the evictable pods under one PDB.
+// Group is the evictable pods under one PDB, those not Ready first: the
+// Eviction API may let them go even when the PDB allows no disruption.
 type Group struct {
 	PDB  types.NamespacedName
 	UID  types.UID
 	Pods []*corev1.Pod
+	// Blocked is true when the PDB's current status allows no disruption and
+	// every pod is Ready: an eviction now would certainly be refused (429),
+	// so the queue waits for the PDB's status to change without sending one.
+	Blocked bool
 }
 
 // Remaining counts the pods the drain still waits for.
@@ -120,6 +125,8 @@ func (p *Plan) group(pods []*corev1.Pod, pdbs []policyv1.PodDisruptionBudget) er
 		}
 	}
 	for _, g := range groups {
+		sort.SliceStable(g.Pods, func(i, j int) bool { return !podReady(g.Pods[i]) && podReady(g.Pods[j]) })
+		g.Blocked = blocked(pdbByUID(pdbs, g.UID), g.Pods)
 		p.Groups = append(p.Groups, *g)
 	}
 	sort.Slice(p.Groups, func(i, j int) bool { return p.Groups[i].PDB.String() < p.Groups[j].PDB.String() })
@@ -145,6 +152,38 @@ func matchingPDBs(pod *corev1.Pod, pdbs []policyv1.PodDisruptionBudget) ([]*poli
 		}
 	}
 	return out, nil
+}
+
+// blocked reports whether the PDB's status, computed for its current spec,
+// allows no disruption while every pod in the queue is Ready.
+func blocked(pdb *policyv1.PodDisruptionBudget, pods []*corev1.Pod) bool {
+	if pdb == nil || pdb.Status.ObservedGeneration < pdb.Generation || pdb.Status.DisruptionsAllowed > 0 {
+		return false
+	}
+	for _, pod := range pods {
+		if !podReady(pod) {
+			return false
+		}
+	}
+	return true
+}
+
+func pdbByUID(pdbs []policyv1.PodDisruptionBudget, uid types.UID) *policyv1.PodDisruptionBudget {
+	for i := range pdbs {
+		if pdbs[i].UID == uid {
+			return &pdbs[i]
+		}
+	}
+	return nil
+}
+
+func podReady(pod *corev1.Pod) bool {
+	for _, c := range pod.Status.Conditions {
+		if c.Type == corev1.PodReady {
+			return c.Status == corev1.ConditionTrue
+		}
+	}
+	return false
 }
 
 func isFinished(pod *corev1.Pod) bool {

@@ -1,6 +1,7 @@
 package drain
 
 import (
+	"context"
 	"slices"
 	"testing"
 
@@ -122,5 +123,54 @@ func TestEmptySelectorPDBCoversEveryPodOfItsNamespace(t *testing.T) {
 	}
 	if len(plan.Groups) != 1 || plan.Groups[0].PDB.Name != "all" || len(plan.Groups[0].Pods) != 2 {
 		t.Errorf("groups = %+v, want one queue of both pods under PDB all", plan.Groups)
+	}
+}
+
+func ready(p *corev1.Pod) {
+	p.Status.Conditions = []corev1.PodCondition{{Type: corev1.PodReady, Status: corev1.ConditionTrue}}
+}
+
+// TestBlockedQueuesSendNothing: a PDB whose current status allows no
+// disruption blocks its queue while every pod is Ready, since an eviction
+// would certainly get a 429; a pod that is not Ready is tried first and
+// unblocks it, as the Eviction API may let unhealthy pods go.
+func TestBlockedQueuesSendNothing(t *testing.T) {
+	exhausted := pdb("web", app("web"))
+	exhausted.Generation, exhausted.Status.ObservedGeneration = 2, 2
+	stale := exhausted
+	stale.Status.ObservedGeneration = 1
+	allowing := exhausted
+	allowing.Status.DisruptionsAllowed = 1
+	tests := []struct {
+		name        string
+		pdb         policyv1.PodDisruptionBudget
+		pods        []corev1.Pod
+		wantBlocked bool
+		wantFirst   string
+	}{
+		{"exhausted, all Ready", exhausted, []corev1.Pod{pod("web-1", "web", ready), pod("web-2", "web", ready)}, true, "web-1"},
+		{"exhausted, one not Ready", exhausted, []corev1.Pod{pod("web-1", "web", ready), pod("web-2", "web")}, false, "web-2"},
+		{"status not computed for the current spec", stale, []corev1.Pod{pod("web-1", "web", ready)}, false, "web-1"},
+		{"allows one", allowing, []corev1.Pod{pod("web-1", "web", ready)}, false, "web-1"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			plan, err := NewPlan(tt.pods, []policyv1.PodDisruptionBudget{tt.pdb}, DaemonSetsLast)
+			if err != nil {
+				t.Fatal(err)
+			}
+			g := plan.Groups[0]
+			if g.Blocked != tt.wantBlocked || g.Pods[0].Name != tt.wantFirst {
+				t.Errorf("blocked %v, first %s; want %v, %s", g.Blocked, g.Pods[0].Name, tt.wantBlocked, tt.wantFirst)
+			}
+			if !tt.wantBlocked {
+				return
+			}
+			// No client: any request would panic.
+			out := (&Evictor{}).Evict(context.Background(), &Plan{Groups: []Group{g}})
+			if len(out.Blocked) != 1 || out.Evicted != 0 || len(out.Errs) != 0 {
+				t.Errorf("a blocked queue should be reported blocked without a request: %+v", out)
+			}
+		})
 	}
 }
