@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"math/rand/v2"
 	"net/http"
 	"time"
 
@@ -54,10 +53,7 @@ type Claimer struct {
 // the budget does not allow it, or an error. With dryRun it checks and writes
 // nothing. When ctx ends during conflict retries, it returns a 429 Denial.
 func (c *Claimer) Claim(ctx context.Context, budget, node string, dryRun bool) (bool, error) {
-	for attempt := 0; ; attempt++ {
-		if attempt > 0 && !sleepJitter(ctx, attempt) {
-			return false, c.contextDenial(ctx, budget, ctx.Err())
-		}
+	for {
 		var ndb ngv1alpha1.NodeDisruptionBudget
 		if err := c.Reader.Get(ctx, client.ObjectKey{Name: budget}, &ndb); err != nil {
 			if apierrors.IsNotFound(err) {
@@ -127,24 +123,6 @@ func (c *Claimer) check(ndb *ngv1alpha1.NodeDisruptionBudget, now time.Time) (Nu
 		return deny(http.StatusTooManyRequests, n,
 			"NodeDisruptionBudget %q allows no more disruptions now: %s; retry when a disrupted node is back or gone (kubectl get ndb %s)",
 			ndb.Name, n, ndb.Name)
-	}
-}
-
-// maxJitter caps the random pause before a claim retries after a conflict.
-const maxJitter = 20 * time.Millisecond
-
-// sleepJitter pauses a random time that grows with the attempt (up to
-// maxJitter), so that deletes racing for one budget do not all re-read and
-// re-write it in lockstep. It reports false when ctx ended first.
-func sleepJitter(ctx context.Context, attempt int) bool {
-	limit := min(time.Millisecond<<min(attempt, 5), maxJitter)
-	t := time.NewTimer(rand.N(limit) + 1)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return false
-	case <-t.C:
-		return true
 	}
 }
 
