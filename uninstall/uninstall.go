@@ -1,0 +1,411 @@
+// Package uninstall removes nodeguard from a cluster without leaving nodes that
+// cannot be deleted: webhooks first, then the drains in progress are let finish,
+// then nodeguard is stopped and its finalizer, taint and annotations are removed.
+package uninstall
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"io"
+	"slices"
+	"strings"
+	"time"
+
+	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/util/retry"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	ngv1alpha1 "github.com/nodeguard/nodeguard/api/v1alpha1"
+)
+
+// Options are the flags of `nodeguard uninstall`.
+type Options struct {
+	Kubeconfig string
+	Mutating   string
+	Validating string
+	Namespace  string
+	Deployment string
+	DrainWait  time.Duration
+	StopWait   time.Duration
+	Poll       time.Duration
+}
+
+// BindFlags registers the flags on fs.
+func (o *Options) BindFlags(fs *flag.FlagSet) {
+	fs.StringVar(&o.Kubeconfig, "kubeconfig", "",
+		"Path of a kubeconfig; empty uses $KUBECONFIG, ~/.kube/config or the in-cluster config.")
+	fs.StringVar(&o.Mutating, "mutating-webhook-configuration", "nodeguard-mutating-webhook-configuration",
+		"Name of nodeguard's MutatingWebhookConfiguration. Any other configuration holding a *.nodeguard.io webhook is removed too.")
+	fs.StringVar(&o.Validating, "validating-webhook-configuration", "nodeguard-validating-webhook-configuration",
+		"Name of nodeguard's ValidatingWebhookConfiguration. Any other configuration holding a *.nodeguard.io webhook is removed too.")
+	fs.StringVar(&o.Namespace, "namespace", "nodeguard-system", "Namespace of nodeguard's Deployment.")
+	fs.StringVar(&o.Deployment, "deployment", "nodeguard",
+		"Name of nodeguard's Deployment, scaled to 0 once drains in progress are done (otherwise it would put the finalizer back); empty leaves stopping nodeguard to you.")
+	fs.DurationVar(&o.DrainWait, "drain-wait", 10*time.Minute,
+		"How long to let a running nodeguard finish the drains in progress. Nodes still deleting after it are released without a complete drain, and listed.")
+	fs.DurationVar(&o.StopWait, "stop-wait", 2*time.Minute,
+		"How long to wait for nodeguard's pods to be gone after scaling the Deployment to 0.")
+}
+
+// Usage explains the command, for --help.
+const Usage = `nodeguard uninstall removes what keeps nodes from going once nodeguard is gone:
+
+  1. deletes nodeguard's webhook configurations (node deletes are no longer
+     held to NodeDisruptionBudgets, new nodes get no finalizer);
+  2. lets a running nodeguard finish the drains in progress (nodes deleting
+     under the nodeguard.io/termination finalizer), for up to --drain-wait;
+  3. scales nodeguard's Deployment to 0 and waits for its pods to go, so that
+     nothing puts the finalizer back;
+  4. removes the finalizer, and nodeguard's draining taint and bookkeeping
+     annotations, from every node that is not being deleted;
+  5. releases the nodes still deleting (their drain did not finish), and lists them.
+
+It deletes no CRD, NodeDisruptionBudget or Deployment: remove those afterwards
+(kubectl delete -k manifests/default, or helm uninstall).
+
+Usage: nodeguard uninstall [flags]
+
+Flags:
+`
+
+// Run carries out the uninstall against the cluster c, reporting each step on out.
+func Run(ctx context.Context, c client.Client, o Options, out io.Writer) error {
+	if o.Poll == 0 {
+		o.Poll = 2 * time.Second
+	}
+	return (&uninstaller{c: c, o: o, out: out}).run(ctx)
+}
+
+// uninstaller carries out the steps of `nodeguard uninstall`.
+type uninstaller struct {
+	c   client.Client
+	o   Options
+	out io.Writer
+}
+
+func (u *uninstaller) say(format string, args ...any) { fmt.Fprintf(u.out, format+"\n", args...) }
+
+func (u *uninstaller) run(ctx context.Context) error {
+	u.say("1/5 webhook configurations")
+	if err := u.deleteWebhooks(ctx); err != nil {
+		return err
+	}
+	running, err := u.nodeguardRunning(ctx)
+	if err != nil {
+		return err
+	}
+	u.say("2/5 drains in progress")
+	if err := u.waitForDrains(ctx, running); err != nil {
+		return err
+	}
+	u.say("3/5 stopping nodeguard")
+	if err := u.stopNodeguard(ctx); err != nil {
+		return err
+	}
+	u.say("4/5 nodes not being deleted")
+	if err := u.cleanIdleNodes(ctx); err != nil {
+		return err
+	}
+	u.say("5/5 nodes still being deleted")
+	if err := u.releaseDeleting(ctx); err != nil {
+		return err
+	}
+	u.say("done: no node carries %s", ngv1alpha1.TerminationFinalizer)
+	return nil
+}
+
+// isNodeguardWebhook tells the webhooks nodeguard registers (finalizer.nodeguard.io,
+// delete.nodeguard.io) by their names.
+func isNodeguardWebhook(name string) bool { return strings.HasSuffix(name, ".nodeguard.io") }
+
+// deleteWebhooks deletes the named configurations and any other that holds a
+// nodeguard webhook (an install under another name).
+func (u *uninstaller) deleteWebhooks(ctx context.Context) error {
+	var mutating admissionregistrationv1.MutatingWebhookConfigurationList
+	if err := u.c.List(ctx, &mutating); err != nil {
+		return fmt.Errorf("listing mutating webhook configurations: %w", err)
+	}
+	var validating admissionregistrationv1.ValidatingWebhookConfigurationList
+	if err := u.c.List(ctx, &validating); err != nil {
+		return fmt.Errorf("listing validating webhook configurations: %w", err)
+	}
+	var doomed []client.Object
+	for i := range mutating.Items {
+		m := &mutating.Items[i]
+		if m.Name == u.o.Mutating || slices.ContainsFunc(m.Webhooks, func(w admissionregistrationv1.MutatingWebhook) bool { return isNodeguardWebhook(w.Name) }) {
+			doomed = append(doomed, m)
+		}
+	}
+	for i := range validating.Items {
+		v := &validating.Items[i]
+		if v.Name == u.o.Validating || slices.ContainsFunc(v.Webhooks, func(w admissionregistrationv1.ValidatingWebhook) bool { return isNodeguardWebhook(w.Name) }) {
+			doomed = append(doomed, v)
+		}
+	}
+	if len(doomed) == 0 {
+		u.say("   none found (already removed)")
+	}
+	for _, obj := range doomed {
+		kind := "MutatingWebhookConfiguration"
+		if _, ok := obj.(*admissionregistrationv1.ValidatingWebhookConfiguration); ok {
+			kind = "ValidatingWebhookConfiguration"
+		}
+		if err := u.c.Delete(ctx, obj); client.IgnoreNotFound(err) != nil {
+			return fmt.Errorf("deleting %s %s: %w", kind, obj.GetName(), err)
+		}
+		u.say("   deleted %s %s", kind, obj.GetName())
+	}
+	return nil
+}
+
+// nodeguardRunning reports whether nodeguard's Deployment has a ready replica
+// to finish drains.
+func (u *uninstaller) nodeguardRunning(ctx context.Context) (bool, error) {
+	if u.o.Deployment == "" {
+		return true, nil // run elsewhere: assume it is, and let --drain-wait bound the wait
+	}
+	var d appsv1.Deployment
+	err := u.c.Get(ctx, types.NamespacedName{Namespace: u.o.Namespace, Name: u.o.Deployment}, &d)
+	if apierrors.IsNotFound(err) {
+		return false, nil
+	}
+	if err != nil {
+		return false, fmt.Errorf("reading Deployment %s/%s: %w", u.o.Namespace, u.o.Deployment, err)
+	}
+	return d.Status.ReadyReplicas > 0, nil
+}
+
+// deletingNodes returns the nodes being deleted under nodeguard's finalizer:
+// the drains in progress.
+func (u *uninstaller) deletingNodes(ctx context.Context) ([]string, error) {
+	var nodes corev1.NodeList
+	if err := u.c.List(ctx, &nodes); err != nil {
+		return nil, fmt.Errorf("listing nodes: %w", err)
+	}
+	var names []string
+	for _, n := range nodes.Items {
+		if n.DeletionTimestamp != nil && slices.Contains(n.Finalizers, ngv1alpha1.TerminationFinalizer) {
+			names = append(names, n.Name)
+		}
+	}
+	return names, nil
+}
+
+func (u *uninstaller) waitForDrains(ctx context.Context, running bool) error {
+	pending, err := u.deletingNodes(ctx)
+	if err != nil {
+		return err
+	}
+	if len(pending) == 0 {
+		u.say("   none")
+		return nil
+	}
+	u.say("   %d node(s) deleting under the finalizer: %s", len(pending), strings.Join(pending, ", "))
+	if !running {
+		u.say("   nodeguard is not running (no ready replica of Deployment %s/%s): nothing will finish them; they are released in step 5", u.o.Namespace, u.o.Deployment)
+		return nil
+	}
+	if u.o.DrainWait <= 0 {
+		u.say("   --drain-wait is 0: not waiting; they are released in step 5")
+		return nil
+	}
+	u.say("   waiting up to %s for nodeguard to finish them", u.o.DrainWait)
+	deadline := time.Now().Add(u.o.DrainWait)
+	for {
+		left, err := u.deletingNodes(ctx)
+		if err != nil {
+			return err
+		}
+		for _, n := range pending {
+			if !slices.Contains(left, n) {
+				u.say("   drained and released: %s", n)
+			}
+		}
+		pending = left
+		if len(pending) == 0 {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			u.say("   still deleting after %s: %s", u.o.DrainWait, strings.Join(pending, ", "))
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(u.o.Poll):
+		}
+	}
+}
+
+// stopNodeguard scales the Deployment to 0 and waits for its pods to go.
+// A running nodeguard would put the finalizer back on every node.
+func (u *uninstaller) stopNodeguard(ctx context.Context) error {
+	if u.o.Deployment == "" {
+		u.say("   --deployment is empty: make sure nodeguard is stopped, or it puts the finalizer back")
+		return nil
+	}
+	key := types.NamespacedName{Namespace: u.o.Namespace, Name: u.o.Deployment}
+	var d appsv1.Deployment
+	if err := u.c.Get(ctx, key, &d); apierrors.IsNotFound(err) {
+		u.say("   Deployment %s not found: if nodeguard runs elsewhere, stop it, or it puts the finalizer back", key)
+		return nil
+	} else if err != nil {
+		return fmt.Errorf("reading Deployment %s: %w", key, err)
+	}
+	if d.Spec.Replicas == nil || *d.Spec.Replicas != 0 {
+		patch := client.MergeFrom(d.DeepCopy())
+		zero := int32(0)
+		d.Spec.Replicas = &zero
+		if err := u.c.Patch(ctx, &d, patch); err != nil {
+			return fmt.Errorf("scaling Deployment %s to 0: %w", key, err)
+		}
+		u.say("   scaled Deployment %s to 0", key)
+	}
+	selector, err := metav1.LabelSelectorAsSelector(d.Spec.Selector)
+	if err != nil {
+		return fmt.Errorf("Deployment %s selector: %w", key, err)
+	}
+	deadline := time.Now().Add(u.o.StopWait)
+	for {
+		var pods corev1.PodList
+		if err := u.c.List(ctx, &pods, client.InNamespace(u.o.Namespace), client.MatchingLabelsSelector{Selector: selector}); err != nil {
+			return fmt.Errorf("listing nodeguard pods: %w", err)
+		}
+		if len(pods.Items) == 0 {
+			u.say("   no nodeguard pod is left")
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("%d nodeguard pod(s) still exist after %s; stop them and run uninstall again", len(pods.Items), u.o.StopWait)
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(u.o.Poll):
+		}
+	}
+}
+
+// bookkeepingAnnotations are nodeguard's marks that mean nothing without it.
+// AdminStateDownAnnotation is not among them: it records that Azure entries
+// may still be Down, which the operator needs to know.
+var bookkeepingAnnotations = []string{
+	ngv1alpha1.FinalizerAddedAtAnnotation,
+	ngv1alpha1.TrafficCutAtAnnotation,
+	ngv1alpha1.DrainedAtAnnotation,
+	ngv1alpha1.SpotEventHandledAnnotation,
+}
+
+// cleanIdleNodes removes the finalizer, the draining taint and the
+// bookkeeping annotations from every node that is not being deleted. It does
+// not uncordon: a cordon may be someone else's.
+func (u *uninstaller) cleanIdleNodes(ctx context.Context) error {
+	var nodes corev1.NodeList
+	if err := u.c.List(ctx, &nodes); err != nil {
+		return fmt.Errorf("listing nodes: %w", err)
+	}
+	cleaned := 0
+	for _, n := range nodes.Items {
+		if n.DeletionTimestamp != nil {
+			continue
+		}
+		changed, err := u.updateNode(ctx, n.Name, func(node *corev1.Node) []string {
+			if node.DeletionTimestamp != nil {
+				return nil // deleting since the list: step 5 handles it
+			}
+			var did []string
+			if removeFinalizer(node) {
+				did = append(did, "finalizer")
+			}
+			if i := slices.IndexFunc(node.Spec.Taints, func(t corev1.Taint) bool { return t.Key == ngv1alpha1.DrainingTaintKey }); i >= 0 {
+				node.Spec.Taints = slices.Delete(node.Spec.Taints, i, i+1)
+				did = append(did, "taint "+ngv1alpha1.DrainingTaintKey)
+			}
+			for _, a := range bookkeepingAnnotations {
+				if _, ok := node.Annotations[a]; ok {
+					delete(node.Annotations, a)
+					did = append(did, "annotation "+a)
+				}
+			}
+			return did
+		})
+		if err != nil {
+			return err
+		}
+		if len(changed) > 0 {
+			cleaned++
+			u.say("   %s: removed %s", n.Name, strings.Join(changed, ", "))
+		}
+		if _, ok := n.Annotations[ngv1alpha1.AdminStateDownAnnotation]; ok {
+			u.say("   %s: WARNING nodeguard set its load-balancer entries Down (annotation %s) and will no longer restore None; "+
+				"once the node is healthy, set AdminState None on its backend pool entries yourself", n.Name, ngv1alpha1.AdminStateDownAnnotation)
+		}
+	}
+	u.say("   %d of %d node(s) cleaned", cleaned, len(nodes.Items))
+	return nil
+}
+
+// releaseDeleting removes the finalizer from the nodes still being deleted.
+func (u *uninstaller) releaseDeleting(ctx context.Context) error {
+	left, err := u.deletingNodes(ctx)
+	if err != nil {
+		return err
+	}
+	if len(left) == 0 {
+		u.say("   none")
+		return nil
+	}
+	for _, name := range left {
+		if _, err := u.updateNode(ctx, name, func(node *corev1.Node) []string {
+			if removeFinalizer(node) {
+				return []string{"finalizer"}
+			}
+			return nil
+		}); err != nil {
+			return err
+		}
+		u.say("   %s: released WITHOUT a complete drain (pods still on it go with the node)", name)
+	}
+	return nil
+}
+
+func removeFinalizer(node *corev1.Node) bool {
+	i := slices.Index(node.Finalizers, ngv1alpha1.TerminationFinalizer)
+	if i < 0 {
+		return false
+	}
+	node.Finalizers = slices.Delete(node.Finalizers, i, i+1)
+	return true
+}
+
+// updateNode applies change to a fresh copy of the node and writes it with an
+// optimistic lock, retrying on conflicts; it returns what change reported.
+// A node that is gone needs nothing.
+func (u *uninstaller) updateNode(ctx context.Context, name string, change func(*corev1.Node) []string) ([]string, error) {
+	var did []string
+	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		var node corev1.Node
+		if err := u.c.Get(ctx, types.NamespacedName{Name: name}, &node); err != nil {
+			return err
+		}
+		patch := client.MergeFromWithOptions(node.DeepCopy(), client.MergeFromWithOptimisticLock{})
+		did = change(&node)
+		if len(did) == 0 {
+			return nil
+		}
+		return u.c.Patch(ctx, &node, patch)
+	})
+	if apierrors.IsNotFound(err) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("updating node %s: %w", name, err)
+	}
+	return did, nil
+}
