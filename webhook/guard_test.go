@@ -54,6 +54,23 @@ type guard struct {
 
 func startGuard(t *testing.T, backfill bool) *guard {
 	t.Helper()
+	mgr, addr := newManager(t)
+	ngwebhook.Register(mgr, ngwebhook.Options{Managed: labels.Everything(), DeleteTimeout: ngwebhook.DefaultDeleteTimeout})
+	if err := (&budget.StatusReconciler{Client: mgr.GetClient(), Clock: clock.RealClock{}, ClaimTimeout: budget.DefaultClaimTimeout}).SetupWithManager(mgr); err != nil {
+		t.Fatal(err)
+	}
+	if backfill {
+		if err := ngwebhook.SetupBackfill(mgr, labels.Everything()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return run(t, mgr, addr)
+}
+
+// newManager makes a manager whose webhook server listens on a free local port
+// with the certificate the installed webhook configurations trust.
+func newManager(t *testing.T) (ctrl.Manager, string) {
+	t.Helper()
 	port := harness.FreePort(t)
 	mgr, err := ctrl.NewManager(env.Config, ctrl.Options{
 		Scheme:                 env.Scheme,
@@ -68,15 +85,13 @@ func startGuard(t *testing.T, backfill bool) *guard {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ngwebhook.Register(mgr, ngwebhook.Options{Managed: labels.Everything(), DeleteTimeout: ngwebhook.DefaultDeleteTimeout})
-	if err := (&budget.StatusReconciler{Client: mgr.GetClient(), Clock: clock.RealClock{}, ClaimTimeout: budget.DefaultClaimTimeout}).SetupWithManager(mgr); err != nil {
-		t.Fatal(err)
-	}
-	if backfill {
-		if err := ngwebhook.SetupBackfill(mgr, labels.Everything()); err != nil {
-			t.Fatal(err)
-		}
-	}
+	return mgr, fmt.Sprintf("127.0.0.1:%d", port)
+}
+
+// run starts the manager, waits until its webhook server serves, and stops it
+// when the test ends.
+func run(t *testing.T, mgr ctrl.Manager, addr string) *guard {
+	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- mgr.Start(ctx) }()
@@ -84,7 +99,7 @@ func startGuard(t *testing.T, backfill bool) *guard {
 	harness.Eventually(t, 30*time.Second, func(context.Context) (bool, error) {
 		return checker(nil) == nil, nil
 	}, "the webhook server serves")
-	g := &guard{addr: fmt.Sprintf("127.0.0.1:%d", port)}
+	g := &guard{addr: addr}
 	var once sync.Once
 	g.stop = func() {
 		once.Do(func() {
@@ -250,16 +265,7 @@ func TestWebhookServerAnswersMalformedReviews(t *testing.T) {
 // termination finalizer by an API patch during DELETE admission and allows.
 func startExperiment(t *testing.T) *guard {
 	t.Helper()
-	port := harness.FreePort(t)
-	mgr, err := ctrl.NewManager(env.Config, ctrl.Options{
-		Scheme:                 env.Scheme,
-		Metrics:                metricsserver.Options{BindAddress: "0"},
-		HealthProbeBindAddress: "0",
-		WebhookServer:          webhook.NewServer(webhook.Options{Host: "127.0.0.1", Port: port, CertDir: env.Webhook.LocalServingCertDir}),
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
+	mgr, addr := newManager(t)
 	allow := webhook.Admission{Handler: admission.HandlerFunc(func(ctx context.Context, req admission.Request) admission.Response {
 		if req.Operation == admissionv1.Delete {
 			patch := []byte(`{"metadata":{"finalizers":["` + ngv1alpha1.TerminationFinalizer + `"]}}`)
@@ -273,11 +279,5 @@ func startExperiment(t *testing.T) *guard {
 	mgr.GetWebhookServer().Register(ngwebhook.FinalizerPath, &webhook.Admission{Handler: admission.HandlerFunc(
 		func(context.Context, admission.Request) admission.Response { return admission.Allowed("") })})
 	mgr.GetWebhookServer().Register(ngwebhook.DeletePath, &allow)
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- mgr.Start(ctx) }()
-	checker := mgr.GetWebhookServer().StartedChecker()
-	harness.Eventually(t, 30*time.Second, func(context.Context) (bool, error) { return checker(nil) == nil, nil }, "the experiment's webhook serves")
-	t.Cleanup(func() { cancel(); <-done })
-	return &guard{addr: fmt.Sprintf("127.0.0.1:%d", port)}
+	return run(t, mgr, addr)
 }

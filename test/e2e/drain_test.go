@@ -11,7 +11,6 @@ import (
 	"time"
 
 	coordinationv1 "k8s.io/api/coordination/v1"
-	corev1 "k8s.io/api/core/v1"
 	policyv1 "k8s.io/api/policy/v1"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -65,12 +64,7 @@ func TestDeleteNodeCutsTrafficThenDrainsWithinBudgets(t *testing.T) {
 	var once sync.Once
 	proxy.onFirstEviction = func() { once.Do(func() { downAtFirstEviction = top.targetStates() }) }
 	startNodeguard(t, proxy.kubeconfig, top.emulator)
-	harness.Eventually(t, 30*time.Second, func(ctx context.Context) (bool, error) {
-		var node corev1.Node
-		err := env.Client.Get(ctx, client.ObjectKey{Name: top.target}, &node)
-		_, justAdded := node.Annotations[ngv1alpha1.FinalizerAddedAtAnnotation]
-		return err == nil && slices.Contains(node.Finalizers, ngv1alpha1.TerminationFinalizer) && !justAdded, err
-	}, "the backfill has put the termination finalizer on the target node")
+	harness.WaitForTerminationFinalizer(t, env.Client, top.target)
 	monitor := watchBudgets(t, top.ns)
 
 	kubectl(t, "delete", "node", top.target, "--wait=false")

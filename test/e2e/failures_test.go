@@ -19,18 +19,6 @@ import (
 	"github.com/nodeguard/nodeguard/test/harness"
 )
 
-// waitForFinalizer waits until the backfill has put the finalizer on the node
-// and its few-second hold after adding it has passed.
-func waitForFinalizer(t *testing.T, node string) {
-	t.Helper()
-	harness.Eventually(t, 30*time.Second, func(ctx context.Context) (bool, error) {
-		var n corev1.Node
-		err := env.Client.Get(ctx, client.ObjectKey{Name: node}, &n)
-		_, justAdded := n.Annotations[ngv1alpha1.FinalizerAddedAtAnnotation]
-		return err == nil && slices.Contains(n.Finalizers, ngv1alpha1.TerminationFinalizer) && !justAdded, err
-	}, "the backfill has put the termination finalizer on %s", node)
-}
-
 // TestUnreachableARMAndAPodUnderTwoPDBs: with ARM unreachable the drain goes
 // on after --admin-state-timeout with a Warning event; a pod under two PDBs is
 // reported once and not evicted over and over; once it is gone, the node is
@@ -48,7 +36,7 @@ func TestUnreachableARMAndAPodUnderTwoPDBs(t *testing.T) {
 	harness.Eventually(t, time.Minute, func(ctx context.Context) (bool, error) {
 		pods, err := evictablePodsOn(ctx, top.ns, top.target)
 		for _, p := range pods {
-			if p.Labels["app"] == "dual" && podReady(&p) {
+			if p.Labels["app"] == "dual" && harness.PodReady(&p) {
 				return true, nil
 			}
 		}
@@ -57,7 +45,7 @@ func TestUnreachableARMAndAPodUnderTwoPDBs(t *testing.T) {
 	top.emulator.Close() // ARM unreachable
 	proxy := startAPIProxy(t)
 	startNodeguard(t, proxy.kubeconfig, top.emulator, "--admin-state-timeout=3s")
-	waitForFinalizer(t, top.target)
+	harness.WaitForTerminationFinalizer(t, env.Client, top.target)
 
 	kubectl(t, "delete", "node", top.target, "--wait=false")
 	harness.WaitForEvent(t, env.Client, top.target, "TrafficCutTimedOut")
@@ -112,7 +100,7 @@ func TestKilledAtEveryPhaseStillReleasesWithinBudgets(t *testing.T) {
 	monitor := watchBudgets(t, top.ns)
 	start := func() *process { return startNodeguard(t, proxy.kubeconfig, top.emulator) }
 	ng := start()
-	waitForFinalizer(t, top.target)
+	harness.WaitForTerminationFinalizer(t, env.Client, top.target)
 	kubectl(t, "delete", "node", top.target, "--wait=false")
 
 	var node corev1.Node
@@ -191,7 +179,7 @@ func TestDrainDeadlineThenVolumeDetach(t *testing.T) {
 	}
 	mustCreate(t, attachment)
 	startNodeguard(t, env.Kubeconfig, top.emulator, "--drain-timeout=5s", "--volume-detach-timeout=5m")
-	waitForFinalizer(t, top.target)
+	harness.WaitForTerminationFinalizer(t, env.Client, top.target)
 
 	kubectl(t, "delete", "node", top.target, "--wait=false")
 	harness.WaitForEvent(t, env.Client, top.target, "DrainDeadlineExceeded")

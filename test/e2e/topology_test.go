@@ -217,7 +217,7 @@ func watchBudgets(t *testing.T, ns string) *budgetMonitor {
 		if healthy[app] == nil {
 			healthy[app] = map[string]bool{}
 		}
-		healthy[app][p.Name] = !deleted && p.DeletionTimestamp == nil && podReady(p)
+		healthy[app][p.Name] = !deleted && p.DeletionTimestamp == nil && harness.PodReady(p)
 		return app
 	}
 	update := func(p *corev1.Pod, deleted bool) {
@@ -263,15 +263,6 @@ func (m *budgetMonitor) check(t *testing.T) {
 	if len(m.violations) > 0 {
 		t.Errorf("PodDisruptionBudgets were violated %d times, first: %s", len(m.violations), m.violations[0])
 	}
-}
-
-func podReady(p *corev1.Pod) bool {
-	for _, c := range p.Status.Conditions {
-		if c.Type == corev1.PodReady {
-			return c.Status == corev1.ConditionTrue
-		}
-	}
-	return false
 }
 
 // nodeGone reports whether the node no longer exists.

@@ -62,7 +62,7 @@ func TestClusterSchedulesOntoKwokAndComputesPDBs(t *testing.T) {
 		}
 		ready := 0
 		for _, p := range pods.Items {
-			if strings.HasPrefix(p.Spec.NodeName, "smoke-") && isReady(&p) {
+			if strings.HasPrefix(p.Spec.NodeName, "smoke-") && harness.PodReady(&p) {
 				ready++
 			}
 		}
@@ -88,15 +88,6 @@ func TestClusterSchedulesOntoKwokAndComputesPDBs(t *testing.T) {
 	if err != nil || !strings.Contains(string(out), "node/smoke-0") {
 		t.Errorf("kubectl with the harness kubeconfig: %v\n%s", err, out)
 	}
-}
-
-func isReady(p *corev1.Pod) bool {
-	for _, c := range p.Status.Conditions {
-		if c.Type == corev1.PodReady {
-			return c.Status == corev1.ConditionTrue
-		}
-	}
-	return false
 }
 
 func internalIP(n *corev1.Node) string {

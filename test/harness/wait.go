@@ -3,11 +3,15 @@ package harness
 import (
 	"context"
 	"net"
+	"slices"
 	"testing"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
 	eventsv1 "k8s.io/api/events/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	ngv1alpha1 "github.com/nodeguard/nodeguard/api/v1alpha1"
 )
 
 // EventTimeout bounds WaitForEvent.
@@ -47,4 +51,27 @@ func FreePort(t testing.TB) int {
 	}
 	defer l.Close()
 	return l.Addr().(*net.TCPAddr).Port
+}
+
+// WaitForTerminationFinalizer waits until the node carries nodeguard's
+// termination finalizer and the few-second hold after it was added has passed,
+// so that a delete is guarded at once.
+func WaitForTerminationFinalizer(t testing.TB, c client.Reader, node string) {
+	t.Helper()
+	Eventually(t, EventTimeout, func(ctx context.Context) (bool, error) {
+		var n corev1.Node
+		err := c.Get(ctx, client.ObjectKey{Name: node}, &n)
+		_, justAdded := n.Annotations[ngv1alpha1.FinalizerAddedAtAnnotation]
+		return err == nil && slices.Contains(n.Finalizers, ngv1alpha1.TerminationFinalizer) && !justAdded, err
+	}, "node %s carries the termination finalizer", node)
+}
+
+// PodReady reports whether the pod's Ready condition is True.
+func PodReady(p *corev1.Pod) bool {
+	for _, c := range p.Status.Conditions {
+		if c.Type == corev1.PodReady {
+			return c.Status == corev1.ConditionTrue
+		}
+	}
+	return false
 }

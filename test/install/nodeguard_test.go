@@ -3,11 +3,9 @@ package install
 import (
 	"context"
 	"fmt"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
-	"slices"
 	"strings"
 	"sync"
 	"syscall"
@@ -18,7 +16,6 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
-	ngv1alpha1 "github.com/nodeguard/nodeguard/api/v1alpha1"
 	"github.com/nodeguard/nodeguard/test/armemulator"
 	"github.com/nodeguard/nodeguard/test/harness"
 )
@@ -81,16 +78,6 @@ type process struct {
 	cmd     *exec.Cmd
 	done    chan struct{}
 	logPath string
-}
-
-func freePort(t *testing.T) int {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port
 }
 
 // startNodeguard runs the binary as nodeguard's ServiceAccount with leader
@@ -161,18 +148,6 @@ func mustCreate(t *testing.T, obj client.Object) {
 	if err := env.Client.Create(context.Background(), obj); err != nil {
 		t.Fatalf("creating %T %s: %v", obj, obj.GetName(), err)
 	}
-}
-
-// waitForFinalizer waits until the node has the termination finalizer and the
-// few-second hold after the backfill added it has passed.
-func waitForFinalizer(t *testing.T, node string) {
-	t.Helper()
-	harness.Eventually(t, 30*time.Second, func(ctx context.Context) (bool, error) {
-		var n corev1.Node
-		err := env.Client.Get(ctx, client.ObjectKey{Name: node}, &n)
-		_, justAdded := n.Annotations[ngv1alpha1.FinalizerAddedAtAnnotation]
-		return err == nil && slices.Contains(n.Finalizers, ngv1alpha1.TerminationFinalizer) && !justAdded, err
-	}, "node %s has the termination finalizer", node)
 }
 
 // nodeGone reports whether the node no longer exists.

@@ -201,13 +201,13 @@ func TestLeastPrivilege(t *testing.T) {
 	mustCreate(t, builder.NDB("rbac", builder.NDBSelecting("pool", pool), builder.NDBMaxUnavailable("1")))
 
 	const secret = "nodeguard-install-test-client-secret-0c4f"
-	metricsPort := freePort(t)
+	metricsPort := harness.FreePort(t)
 	ng := startNodeguard(t, emu, azureJSON(secret), fmt.Sprintf("--metrics-bind-address=127.0.0.1:%d", metricsPort))
 
 	// Guard: the backfill puts the finalizer on existing nodes, the webhook on
 	// new ones.
 	for _, n := range names {
-		waitForFinalizer(t, n)
+		harness.WaitForTerminationFinalizer(t, env.Client, n)
 	}
 	mustCreate(t, builder.Node("rbac-new", builder.WithLabels("pool", "rbac-new")))
 	var created corev1.Node

@@ -79,7 +79,7 @@ func TestUninstallReleasesEveryNode(t *testing.T) {
 		return err == nil && d.Status.ReadyReplicas == 2, err
 	}, "nodeguard's Deployment is ready")
 	for _, n := range nodes {
-		waitForFinalizer(t, n)
+		harness.WaitForTerminationFinalizer(t, env.Client, n)
 	}
 	// Two drains in progress, each held by a do-not-evict pod: one is let go
 	// during the uninstall, the other never.
