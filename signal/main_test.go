@@ -23,6 +23,7 @@ import (
 
 	"github.com/nodeguard/nodeguard/azure"
 	azureconfig "github.com/nodeguard/nodeguard/azure/config"
+	"github.com/nodeguard/nodeguard/cmd/nodeguard/recorder"
 	"github.com/nodeguard/nodeguard/test/armemulator"
 	"github.com/nodeguard/nodeguard/test/builder"
 	"github.com/nodeguard/nodeguard/test/harness"
@@ -173,6 +174,8 @@ func startNodeguard(t *testing.T, emu *armemulator.Server, o nodeguardOptions) (
 	if err != nil {
 		t.Fatal(err)
 	}
+	// As cmd/nodeguard does: events queued at the stop are still written.
+	mgr, events := recorder.ForManager(mgr)
 	var adminState *azure.Manager
 	if emu != nil {
 		ao := azure.NewOptions()
@@ -209,6 +212,11 @@ func startNodeguard(t *testing.T, emu *armemulator.Server, o nodeguardOptions) (
 			cancel()
 			if err := <-done; err != nil {
 				t.Errorf("nodeguard stopped with error: %v", err)
+			}
+			flushCtx, cancelFlush := context.WithTimeout(context.Background(), waitTimeout)
+			defer cancelFlush()
+			if err := events.Flush(flushCtx); err != nil {
+				t.Errorf("flushing events: %v", err)
 			}
 		})
 	}

@@ -69,13 +69,16 @@ func startAPIProxy(t *testing.T) *apiProxy {
 			p.onFirstEviction()
 		}
 		p.begin(workload)
-		rec := &statusRecorder{ResponseWriter: w, status: http.StatusOK}
+		// The eviction is out of flight when its answer starts back: a client
+		// that has read the answer may send the next one at once, and that one
+		// must not count as overlapping this one.
+		rec := &answerStart{ResponseWriter: w, started: func(status int) { p.end(workload, status) }}
 		// An eviction that reached the proxy completes even if nodeguard is
 		// killed meanwhile. Cancelled half-way, kube-apiserver may charge the
 		// PDB without deleting the pod, which blocks that PDB for its 2-minute
 		// disruptedPods timeout (seen here): real, but not nodeguard's doing.
 		rp.ServeHTTP(rec, r.WithContext(context.WithoutCancel(r.Context())))
-		p.end(workload, rec.status)
+		rec.WriteHeader(http.StatusBadGateway) // a no-op unless nothing answered
 	})}
 	go func() { _ = srv.Serve(l) }()
 	t.Cleanup(func() { srv.Close() })
@@ -133,18 +136,28 @@ func (p *apiProxy) evictionAnswers(workload string) []int {
 	return append([]int(nil), p.answers[workload]...)
 }
 
-type statusRecorder struct {
+// answerStart calls started with the status just before the answer's first
+// byte goes back to the client, once.
+type answerStart struct {
 	http.ResponseWriter
-	status int
+	started func(status int)
+	once    sync.Once
 }
 
-func (r *statusRecorder) WriteHeader(code int) {
-	r.status = code
-	r.ResponseWriter.WriteHeader(code)
+func (a *answerStart) WriteHeader(code int) {
+	a.once.Do(func() {
+		a.started(code)
+		a.ResponseWriter.WriteHeader(code)
+	})
 }
 
-func (r *statusRecorder) Flush() {
-	if f, ok := r.ResponseWriter.(http.Flusher); ok {
+func (a *answerStart) Write(b []byte) (int, error) {
+	a.WriteHeader(http.StatusOK)
+	return a.ResponseWriter.Write(b)
+}
+
+func (a *answerStart) Flush() {
+	if f, ok := a.ResponseWriter.(http.Flusher); ok {
 		f.Flush()
 	}
 }

@@ -78,10 +78,11 @@ type Env struct {
 	// AuditLog is the path of kube-apiserver's audit log (Options.AuditPolicy).
 	AuditLog string
 
-	testEnv    *envtest.Environment
-	processes  []*process
-	removeDir  bool
-	apiLogPath string
+	testEnv            *envtest.Environment
+	releaseWebhookPort func()
+	processes          []*process
+	removeDir          bool
+	apiLogPath         string
 }
 
 // NewScheme returns a scheme with the core Kubernetes and nodeguard types.
@@ -147,13 +148,22 @@ func (e *Env) startAPIServer(opts Options) error {
 		e.AuditLog = filepath.Join(e.Dir, "audit.log")
 		apiServer.Configure().Set("audit-policy-file", policy).Set("audit-log-path", e.AuditLog).Set("audit-log-format", "json")
 	}
+	webhooks := envtest.WebhookInstallOptions{Paths: opts.WebhookManifests}
+	if len(opts.WebhookManifests) > 0 {
+		// The webhook server starts later, in a test: reserve its port.
+		port, release, err := reservePort()
+		if err != nil {
+			return err
+		}
+		webhooks.LocalServingPort, e.releaseWebhookPort = port, release
+	}
 	e.testEnv = &envtest.Environment{
 		Scheme:                   e.Scheme,
 		CRDDirectoryPaths:        []string{CRDDir()},
 		ErrorIfCRDPathMissing:    true,
 		ControlPlaneStopTimeout:  stopGrace,
 		ControlPlaneStartTimeout: 90 * time.Second,
-		WebhookInstallOptions:    envtest.WebhookInstallOptions{Paths: opts.WebhookManifests},
+		WebhookInstallOptions:    webhooks,
 		ControlPlane: envtest.ControlPlane{
 			APIServer: apiServer,
 			Etcd:      &envtest.Etcd{Path: etcd, Out: etcdLog, Err: etcdLog},
@@ -307,6 +317,9 @@ func (e *Env) Stop() error {
 		if err := e.testEnv.Stop(); err != nil {
 			errs = append(errs, err)
 		}
+	}
+	if e.releaseWebhookPort != nil {
+		e.releaseWebhookPort()
 	}
 	if e.removeDir {
 		errs = append(errs, os.RemoveAll(e.Dir))
