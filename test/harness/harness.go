@@ -155,7 +155,7 @@ func (e *Env) startAPIServer(opts Options) error {
 		if err != nil {
 			return err
 		}
-		webhooks.LocalServingPort, e.releaseWebhookPort = port, release
+		webhooks.LocalServingHost, webhooks.LocalServingPort, e.releaseWebhookPort = "127.0.0.1", port, release
 	}
 	e.testEnv = &envtest.Environment{
 		Scheme:                   e.Scheme,
