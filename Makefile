@@ -91,7 +91,7 @@ chart: ## Copy the generated CRD and ClusterRole, the alerts and the dashboard i
 	cp manifests/crd/nodeguard.io_nodedisruptionbudgets.yaml charts/nodeguard/crds/
 	cp manifests/rbac/role.yaml charts/nodeguard/files/role.yaml
 	cp manifests/prometheus/rules.yaml charts/nodeguard/files/prometheus-rules.yaml
-	cp dashboards/nodeguard.json charts/nodeguard/files/dashboard.json
+	cp manifests/prometheus/dashboard.json charts/nodeguard/files/dashboard.json
 
 .PHONY: image
 image: ## Build the container image $(IMG) with $(CONTAINER_TOOL) (needs a running container engine).

@@ -15,7 +15,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
 
 	"github.com/nodeguard/nodeguard/cmd/nodeguard/recorder"
-	"github.com/nodeguard/nodeguard/leader"
+	"github.com/nodeguard/nodeguard/cmd/nodeguard/leader"
 )
 
 func main() {

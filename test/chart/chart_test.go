@@ -271,12 +271,12 @@ fullnameOverride: guard
 		}
 	}
 	cm := objs["ConfigMap "+namespace+"/guard-dashboard"]
-	dashboard, err := os.ReadFile(filepath.Join(root, "dashboards", "nodeguard.json"))
+	dashboard, err := os.ReadFile(filepath.Join(root, "manifests", "prometheus", "dashboard.json"))
 	if err != nil {
 		t.Fatal(err)
 	}
 	if got := dig(cm, "data", "nodeguard.json"); got != strings.TrimRight(string(dashboard), "\n") {
-		t.Errorf("the dashboard ConfigMap does not hold dashboards/nodeguard.json")
+		t.Errorf("the dashboard ConfigMap does not hold manifests/prometheus/dashboard.json")
 	}
 	job := objs["Job "+namespace+"/guard-uninstall"]
 	if got := fmt.Sprint(dig(job, "spec", "template", "spec", "containers", 0, "args")); !strings.Contains(got, "--deployment=guard") ||
@@ -295,7 +295,7 @@ func TestChartCopiesAreInSync(t *testing.T) {
 		"crds/nodeguard.io_nodedisruptionbudgets.yaml": "manifests/crd/nodeguard.io_nodedisruptionbudgets.yaml",
 		"files/role.yaml":             "manifests/rbac/role.yaml",
 		"files/prometheus-rules.yaml": "manifests/prometheus/rules.yaml",
-		"files/dashboard.json":        "dashboards/nodeguard.json",
+		"files/dashboard.json":        "manifests/prometheus/dashboard.json",
 	} {
 		got, err := os.ReadFile(filepath.Join(root, "charts", "nodeguard", copy))
 		if err != nil {
