@@ -14,8 +14,8 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/healthz"
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
 
-	"github.com/nodeguard/nodeguard/cmd/nodeguard/recorder"
 	"github.com/nodeguard/nodeguard/cmd/nodeguard/leader"
+	"github.com/nodeguard/nodeguard/cmd/nodeguard/recorder"
 )
 
 func main() {
