@@ -175,7 +175,10 @@ func startNodeguard(t *testing.T, emu *armemulator.Server, o nodeguardOptions) (
 		t.Fatal(err)
 	}
 	// As cmd/nodeguard does: events queued at the stop are still written.
-	mgr, events := recorder.ForManager(mgr)
+	mgr, events, err := recorder.ForManager(mgr)
+	if err != nil {
+		t.Fatal(err)
+	}
 	var adminState *azure.Manager
 	if emu != nil {
 		ao := azure.NewOptions()

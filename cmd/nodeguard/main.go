@@ -62,7 +62,10 @@ func run(opts options) error {
 	if err != nil {
 		return fmt.Errorf("creating manager: %w", err)
 	}
-	mgr, events := recorder.ForManager(mgr)
+	mgr, events, err := recorder.ForManager(mgr)
+	if err != nil {
+		return err
+	}
 	if err := leader.Setup(mgr, leaseKey); err != nil {
 		return err
 	}

@@ -90,12 +90,17 @@ func New(c client.Client, scheme *runtime.Scheme, host string) *Provider {
 	return p
 }
 
-// ForManager starts a provider that writes through the manager's client, and
-// returns the manager with its GetEventRecorder answered by the provider.
-func ForManager(mgr manager.Manager) (manager.Manager, *Provider) {
+// ForManager starts a provider that writes through a client of its own (so
+// events never wait on the controllers' client-side rate limit), and returns the
+// manager with its GetEventRecorder answered by the provider.
+func ForManager(mgr manager.Manager) (manager.Manager, *Provider, error) {
+	c, err := client.New(mgr.GetConfig(), client.Options{Scheme: mgr.GetScheme(), Mapper: mgr.GetRESTMapper()})
+	if err != nil {
+		return nil, nil, fmt.Errorf("creating the events client: %w", err)
+	}
 	host, _ := os.Hostname()
-	p := New(mgr.GetClient(), mgr.GetScheme(), host)
-	return managerWithEvents{Manager: mgr, events: p}, p
+	p := New(c, mgr.GetScheme(), host)
+	return managerWithEvents{Manager: mgr, events: p}, p, nil
 }
 
 // managerWithEvents is a manager whose recorders are a Provider's.
@@ -169,7 +174,11 @@ func (p *Provider) writeOne(ev *eventsv1.Event) error {
 	key := keyOf(ev)
 	now := ev.EventTime.Time
 	if first, ok := p.series[key]; ok && now.Sub(lastSeen(first)) < seriesWindow {
-		return p.retry(func(ctx context.Context) error { return p.addToSeries(ctx, first, now) })
+		err := p.retry(func(ctx context.Context) error { return p.addToSeries(ctx, first, now) })
+		if !apierrors.IsNotFound(err) {
+			return err
+		}
+		// The first event is gone (deleted, or its TTL passed): start anew.
 	}
 	p.forgetOldSeries(now)
 	err := p.retry(func(ctx context.Context) error {
@@ -194,23 +203,17 @@ func (p *Provider) addToSeries(ctx context.Context, first *eventsv1.Event, now t
 	updated := first.DeepCopy()
 	updated.Series = &eventsv1.EventSeries{Count: count, LastObservedTime: metav1.NewMicroTime(now)}
 	if err := p.client.Patch(ctx, updated, client.MergeFrom(first)); err != nil {
-		if apierrors.IsNotFound(err) { // deleted (TTL): start a new one
-			delete(p.series, keyOf(first))
-			fresh := first.DeepCopy()
-			fresh.Name, fresh.ResourceVersion, fresh.Series = seriesName(first.Regarding.Name, now), "", nil
-			fresh.EventTime = metav1.NewMicroTime(now)
-			return p.client.Create(ctx, fresh)
-		}
 		return err
 	}
 	first.Series = updated.Series
 	return nil
 }
 
+// retry runs write until it succeeds, fails for good, or writeAttempts ran.
 func (p *Provider) retry(write func(context.Context) error) error {
 	var err error
 	for attempt := 0; attempt < writeAttempts; attempt++ {
-		if err = write(p.writeCtx); err == nil || p.writeCtx.Err() != nil {
+		if err = write(p.writeCtx); err == nil || p.writeCtx.Err() != nil || !retriable(err) {
 			return err
 		}
 		select {
@@ -220,6 +223,12 @@ func (p *Provider) retry(write func(context.Context) error) error {
 		}
 	}
 	return err
+}
+
+// retriable tells a failure worth another attempt from one that would fail
+// the same way again.
+func retriable(err error) bool {
+	return !apierrors.IsNotFound(err) && !apierrors.IsInvalid(err) && !apierrors.IsForbidden(err) && !apierrors.IsBadRequest(err)
 }
 
 // forgetOldSeries drops series older than the window, so the map stays small.
