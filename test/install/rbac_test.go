@@ -164,6 +164,9 @@ var knownUnused = func() map[permission]string {
 	return m
 }()
 
+// leastPrivilegeRuns numbers the runs of TestLeastPrivilege in this process.
+var leastPrivilegeRuns int
+
 // TestLeastPrivilege runs nodeguard as its ServiceAccount, with exactly the
 // generated ClusterRole and the leader-election Role, through a scenario that
 // uses every feature: the guard (finalizer on create, backfill, a delete
@@ -179,13 +182,16 @@ func TestLeastPrivilege(t *testing.T) {
 	needsEnv(t)
 	applyRBAC(t)
 	ctx := context.Background()
-	const ns, pool = "rbac", "rbac"
+	// Names of this run: -count=N runs the scenario N times on one cluster.
+	leastPrivilegeRuns++
+	run := fmt.Sprintf("rbac%d", leastPrivilegeRuns)
+	ns, pool := run, run
 	mustCreate(t, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}})
-	names := []string{"rbac-target", "rbac-other", "rbac-signal", "rbac-spare"}
+	names := []string{run + "-target", run + "-other", run + "-signal", run + "-spare"}
 	var emuNodes []armemulator.Node
 	for i, name := range names {
 		ip := fmt.Sprintf("10.77.0.%d", i+4)
-		id := fmt.Sprintf("azure:///subscriptions/%s/resourceGroups/%s/providers/Microsoft.Compute/virtualMachineScaleSets/install-vmss/virtualMachines/%d", subscription, resourceGroup, i)
+		id := fmt.Sprintf("azure:///subscriptions/%s/resourceGroups/%s/providers/Microsoft.Compute/virtualMachineScaleSets/%s-vmss/virtualMachines/%d", subscription, resourceGroup, run, i)
 		emuNodes = append(emuNodes, armemulator.Node{Name: name, IPs: []string{ip}, ProviderID: id})
 		mustCreate(t, builder.Node(name, builder.WithLabels("pool", pool), builder.WithProviderID(id), builder.WithInternalIP(ip)))
 	}
@@ -199,7 +205,7 @@ func TestLeastPrivilege(t *testing.T) {
 	mustCreate(t, builder.PDB(ns, "web", builder.MaxUnavailable("1")))
 	mustCreate(t, barePod(ns, "keep", target, map[string]string{ngv1alpha1.DoNotEvictAnnotation: "true"}))
 	waitRunning(t, ns, "keep")
-	mustCreate(t, builder.NDB("rbac", builder.NDBSelecting("pool", pool), builder.NDBMaxUnavailable("1")))
+	mustCreate(t, builder.NDB(run, builder.NDBSelecting("pool", pool), builder.NDBMaxUnavailable("1")))
 
 	const secret = "nodeguard-install-test-client-secret-0c4f"
 	metricsPort := harness.FreePort(t)
@@ -210,15 +216,15 @@ func TestLeastPrivilege(t *testing.T) {
 	for _, n := range names {
 		harness.WaitForTerminationFinalizer(t, env.Client, n)
 	}
-	mustCreate(t, builder.Node("rbac-new", builder.WithLabels("pool", "rbac-new")))
+	mustCreate(t, builder.Node(run+"-new", builder.WithLabels("pool", run+"-new")))
 	var created corev1.Node
-	if err := env.Client.Get(ctx, client.ObjectKey{Name: "rbac-new"}, &created); err != nil || !slices.Contains(created.Finalizers, ngv1alpha1.TerminationFinalizer) {
+	if err := env.Client.Get(ctx, client.ObjectKey{Name: run + "-new"}, &created); err != nil || !slices.Contains(created.Finalizers, ngv1alpha1.TerminationFinalizer) {
 		t.Errorf("the webhook did not put the finalizer on a new node: %v %v", created.Finalizers, err)
 	}
 	// Budget status.
 	harness.Eventually(t, 30*time.Second, func(ctx context.Context) (bool, error) {
 		var ndb ngv1alpha1.NodeDisruptionBudget
-		err := env.Client.Get(ctx, client.ObjectKey{Name: "rbac"}, &ndb)
+		err := env.Client.Get(ctx, client.ObjectKey{Name: run}, &ndb)
 		return err == nil && ndb.Status.ExpectedNodes == int32(len(names)) && ndb.Status.DisruptionsAllowed == 1, err
 	}, "the NodeDisruptionBudget's status counts %d nodes and allows 1 disruption", len(names))
 
@@ -372,14 +378,14 @@ func waitAdminState(t *testing.T, emu *armemulator.Server, node, want string) {
 func metricsToken(t *testing.T, allowed bool) string {
 	t.Helper()
 	ctx := context.Background()
-	name := "scraper-denied"
+	name := fmt.Sprintf("scraper-denied-%d", leastPrivilegeRuns)
 	if allowed {
-		name = "scraper"
+		name = fmt.Sprintf("scraper-%d", leastPrivilegeRuns)
 	}
 	mustCreate(t, &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: name}})
 	if allowed {
 		mustCreate(t, &rbacv1.ClusterRoleBinding{
-			ObjectMeta: metav1.ObjectMeta{Name: "install-test-scraper"},
+			ObjectMeta: metav1.ObjectMeta{Name: "install-test-" + name},
 			RoleRef:    rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "ClusterRole", Name: "nodeguard-metrics-reader"},
 			Subjects:   []rbacv1.Subject{{Kind: rbacv1.ServiceAccountKind, Namespace: "default", Name: name}},
 		})
