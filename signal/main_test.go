@@ -43,13 +43,6 @@ const (
 	waitTimeout = 20 * time.Second
 )
 
-func needEnv(t *testing.T) {
-	t.Helper()
-	if env == nil {
-		t.Skip("needs a control plane (not with -short)")
-	}
-}
-
 // testNode is a node in the API server and in the emulated pools.
 type testNode struct {
 	name, v4, v6, providerID string

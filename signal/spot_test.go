@@ -59,7 +59,7 @@ func waitChecks(t *testing.T, result string, after float64) {
 // Two PreemptScheduled events, with a restart of nodeguard between them, add
 // the taint once. Azure is not configured: the tainter runs anyway.
 func TestPreemptScheduledTaintsOnceAcrossRestart(t *testing.T) {
-	needEnv(t)
+	harness.SkipWithoutEnv(t, env)
 	node := createNode(t, vmssNode("spot-once", 0))
 	added := testutil.ToFloat64(spotTaintsAdded)
 	stop := startNodeguard(t, nil, nodeguardOptions{spotEvents: true})
@@ -98,7 +98,7 @@ func TestPreemptScheduledTaintsOnceAcrossRestart(t *testing.T) {
 }
 
 func TestPreemptScheduledEvents(t *testing.T) {
-	needEnv(t)
+	harness.SkipWithoutEnv(t, env)
 	startNodeguard(t, nil, nodeguardOptions{spotEvents: true})
 	tests := []struct {
 		name string

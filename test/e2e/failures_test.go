@@ -24,14 +24,14 @@ import (
 // reported once and not evicted over and over; once it is gone, the node is
 // released.
 func TestUnreachableARMAndAPodUnderTwoPDBs(t *testing.T) {
-	needsEnv(t)
+	harness.SkipWithoutEnv(t, env)
 	ctx := context.Background()
 	top := newTopology(t, "arm", false)
-	mustCreate(t, builder.Deployment(top.ns, "dual", 1, builder.OnNodes(corev1.LabelHostname, top.target)))
+	harness.MustCreate(t, env.Client, builder.Deployment(top.ns, "dual", 1, builder.OnNodes(corev1.LabelHostname, top.target)))
 	for _, name := range []string{"dual-a", "dual-b"} {
 		pdb := builder.PDB(top.ns, "dual", builder.MaxUnavailable("1"))
 		pdb.Name = name
-		mustCreate(t, pdb)
+		harness.MustCreate(t, env.Client, pdb)
 	}
 	harness.Eventually(t, time.Minute, func(ctx context.Context) (bool, error) {
 		pods, err := evictablePodsOn(ctx, top.ns, top.target)
@@ -44,10 +44,10 @@ func TestUnreachableARMAndAPodUnderTwoPDBs(t *testing.T) {
 	}, "the pod under two PDBs runs on the target")
 	top.emulator.Close() // ARM unreachable
 	proxy := startAPIProxy(t)
-	startNodeguard(t, proxy.kubeconfig, top.emulator, "--admin-state-timeout=3s")
+	startNodeguard(t, proxy.Kubeconfig, top.emulator, "--admin-state-timeout=3s")
 	harness.WaitForTerminationFinalizer(t, env.Client, top.target)
 
-	kubectl(t, "delete", "node", top.target, "--wait=false")
+	harness.MustKubectl(t, env.Kubeconfig, "", "delete", "node", top.target, "--wait=false")
 	harness.WaitForEvent(t, env.Client, top.target, "TrafficCutTimedOut")
 	harness.WaitForEvent(t, env.Client, top.target, "PodUnderMultiplePDBs")
 	harness.Eventually(t, time.Minute, func(ctx context.Context) (bool, error) {
@@ -60,18 +60,18 @@ func TestUnreachableARMAndAPodUnderTwoPDBs(t *testing.T) {
 		return err == nil && slices.Equal(apps, []string{"daemon", "dual"}), err
 	}, "everything but the pod under two PDBs (and the DaemonSet pod, last) is drained")
 	// Several more drain passes happen while the pod stays (PDB changes, backstop).
-	before := len(proxy.evictionAnswers("dual"))
-	passes := proxy.podListsOf(top.target)
+	before := len(proxy.Answers(top.ns, "dual"))
+	passes := proxy.PodListsOf(top.target)
 	harness.Eventually(t, 30*time.Second, func(ctx context.Context) (bool, error) {
-		return proxy.podListsOf(top.target) >= passes+3, nil
+		return proxy.PodListsOf(top.target) >= passes+3, nil
 	}, "three more drain passes happen")
 	if n, _ := harness.CountEvents(ctx, env.Client, top.target, "PodUnderMultiplePDBs"); n != 1 {
 		t.Errorf("%d PodUnderMultiplePDBs events, want exactly 1", n)
 	}
-	if after := len(proxy.evictionAnswers("dual")); after > 1 {
+	if after := len(proxy.Answers(top.ns, "dual")); after > 1 {
 		t.Errorf("the pod under two PDBs got %d eviction requests (%d before the last passes), want at most 1: no hot loop", after, before)
 	}
-	if gone, _ := nodeGone(ctx, top.target); gone {
+	if gone, _ := harness.NodeGone(ctx, env.Client, top.target); gone {
 		t.Fatal("the node was released with a pod still on it")
 	}
 
@@ -84,7 +84,7 @@ func TestUnreachableARMAndAPodUnderTwoPDBs(t *testing.T) {
 		}
 	}
 	harness.Eventually(t, time.Minute, func(ctx context.Context) (bool, error) {
-		return nodeGone(ctx, top.target)
+		return harness.NodeGone(ctx, env.Client, top.target)
 	}, "the node is released")
 }
 
@@ -97,15 +97,15 @@ const killPointTimeout = 90 * time.Second
 // restarts it each time: the node is still released, no PDB is violated and no
 // finalizer or maintenance hold is left behind.
 func TestKilledAtEveryPhaseStillReleasesWithinBudgets(t *testing.T) {
-	needsEnv(t)
+	harness.SkipWithoutEnv(t, env)
 	ctx := context.Background()
 	top := newTopology(t, "kill", false)
 	proxy := startAPIProxy(t)
 	monitor := watchBudgets(t, top.ns)
-	start := func() *process { return startNodeguard(t, proxy.kubeconfig, top.emulator) }
+	start := func() *harness.Nodeguard { return startNodeguard(t, proxy.Kubeconfig, top.emulator) }
 	ng := start()
 	harness.WaitForTerminationFinalizer(t, env.Client, top.target)
-	kubectl(t, "delete", "node", top.target, "--wait=false")
+	harness.MustKubectl(t, env.Kubeconfig, "", "delete", "node", top.target, "--wait=false")
 
 	var node corev1.Node
 	getNode := func(ctx context.Context) (bool, error) {
@@ -152,12 +152,12 @@ func TestKilledAtEveryPhaseStillReleasesWithinBudgets(t *testing.T) {
 		if ok, _ := getNode(ctx); !ok {
 			t.Fatalf("the node was released before kill point %q", kp.name)
 		}
-		ng.kill()
+		ng.Kill()
 		t.Logf("killed nodeguard: %s (after %s)", kp.name, time.Since(began).Round(time.Millisecond))
 		ng = start()
 	}
 	harness.Eventually(t, 2*time.Minute, func(ctx context.Context) (bool, error) {
-		return nodeGone(ctx, top.target)
+		return harness.NodeGone(ctx, env.Client, top.target)
 	}, "the node is released after %d kills", len(killPoints))
 	monitor.check(t)
 	var lease coordinationv1.Lease
@@ -173,7 +173,7 @@ func TestKilledAtEveryPhaseStillReleasesWithinBudgets(t *testing.T) {
 // do-not-evict one) are deleted with a Warning event; then the node waits for
 // its VolumeAttachments to go before it is released.
 func TestDrainDeadlineThenVolumeDetach(t *testing.T) {
-	needsEnv(t)
+	harness.SkipWithoutEnv(t, env)
 	ctx := context.Background()
 	top := newTopology(t, "deadline", true)
 	attachment := &storagev1.VolumeAttachment{
@@ -183,24 +183,24 @@ func TestDrainDeadlineThenVolumeDetach(t *testing.T) {
 			Source: storagev1.VolumeAttachmentSource{PersistentVolumeName: ptr.To("pv-deadline")},
 		},
 	}
-	mustCreate(t, attachment)
+	harness.MustCreate(t, env.Client, attachment)
 	startNodeguard(t, env.Kubeconfig, top.emulator, "--drain-timeout=5s", "--volume-detach-timeout=5m")
 	harness.WaitForTerminationFinalizer(t, env.Client, top.target)
 
-	kubectl(t, "delete", "node", top.target, "--wait=false")
+	harness.MustKubectl(t, env.Kubeconfig, "", "delete", "node", top.target, "--wait=false")
 	harness.WaitForEvent(t, env.Client, top.target, "DrainDeadlineExceeded")
 	harness.WaitForEvent(t, env.Client, top.target, "WaitingForVolumeDetach")
 	harness.Eventually(t, time.Minute, func(ctx context.Context) (bool, error) {
 		pods, err := evictablePodsOn(ctx, top.ns, top.target)
 		return err == nil && len(pods) == 0, err
 	}, "the do-not-evict pod was deleted past the deadline")
-	if gone, _ := nodeGone(ctx, top.target); gone {
+	if gone, _ := harness.NodeGone(ctx, env.Client, top.target); gone {
 		t.Fatal("the node was released while a VolumeAttachment still referred to it")
 	}
 	if err := env.Client.Delete(ctx, attachment); err != nil {
 		t.Fatal(err)
 	}
 	harness.Eventually(t, time.Minute, func(ctx context.Context) (bool, error) {
-		return nodeGone(ctx, top.target)
+		return harness.NodeGone(ctx, env.Client, top.target)
 	}, "the node is released once its volume is detached")
 }

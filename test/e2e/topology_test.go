@@ -60,27 +60,27 @@ func newTopology(t *testing.T, name string, doNotEvict bool) *topology {
 		emuNodes = append(emuNodes, armemulator.Node{Name: nodeName, IPs: []string{ip}, ProviderID: vmssProviderID(index)})
 		return builder.Node(nodeName, builder.WithLabels("pool", name), builder.WithProviderID(vmssProviderID(index)), builder.WithInternalIP(ip))
 	}
-	mustCreate(t, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: name}})
-	mustCreate(t, node(top.target, 0))
+	harness.MustCreate(t, env.Client, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: name}})
+	harness.MustCreate(t, env.Client, node(top.target, 0))
 	onPool := builder.OnNodes("pool", name)
 	for _, b := range budgets {
-		mustCreate(t, builder.Deployment(name, b.app, 4, onPool))
-		mustCreate(t, builder.PDB(name, b.app, b.pdb))
+		harness.MustCreate(t, env.Client, builder.Deployment(name, b.app, 4, onPool))
+		harness.MustCreate(t, env.Client, builder.PDB(name, b.app, b.pdb))
 	}
-	mustCreate(t, builder.Deployment(name, "free", 3, onPool))
+	harness.MustCreate(t, env.Client, builder.Deployment(name, "free", 3, onPool))
 	keep := builder.WithPodAnnotations("example.com/role", "keep")
 	if doNotEvict {
 		keep = builder.WithPodAnnotations(ngv1alpha1.DoNotEvictAnnotation, "true")
 	}
-	mustCreate(t, builder.Deployment(name, "keep", 1, onPool, keep))
-	mustCreate(t, daemonSet(name))
-	mustCreate(t, completedJob(name, top.target))
-	mustCreate(t, mirrorPod(name, top.target))
+	harness.MustCreate(t, env.Client, builder.Deployment(name, "keep", 1, onPool, keep))
+	harness.MustCreate(t, env.Client, daemonSet(name))
+	harness.MustCreate(t, env.Client, completedJob(name, top.target))
+	harness.MustCreate(t, env.Client, mirrorPod(name, top.target))
 	waitForPods(t, name, top.target, 4*len(budgets)+3+1+1+1) // + free, keep, daemon, mirror
 	for i := range 3 {
 		spare := fmt.Sprintf("%s-spare-%d", name, i)
 		top.spares = append(top.spares, spare)
-		mustCreate(t, node(spare, i+1))
+		harness.MustCreate(t, env.Client, node(spare, i+1))
 	}
 	emu, err := armemulator.Start("127.0.0.1:0",
 		armemulator.SeedForNodes(subscription, resourceGroup, emuNodes, armemulator.Topology{NICBased: true, Internal: true}),
@@ -100,13 +100,6 @@ func newTopology(t *testing.T, name string, doNotEvict bool) *topology {
 		return true, nil
 	}, "every PDB sees its 4 pods healthy")
 	return top
-}
-
-func mustCreate(t *testing.T, obj client.Object) {
-	t.Helper()
-	if err := env.Client.Create(context.Background(), obj); err != nil {
-		t.Fatalf("creating %T %s: %v", obj, obj.GetName(), err)
-	}
 }
 
 func daemonSet(ns string) *appsv1.DaemonSet {
@@ -263,13 +256,4 @@ func (m *budgetMonitor) check(t *testing.T) {
 	if len(m.violations) > 0 {
 		t.Errorf("PodDisruptionBudgets were violated %d times, first: %s", len(m.violations), m.violations[0])
 	}
-}
-
-// nodeGone reports whether the node no longer exists.
-func nodeGone(ctx context.Context, name string) (bool, error) {
-	err := env.Client.Get(ctx, client.ObjectKey{Name: name}, &corev1.Node{})
-	if client.IgnoreNotFound(err) != nil {
-		return false, err
-	}
-	return err != nil, nil
 }

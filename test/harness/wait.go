@@ -72,3 +72,29 @@ func PodReady(p *corev1.Pod) bool {
 	}
 	return false
 }
+
+// SkipWithoutEnv skips a test that needs the control plane when there is none
+// (go test -short).
+func SkipWithoutEnv(t testing.TB, env *Env) {
+	t.Helper()
+	if env == nil {
+		t.Skip("needs a control plane (not with -short)")
+	}
+}
+
+// MustCreate creates obj or fails the test.
+func MustCreate(t testing.TB, c client.Client, obj client.Object) {
+	t.Helper()
+	if err := c.Create(context.Background(), obj); err != nil {
+		t.Fatalf("creating %T %s: %v", obj, obj.GetName(), err)
+	}
+}
+
+// NodeGone reports whether the node no longer exists.
+func NodeGone(ctx context.Context, c client.Reader, name string) (bool, error) {
+	err := c.Get(ctx, client.ObjectKey{Name: name}, &corev1.Node{})
+	if client.IgnoreNotFound(err) != nil {
+		return false, err
+	}
+	return err != nil, nil
+}

@@ -179,21 +179,21 @@ var leastPrivilegeRuns int
 // was used. So removing any one rule makes a request of this scenario fail,
 // and this test fails with it.
 func TestLeastPrivilege(t *testing.T) {
-	needsEnv(t)
+	harness.SkipWithoutEnv(t, env)
 	applyRBAC(t)
 	ctx := context.Background()
 	// Names of this run: -count=N runs the scenario N times on one cluster.
 	leastPrivilegeRuns++
 	run := fmt.Sprintf("rbac%d", leastPrivilegeRuns)
 	ns, pool := run, run
-	mustCreate(t, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}})
+	harness.MustCreate(t, env.Client, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}})
 	names := []string{run + "-target", run + "-other", run + "-signal", run + "-spare"}
 	var emuNodes []armemulator.Node
 	for i, name := range names {
 		ip := fmt.Sprintf("10.77.0.%d", i+4)
 		id := fmt.Sprintf("azure:///subscriptions/%s/resourceGroups/%s/providers/Microsoft.Compute/virtualMachineScaleSets/%s-vmss/virtualMachines/%d", subscription, resourceGroup, run, i)
 		emuNodes = append(emuNodes, armemulator.Node{Name: name, IPs: []string{ip}, ProviderID: id})
-		mustCreate(t, builder.Node(name, builder.WithLabels("pool", pool), builder.WithProviderID(id), builder.WithInternalIP(ip)))
+		harness.MustCreate(t, env.Client, builder.Node(name, builder.WithLabels("pool", pool), builder.WithProviderID(id), builder.WithInternalIP(ip)))
 	}
 	emu, err := armemulator.Start("127.0.0.1:0", armemulator.SeedForNodes(subscription, resourceGroup, emuNodes, armemulator.Topology{}), armemulator.Options{})
 	if err != nil {
@@ -201,11 +201,11 @@ func TestLeastPrivilege(t *testing.T) {
 	}
 	t.Cleanup(func() { emu.Close() })
 	target := names[0]
-	mustCreate(t, builder.Deployment(ns, "web", 2, builder.OnNodes(corev1.LabelHostname, target)))
-	mustCreate(t, builder.PDB(ns, "web", builder.MaxUnavailable("1")))
-	mustCreate(t, barePod(ns, "keep", target, map[string]string{ngv1alpha1.DoNotEvictAnnotation: "true"}))
+	harness.MustCreate(t, env.Client, builder.Deployment(ns, "web", 2, builder.OnNodes(corev1.LabelHostname, target)))
+	harness.MustCreate(t, env.Client, builder.PDB(ns, "web", builder.MaxUnavailable("1")))
+	harness.MustCreate(t, env.Client, barePod(ns, "keep", target, map[string]string{ngv1alpha1.DoNotEvictAnnotation: "true"}))
 	waitRunning(t, ns, "keep")
-	mustCreate(t, builder.NDB(run, builder.NDBSelecting("pool", pool), builder.NDBMaxUnavailable("1")))
+	harness.MustCreate(t, env.Client, builder.NDB(run, builder.NDBSelecting("pool", pool), builder.NDBMaxUnavailable("1")))
 
 	const secret = "nodeguard-install-test-client-secret-0c4f"
 	metricsPort := harness.FreePort(t)
@@ -216,7 +216,7 @@ func TestLeastPrivilege(t *testing.T) {
 	for _, n := range names {
 		harness.WaitForTerminationFinalizer(t, env.Client, n)
 	}
-	mustCreate(t, builder.Node(run+"-new", builder.WithLabels("pool", run+"-new")))
+	harness.MustCreate(t, env.Client, builder.Node(run+"-new", builder.WithLabels("pool", run+"-new")))
 	var created corev1.Node
 	if err := env.Client.Get(ctx, client.ObjectKey{Name: run + "-new"}, &created); err != nil || !slices.Contains(created.Finalizers, ngv1alpha1.TerminationFinalizer) {
 		t.Errorf("the webhook did not put the finalizer on a new node: %v %v", created.Finalizers, err)
@@ -262,7 +262,7 @@ func TestLeastPrivilege(t *testing.T) {
 	waitAdminState(t, emu, signalled, "None")
 	// The spot-eviction taint from a PreemptScheduled event.
 	spot := names[3]
-	mustCreate(t, &corev1.Event{
+	harness.MustCreate(t, env.Client, &corev1.Event{
 		ObjectMeta:     metav1.ObjectMeta{Namespace: "default", Name: "preempt-" + spot},
 		InvolvedObject: corev1.ObjectReference{Kind: "Node", Name: spot, APIVersion: "v1"},
 		Reason:         signal.PreemptScheduledReason, Message: "Preempt scheduled", Type: corev1.EventTypeWarning,
@@ -276,7 +276,7 @@ func TestLeastPrivilege(t *testing.T) {
 	}, "the PreemptScheduled event became the spot-eviction taint on %s", spot)
 
 	harness.Eventually(t, 90*time.Second, func(ctx context.Context) (bool, error) {
-		return nodeGone(ctx, target)
+		return harness.NodeGone(ctx, env.Client, target)
 	}, "the deleted node is drained and released")
 
 	// Secure metrics: a caller allowed to GET /metrics is served, another is not.
@@ -293,8 +293,8 @@ func TestLeastPrivilege(t *testing.T) {
 	}
 
 	// No credential in the logs or in events.
-	ng.kill()
-	logText := ng.log(t)
+	ng.Kill()
+	logText := ng.Log()
 	for what, s := range map[string]string{"the Azure client secret": secret, "a scraper's token": token, "another scraper's token": unauthorized} {
 		if strings.Contains(logText, s) {
 			t.Errorf("nodeguard's log contains %s", what)
@@ -382,9 +382,9 @@ func metricsToken(t *testing.T, allowed bool) string {
 	if allowed {
 		name = fmt.Sprintf("scraper-%d", leastPrivilegeRuns)
 	}
-	mustCreate(t, &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: name}})
+	harness.MustCreate(t, env.Client, &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: name}})
 	if allowed {
-		mustCreate(t, &rbacv1.ClusterRoleBinding{
+		harness.MustCreate(t, env.Client, &rbacv1.ClusterRoleBinding{
 			ObjectMeta: metav1.ObjectMeta{Name: "install-test-" + name},
 			RoleRef:    rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "ClusterRole", Name: "nodeguard-metrics-reader"},
 			Subjects:   []rbacv1.Subject{{Kind: rbacv1.ServiceAccountKind, Namespace: "default", Name: name}},

@@ -53,21 +53,21 @@ func baseDeployment(t *testing.T) *appsv1.Deployment {
 // is left with the finalizer, the draining taint or a bookkeeping mark. Then
 // kubectl delete node works without nodeguard.
 func TestUninstallReleasesEveryNode(t *testing.T) {
-	needsEnv(t)
+	harness.SkipWithoutEnv(t, env)
 	applyRBAC(t)
 	ctx := context.Background()
 	const ns = "uninstall"
-	mustCreate(t, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}})
+	harness.MustCreate(t, env.Client, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}})
 	nodes := []string{"un-infra", "un-finishes", "un-stuck", "un-idle", "un-marked"}
 	for _, n := range nodes {
-		mustCreate(t, builder.Node(n, builder.WithLabels("pool", "uninstall")))
+		harness.MustCreate(t, env.Client, builder.Node(n, builder.WithLabels("pool", "uninstall")))
 	}
 	d := baseDeployment(t)
 	d.Spec.Template.Finalizers = []string{processFinalizer}
 	d.Spec.Template.Spec.NodeSelector = map[string]string{corev1.LabelHostname: "un-infra"}
 	d.Spec.Template.Spec.TopologySpreadConstraints = nil
 	d.Spec.Template.Spec.PriorityClassName = ""
-	mustCreate(t, d)
+	harness.MustCreate(t, env.Client, d)
 	emu, err := armemulator.Start("127.0.0.1:0", armemulator.Seed{Subscription: subscription, ResourceGroup: resourceGroup}, armemulator.Options{})
 	if err != nil {
 		t.Fatal(err)
@@ -84,9 +84,9 @@ func TestUninstallReleasesEveryNode(t *testing.T) {
 	// Two drains in progress, each held by a do-not-evict pod: one is let go
 	// during the uninstall, the other never.
 	for _, n := range []string{"un-finishes", "un-stuck"} {
-		mustCreate(t, barePod(ns, n, n, map[string]string{ngv1alpha1.DoNotEvictAnnotation: "true"}))
+		harness.MustCreate(t, env.Client, barePod(ns, n, n, map[string]string{ngv1alpha1.DoNotEvictAnnotation: "true"}))
 		waitRunning(t, ns, n)
-		kubectl(t, "", "delete", "node", n, "--wait=false")
+		harness.MustKubectl(t, env.Kubeconfig, "", "delete", "node", n, "--wait=false")
 	}
 	harness.Eventually(t, 30*time.Second, func(ctx context.Context) (bool, error) {
 		var n corev1.Node
@@ -116,7 +116,7 @@ func TestUninstallReleasesEveryNode(t *testing.T) {
 			err := env.Client.Get(ctx, client.ObjectKeyFromObject(d), &cur)
 			return err == nil && ptr.Deref(cur.Spec.Replicas, 1) == 0, nil
 		})
-		ng.kill()
+		ng.Kill()
 		_ = harness.Poll(ctx, 90*time.Second, func(ctx context.Context) (bool, error) {
 			var pods corev1.PodList
 			if err := env.Client.List(ctx, &pods, client.InNamespace(namespace)); err != nil {
@@ -140,7 +140,7 @@ func TestUninstallReleasesEveryNode(t *testing.T) {
 		_ = env.Client.Delete(ctx, barePod(ns, "un-finishes", "un-finishes", nil))
 	}()
 
-	cmd := exec.Command(nodeguard, "uninstall", "--kubeconfig="+env.Kubeconfig, "--drain-wait=25s", "--stop-wait=60s")
+	cmd := exec.Command(nodeguardBinary(t), "uninstall", "--kubeconfig="+env.Kubeconfig, "--drain-wait=25s", "--stop-wait=60s")
 	var out bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &out
 	err = cmd.Run()
@@ -184,18 +184,27 @@ func TestUninstallReleasesEveryNode(t *testing.T) {
 		t.Errorf("uninstall must leave the user's %s annotation: %v %v", ngv1alpha1.DrainTimeoutAnnotation, marked.Annotations, err)
 	}
 	for _, n := range []string{"un-finishes", "un-stuck"} {
-		harness.Eventually(t, 30*time.Second, func(ctx context.Context) (bool, error) { return nodeGone(ctx, n) }, "%s is gone", n)
+		harness.Eventually(t, 30*time.Second, func(ctx context.Context) (bool, error) { return harness.NodeGone(ctx, env.Client, n) }, "%s is gone", n)
 	}
 	// Without nodeguard, deleting a node just works.
-	kubectl(t, "", "delete", "node", "un-idle", "un-marked", "--timeout=30s")
+	harness.MustKubectl(t, env.Kubeconfig, "", "delete", "node", "un-idle", "un-marked", "--timeout=30s")
 	for _, n := range []string{"un-idle", "un-marked"} {
-		if gone, err := nodeGone(ctx, n); !gone {
+		if gone, err := harness.NodeGone(ctx, env.Client, n); !gone {
 			t.Errorf("node %s is not gone after kubectl delete node: %v", n, err)
 		}
 	}
 	// A second run finds nothing to do.
-	again, err := exec.Command(nodeguard, "uninstall", "--kubeconfig="+env.Kubeconfig, "--drain-wait=0").CombinedOutput()
+	again, err := exec.Command(nodeguardBinary(t), "uninstall", "--kubeconfig="+env.Kubeconfig, "--drain-wait=0").CombinedOutput()
 	if err != nil || !strings.Contains(string(again), "none found") {
 		t.Errorf("a second uninstall: %v\n%s", err, again)
 	}
+}
+
+func nodeguardBinary(t *testing.T) string {
+	t.Helper()
+	binary, err := harness.NodeguardBinary()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return binary
 }
