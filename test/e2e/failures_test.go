@@ -177,7 +177,7 @@ func TestDrainDeadlineThenVolumeDetach(t *testing.T) {
 	ctx := context.Background()
 	top := newTopology(t, "deadline", true)
 	attachment := &storagev1.VolumeAttachment{
-		ObjectMeta: metav1.ObjectMeta{Name: "deadline-disk"},
+		ObjectMeta: metav1.ObjectMeta{Name: top.ns + "-disk"},
 		Spec: storagev1.VolumeAttachmentSpec{
 			Attacher: "disk.csi.azure.com", NodeName: top.target,
 			Source: storagev1.VolumeAttachmentSource{PersistentVolumeName: ptr.To("pv-deadline")},

@@ -47,11 +47,19 @@ func vmssProviderID(index int) string {
 		subscription, resourceGroup, index)
 }
 
+// topologies counts the topologies made under each name in this process.
+var topologies = map[string]int{}
+
 // newTopology creates the target node and its pods, then the spare nodes,
 // and an ARM emulator whose load balancers hold all of them. With doNotEvict,
 // one of the pods is annotated nodeguard.io/do-not-evict.
 func newTopology(t *testing.T, name string, doNotEvict bool) *topology {
 	t.Helper()
+	// -count=N runs a test N times on one cluster: each run gets fresh names.
+	topologies[name]++
+	if n := topologies[name]; n > 1 {
+		name = fmt.Sprintf("%s%d", name, n)
+	}
 	c := env.Client
 	top := &topology{ns: name, target: name + "-target"}
 	var emuNodes []armemulator.Node
