@@ -49,6 +49,7 @@ func setupTermination(mgr ctrl.Manager, opts options) error {
 			DaemonSets:          drain.DaemonSetPolicy(opts.daemonSets),
 			DrainTimeout:        opts.drainTimeout,
 			VolumeDetachTimeout: opts.volumeDetachTimeout,
+			StuckPodMargin:      opts.stuckPodMargin,
 			MaxConcurrentNodes:  opts.maxConcurrentDrains,
 		},
 	}

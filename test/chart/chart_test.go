@@ -53,6 +53,21 @@ func splitDocs(t *testing.T, src, text string) []object {
 	return out
 }
 
+// renderErr renders the chart's files with values.
+func renderErr(t *testing.T, values string) (map[string]string, error) {
+	t.Helper()
+	c := loadChart(t)
+	var vals map[string]any
+	if err := yaml.Unmarshal([]byte(values), &vals); err != nil {
+		t.Fatal(err)
+	}
+	rv, err := util.ToRenderValues(c, vals, common.ReleaseOptions{Name: release, Namespace: namespace, IsInstall: true}, common.DefaultCapabilities)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return engine.Render(c, rv)
+}
+
 func loadChart(t *testing.T) *chartv2.Chart {
 	t.Helper()
 	c, err := loader.Load(filepath.Join(root, "charts", "nodeguard"))
@@ -66,16 +81,7 @@ func loadChart(t *testing.T) *chartv2.Chart {
 // install would, and returns the objects by key.
 func render(t *testing.T, values string) map[string]object {
 	t.Helper()
-	c := loadChart(t)
-	var vals map[string]any
-	if err := yaml.Unmarshal([]byte(values), &vals); err != nil {
-		t.Fatal(err)
-	}
-	rv, err := util.ToRenderValues(c, vals, common.ReleaseOptions{Name: release, Namespace: namespace, IsInstall: true}, common.DefaultCapabilities)
-	if err != nil {
-		t.Fatal(err)
-	}
-	files, err := engine.Render(c, rv)
+	files, err := renderErr(t, values)
 	if err != nil {
 		t.Fatalf("rendering the chart: %v", err)
 	}
@@ -206,7 +212,7 @@ replicaCount: 3
 image: {repository: example.azurecr.io/nodeguard, tag: v9.9.9}
 resources: {requests: {cpu: 50m, memory: 100Mi}, limits: {memory: 300Mi}}
 nodeSelector: {kubernetes.azure.com/mode: system}
-webhook: {failurePolicy: Ignore}
+webhook: {failurePolicy: Ignore, objectSelector: {matchLabels: {kubernetes.azure.com/mode: user}}}
 nodeguard:
   nodeSelector: kubernetes.azure.com/mode=user
   drainTimeout: 1h
@@ -259,6 +265,12 @@ fullnameOverride: guard
 	if got := dig(v, "webhooks", 0, "failurePolicy"); got != "Ignore" {
 		t.Errorf("delete webhook failurePolicy %v, want Ignore", got)
 	}
+	m := objs["MutatingWebhookConfiguration /guard-mutating-webhook-configuration"]
+	for what, wh := range map[string]any{"delete": dig(v, "webhooks", 0), "finalizer": dig(m, "webhooks", 0)} {
+		if got := dig(wh, "objectSelector", "matchLabels", "kubernetes.azure.com/mode"); got != "user" {
+			t.Errorf("%s webhook objectSelector %v, want the nodes of nodeguard.nodeSelector", what, dig(wh, "objectSelector"))
+		}
+	}
 	if got := dig(v, "metadata", "annotations"); got != nil {
 		t.Errorf("without cert-manager the webhooks carry no inject-ca-from: %v", got)
 	}
@@ -308,5 +320,14 @@ func TestChartCopiesAreInSync(t *testing.T) {
 		if !bytes.Equal(got, want) {
 			t.Errorf("charts/nodeguard/%s differs from %s: run make chart", copy, source)
 		}
+	}
+}
+
+// A node selector without the matching webhook objectSelector would make
+// deleting unmanaged nodes depend on nodeguard being up: the chart refuses it.
+func TestNodeSelectorNeedsTheWebhookObjectSelector(t *testing.T) {
+	_, err := renderErr(t, "nodeguard: {nodeSelector: pool=web}\n")
+	if err == nil || !strings.Contains(err.Error(), "webhook.objectSelector") {
+		t.Errorf("rendering with nodeguard.nodeSelector alone: %v, want an error naming webhook.objectSelector", err)
 	}
 }

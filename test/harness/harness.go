@@ -219,7 +219,9 @@ func (e *Env) startCluster(ctx context.Context, opts Options) error {
 	if err != nil {
 		return err
 	}
-	if err := e.start("kwok", kc, "--manage-all-nodes=true", "--server-address=127.0.0.1:0",
+	// kwok plays the kubelet of annotated nodes only (builder.Node annotates),
+	// so that a test can have a node whose kubelet is dead.
+	if err := e.start("kwok", kc, "--manage-nodes-with-annotation-selector=kwok.x-k8s.io/node=fake", "--server-address=127.0.0.1:0",
 		"--config="+stages, "--node-lease-duration-seconds="+nodeLeaseDurationSeconds,
 		// Room for tens of thousands of pod IPs (the default /24 has 254).
 		"--cidr=10.128.0.1/9",
