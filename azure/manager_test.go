@@ -262,11 +262,58 @@ func TestHundredNodesFourPoolsOneBatch(t *testing.T) {
 			for _, n := range e.nodes {
 				e.wantConfirmed(n, AdminStateDown)
 			}
+			if got := e.preconditionFailures(); got != 0 {
+				t.Errorf("%d PUTs answered 412 with one ETag per load balancer, want 0", got)
+			}
 			if got := len(e.rec.all()); got != 100 {
 				t.Errorf("%d events, want one Down event per node (100)", got)
 			}
 		})
 	}
+}
+
+// ARM keeps one ETag per load balancer (the emulator plays that rule): a
+// write to one pool changes the ETag the others report. A dual-stack node sits
+// in two pools of each load balancer; both are written one after another with
+// a fresh ETag, never concurrently with a stale one.
+func TestTwoPoolsOfOneLoadBalancerWithoutConflict(t *testing.T) {
+	e := newEnv(t, 1, true)
+	n := e.nodes[0]
+	e.m.SetDesired(n, AdminStateDown)
+	e.tick()
+	down := 0
+	for _, p := range e.emu.State() {
+		for _, entry := range p.Entries {
+			if p.Pool != "aksOutboundBackendPool" && entry.AdminState != "Down" {
+				t.Errorf("%s/%s/%s = %s, want Down", p.LoadBalancer, p.Pool, entry.Name, entry.AdminState)
+			}
+			if entry.AdminState == "Down" {
+				down++
+			}
+		}
+	}
+	if down != 4 {
+		t.Errorf("%d entries Down, want 4 (IPv4 and IPv6 pools of both load balancers)", down)
+	}
+	e.wantStates(n.Name, AdminStateDown)
+	e.wantConfirmed(n, AdminStateDown)
+	if got := e.preconditionFailures(); got != 0 {
+		t.Errorf("%d PUTs answered 412, want 0", got)
+	}
+	lbPath := "/loadBalancers/kubernetes/backendAddressPools/"
+	if gets, puts := e.gets(lbPath), e.puts(lbPath); gets > 2 || puts > 2 {
+		t.Errorf("load balancer kubernetes: %d GETs and %d PUTs of its pools, want at most 2 of each", gets, puts)
+	}
+}
+
+func (e *testEnv) preconditionFailures() int {
+	n := 0
+	for _, r := range e.emu.Requests() {
+		if r.Method == http.MethodPut && r.Status == http.StatusPreconditionFailed {
+			n++
+		}
+	}
+	return n
 }
 
 func TestThrottleParksPool(t *testing.T) {

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -65,7 +66,7 @@ func (m *Manager) tick(ctx context.Context) time.Duration {
 	groups, snap := m.eligible()
 	sem := make(chan struct{}, max(1, m.cfg.Workers))
 	var wg sync.WaitGroup
-	for _, g := range groups {
+	for _, lbGroups := range byLoadBalancer(groups) {
 		if ctx.Err() != nil {
 			break
 		}
@@ -73,12 +74,41 @@ func (m *Manager) tick(ctx context.Context) time.Duration {
 		wg.Add(1)
 		go func() {
 			defer func() { <-sem; wg.Done() }()
-			res := m.processPool(ctx, g.pool, snap)
-			m.apply(ctx, g, snap, res, ev)
+			// One writer per load balancer: ARM keeps one ETag per load
+			// balancer, so its pools are written one after another, each
+			// after a fresh Get. Load balancers proceed in parallel.
+			for _, g := range lbGroups {
+				if ctx.Err() != nil {
+					return
+				}
+				res := m.processPool(ctx, g.pool, snap)
+				m.apply(ctx, g, snap, res, ev)
+			}
 		}()
 	}
 	wg.Wait()
 	return m.nextWake()
+}
+
+// byLoadBalancer splits the pools with work by load balancer, each load
+// balancer's pools in name order.
+func byLoadBalancer(groups []group) [][]group {
+	index := map[string]int{}
+	var out [][]group
+	for _, g := range groups {
+		lb := strings.ToLower(g.pool.lb)
+		i, ok := index[lb]
+		if !ok {
+			i = len(out)
+			index[lb] = i
+			out = append(out, nil)
+		}
+		out[i] = append(out[i], g)
+	}
+	for _, gs := range out {
+		slices.SortFunc(gs, func(a, b group) int { return strings.Compare(a.pool.key, b.pool.key) })
+	}
+	return out
 }
 
 // discover lists the managed load balancers and records which nodes have

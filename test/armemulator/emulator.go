@@ -5,7 +5,8 @@
 // Azure (a custom cloud endpoint, InsecureAllowCredentialWithHTTP,
 // DisableRPRegistration).
 //
-// It keeps ETags (bumped on every write, If-Match answered with 412 on a
+// It keeps ETags as ARM does, one per load balancer, reported by all its pools
+// and bumped by a write to any of them (If-Match answered with 412 on a
 // mismatch), can run writes as asynchronous operations (Azure-AsyncOperation
 // plus status polling), injects faults per path (any status with Retry-After,
 // added latency, hanging until the client gives up, a failed long-running
@@ -121,7 +122,6 @@ type Options struct {
 type pool struct {
 	lb   string
 	data armnetwork.BackendAddressPool
-	n    int // etag counter
 }
 
 type operation struct {
@@ -139,6 +139,7 @@ type Server struct {
 
 	mu       sync.Mutex
 	lbs      []string         // names in seed order
+	lbWrites map[string]int   // ETag counter per load balancer (lower-cased name)
 	pools    map[string]*pool // key: lower(lb)/lower(pool)
 	poolKeys []string
 	nics     map[string]NetworkInterfaceSeed // key: lower(id)
@@ -158,15 +159,15 @@ func New(seed Seed, opts Options) *Server {
 	if seed.Location == "" {
 		seed.Location = "westeurope"
 	}
-	s := &Server{seed: seed, opts: opts, pools: map[string]*pool{}, nics: map[string]NetworkInterfaceSeed{}, ops: map[string]*operation{}}
+	s := &Server{seed: seed, opts: opts, pools: map[string]*pool{}, nics: map[string]NetworkInterfaceSeed{}, ops: map[string]*operation{}, lbWrites: map[string]int{}}
 	for _, lb := range seed.LoadBalancers {
 		s.lbs = append(s.lbs, lb.Name)
 		for _, p := range lb.Pools {
 			k := key(lb.Name, p.Name)
-			s.pools[k] = &pool{lb: lb.Name, data: s.seedPool(lb.Name, p), n: 1}
-			s.pools[k].data.Etag = etag(1)
+			s.pools[k] = &pool{lb: lb.Name, data: s.seedPool(lb.Name, p)}
 			s.poolKeys = append(s.poolKeys, k)
 		}
+		s.bumpETag(lb.Name)
 	}
 	for _, n := range seed.Interfaces {
 		s.nics[strings.ToLower(n.ID)] = n
@@ -213,6 +214,20 @@ func (s *Server) SetOptions(o Options) {
 }
 
 func key(lb, p string) string { return strings.ToLower(lb) + "/" + strings.ToLower(p) }
+
+// bumpETag records a write to a load balancer. ARM keeps one ETag per load
+// balancer: a pool is a child resource and reports its load balancer's ETag,
+// so a write to one pool changes the ETag every other pool of it reports.
+// Callers hold s.mu.
+func (s *Server) bumpETag(lb string) {
+	s.lbWrites[strings.ToLower(lb)]++
+	tag := etag(s.lbWrites[strings.ToLower(lb)])
+	for _, p := range s.pools {
+		if strings.EqualFold(p.lb, lb) {
+			p.data.Etag = tag
+		}
+	}
+}
 
 func etag(n int) *string {
 	v := fmt.Sprintf("W/\"%08x-0000-4000-8000-%012x\"", n, n*7919)
@@ -322,7 +337,8 @@ func (s *Server) Pool(lb, name string) *armnetwork.BackendAddressPool {
 	return &c
 }
 
-// MutatePool changes a pool as another writer would, bumping its ETag. It
+// MutatePool changes a pool as another writer would, bumping its load
+// balancer's ETag. It
 // reports false when the pool does not exist.
 func (s *Server) MutatePool(lb, name string, mutate func(*armnetwork.BackendAddressPool)) bool {
 	s.mu.Lock()
@@ -332,8 +348,7 @@ func (s *Server) MutatePool(lb, name string, mutate func(*armnetwork.BackendAddr
 		return false
 	}
 	mutate(&p.data)
-	p.n++
-	p.data.Etag = etag(p.n)
+	s.bumpETag(lb)
 	return true
 }
 
@@ -578,7 +593,7 @@ func (s *Server) loadBalancer(name string) (armnetwork.LoadBalancer, bool) {
 	}
 	lb := armnetwork.LoadBalancer{
 		ID: ptr(s.lbID(found)), Name: ptr(found), Location: ptr(s.seed.Location), Type: ptr("Microsoft.Network/loadBalancers"),
-		Etag: ptr(`W/"lb"`),
+		Etag: etag(s.lbWrites[strings.ToLower(found)]),
 		SKU:  &armnetwork.LoadBalancerSKU{Name: ptr(armnetwork.LoadBalancerSKUNameStandard), Tier: ptr(armnetwork.LoadBalancerSKUTierRegional)},
 		Properties: &armnetwork.LoadBalancerPropertiesFormat{
 			ProvisioningState:   ptr(armnetwork.ProvisioningStateSucceeded),
@@ -673,8 +688,7 @@ func (s *Server) putPool(w http.ResponseWriter, r *http.Request, lb, name string
 	}
 	apply := func() {
 		p.data.Properties.LoadBalancerBackendAddresses = entries
-		p.n++
-		p.data.Etag = etag(p.n)
+		s.bumpETag(lb)
 	}
 	if !s.opts.Async {
 		apply()

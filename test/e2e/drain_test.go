@@ -112,8 +112,5 @@ func TestDeleteNodeCutsTrafficThenDrainsWithinBudgets(t *testing.T) {
 			break
 		}
 	}
-	harness.Eventually(t, 10*time.Second, func(ctx context.Context) (bool, error) {
-		err := env.Client.Get(ctx, client.ObjectKey{Namespace: ngv1alpha1.MaintenanceLeaseNamespace, Name: top.target}, &lease)
-		return err == nil && lease.Spec.HolderIdentity == nil, err
-	}, "the maintenance Lease is released (no holder): %+v", &lease)
+	waitLeaseGone(t, top.target)
 }

@@ -160,11 +160,7 @@ func TestKilledAtEveryPhaseStillReleasesWithinBudgets(t *testing.T) {
 		return harness.NodeGone(ctx, env.Client, top.target)
 	}, "the node is released after %d kills", len(killPoints))
 	monitor.check(t)
-	var lease coordinationv1.Lease
-	harness.Eventually(t, 10*time.Second, func(ctx context.Context) (bool, error) {
-		err := env.Client.Get(ctx, client.ObjectKey{Namespace: ngv1alpha1.MaintenanceLeaseNamespace, Name: top.target}, &lease)
-		return err == nil && lease.Spec.HolderIdentity == nil, err
-	}, "the maintenance Lease is released")
+	waitLeaseGone(t, top.target)
 	// In-flight evictions are not checked here: a request of a killed process
 	// may still be on its way when the restarted one sends the next.
 }

@@ -9,10 +9,8 @@ import (
 	"time"
 
 	appsv1 "k8s.io/api/apps/v1"
-	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
 	storagev1 "k8s.io/api/storage/v1"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/ptr"
@@ -173,10 +171,7 @@ func TestProductionNodeDrainsInTiersAndIsReleased(t *testing.T) {
 	if evictedProxies != 1 {
 		t.Errorf("the tolerate-all DaemonSet pod got %d evictions, want 1 (its replacement ignored): %+v", evictedProxies, proxy.Evictions(ns))
 	}
-	harness.Eventually(t, time.Minute, func(ctx context.Context) (bool, error) {
-		err := env.Client.Get(ctx, client.ObjectKey{Namespace: ngv1alpha1.MaintenanceLeaseNamespace, Name: target}, &coordinationv1.Lease{})
-		return apierrors.IsNotFound(err), client.IgnoreNotFound(err)
-	}, "the maintenance Lease of %s goes with the node", target)
+	waitLeaseGone(t, target)
 }
 
 // TestDeadNodeIsReleased deletes a node whose kubelet is gone (no kwok, Ready

@@ -9,8 +9,10 @@ import (
 
 	appsv1 "k8s.io/api/apps/v1"
 	batchv1 "k8s.io/api/batch/v1"
+	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
 	policyv1 "k8s.io/api/policy/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/utils/ptr"
@@ -264,4 +266,14 @@ func (m *budgetMonitor) check(t *testing.T) {
 	if len(m.violations) > 0 {
 		t.Errorf("PodDisruptionBudgets were violated %d times, first: %s", len(m.violations), m.violations[0])
 	}
+}
+
+// waitLeaseGone waits until the node's maintenance Lease is gone: it is owned
+// by its node, so the garbage collector deletes it with the node.
+func waitLeaseGone(t *testing.T, node string) {
+	t.Helper()
+	harness.Eventually(t, time.Minute, func(ctx context.Context) (bool, error) {
+		err := env.Client.Get(ctx, client.ObjectKey{Namespace: ngv1alpha1.MaintenanceLeaseNamespace, Name: node}, &coordinationv1.Lease{})
+		return apierrors.IsNotFound(err), client.IgnoreNotFound(err)
+	}, "the maintenance Lease of node %s goes with the node", node)
 }
