@@ -20,6 +20,11 @@ var (
 	ErrForgotten = errors.New("node was forgotten while waiting for its admin state")
 	// ErrStopped: the manager stopped.
 	ErrStopped = errors.New("admin-state manager stopped")
+	// ErrNoEntry: the pool lists the node only in backendIPConfigurations (a
+	// NIC-based pool without loadBalancerBackendAddresses entries): there is
+	// no entry to carry an admin state, and ARM offers no way to add one from
+	// the pool (networkInterfaceIPConfiguration is read-only there).
+	ErrNoEntry = errors.New("the backend pool lists the node only in backendIPConfigurations, with no loadBalancerBackendAddresses entry to carry an admin state")
 )
 
 // UpdateFailedError is a node's admin state that could not be applied to a

@@ -43,3 +43,8 @@ func exhaustedEvent(pool string, retries int, err string, resync time.Duration) 
 	return event{warning: true, reason: ReasonUpdateFailed,
 		note: fmt.Sprintf("Backend pool %s update failed after %d retries: %s. It is tried again at the next resync (every %s) or when the node's desired admin state changes; check ARM throttling and other writers of the pool.", pool, retries, err, resync)}
 }
+
+func noEntryEvent(pool string) event {
+	return event{warning: true, reason: ReasonUpdateFailed,
+		note: fmt.Sprintf("Backend pool %s lists the node only in backendIPConfigurations, with no backend address entry to carry an admin state: the node's traffic through this pool is NOT cut. Use IP-based backend pools (or NIC pools whose entries Azure lists) for admin state.", pool)}
+}

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -706,6 +707,45 @@ func TestForgetAndWait(t *testing.T) {
 	e.m.SetDesired(ghost, AdminStateDown)
 	e.tick()
 	e.wantConfirmed(ghost, AdminStateDown)
+}
+
+// A NIC-based pool that lists a node only in backendIPConfigurations has no
+// entry to carry its admin state: the node is reported not Down (Warning
+// event, a metric, WaitConfirmed's error), never confirmed without a write.
+func TestNICPoolMemberWithoutEntryIsNeverConfirmedDown(t *testing.T) {
+	vmss := "azure:///subscriptions/" + testSub + "/resourceGroups/" + testRG + "/providers/Microsoft.Compute/virtualMachineScaleSets/aks-nodepool1-vmss/virtualMachines/"
+	seedNode := armemulator.Node{Name: "aks-nodepool1-vmss000000", IPs: []string{"10.224.0.4"}, ProviderID: vmss + "0"}
+	node := testNode(seedNode.Name, seedNode.IPs...)
+	node.Spec.ProviderID = seedNode.ProviderID
+	e := newEnvWithSeed(t, armemulator.SeedForNodes(testSub, testRG, []armemulator.Node{seedNode},
+		armemulator.Topology{NICBased: true, NICMembersOnly: true, Internal: true}), []*corev1.Node{node})
+	before := testutil.ToFloat64(entryless)
+	e.m.SetDesired(node, AdminStateDown)
+	e.tick()
+	if got := e.state("kubernetes-internal", "kubernetes", node.Name); got != "Down" {
+		t.Errorf("the IP-based entry is %s, want Down", got)
+	}
+	if got := e.puts("/loadBalancers/kubernetes/backendAddressPools/kubernetes"); got != 0 {
+		t.Errorf("%d PUTs of the pool without entries, want 0", got)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	err := e.m.WaitConfirmed(ctx, node.UID, AdminStateDown)
+	var failed *UpdateFailedError
+	if !errors.As(err, &failed) || !errors.Is(err, ErrNoEntry) {
+		t.Errorf("WaitConfirmed = %v, want an UpdateFailedError for the pool without an entry", err)
+	}
+	if got := testutil.ToFloat64(entryless) - before; got != 1 {
+		t.Errorf("%s went up by %v, want 1", "loadbalancer_adminstate_members_without_entry_total", got)
+	}
+	for _, ev := range e.rec.all() {
+		if ev.reason == ReasonDown {
+			t.Errorf("event %s claims a Down no write carried: %s", ev.reason, ev.note)
+		}
+	}
+	if !slices.Contains(e.rec.reasons(node.Name), ReasonUpdateFailed) {
+		t.Errorf("events %v, want %s", e.rec.reasons(node.Name), ReasonUpdateFailed)
+	}
 }
 
 func TestNICBasedPools(t *testing.T) {

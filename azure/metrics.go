@@ -35,6 +35,11 @@ var (
 		Name:      "throttled_pool_skips_total",
 		Help:      "Times a backend pool was skipped because a 429's Retry-After had not passed yet.",
 	})
+	entryless = prometheus.NewCounter(prometheus.CounterOpts{
+		Namespace: metricsNamespace,
+		Name:      "members_without_entry_total",
+		Help:      "Times a node was to be set Down in a backend pool that lists it only in backendIPConfigurations, with no entry to carry an admin state: its traffic there is not cut.",
+	})
 	confirmDuration = prometheus.NewHistogramVec(prometheus.HistogramOpts{
 		Namespace: metricsNamespace,
 		Name:      "confirmation_duration_seconds",
@@ -44,5 +49,5 @@ var (
 )
 
 func init() {
-	metrics.Registry.MustRegister(lockWait, poolUpdates, parkedTicks, confirmDuration)
+	metrics.Registry.MustRegister(lockWait, poolUpdates, parkedTicks, entryless, confirmDuration)
 }

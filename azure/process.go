@@ -47,6 +47,9 @@ type result struct {
 	matched map[string]bool
 	// changed: nodes whose entries this attempt wrote.
 	changed map[string]bool
+	// entryless: members of the fresh pool (by backendIPConfigurations) with
+	// no entry to carry an admin state.
+	entryless map[string]bool
 }
 
 // tickEvents sends at most one event per node and reason in a tick.
@@ -298,7 +301,7 @@ func (m *Manager) eligible() ([]group, snapshot) {
 // on every entry whose node's desired state differs, and one CreateOrUpdate
 // with If-Match when anything changed.
 func (m *Manager) processPool(ctx context.Context, p *poolState, snap snapshot) result {
-	res := result{matched: map[string]bool{}, changed: map[string]bool{}}
+	res := result{matched: map[string]bool{}, changed: map[string]bool{}, entryless: map[string]bool{}}
 	lock := m.poolLock(p.key)
 	start := time.Now()
 	lock.Lock()
@@ -330,6 +333,16 @@ func (m *Manager) processPool(ctx context.Context, p *poolState, snap snapshot) 
 		s := armnetwork.LoadBalancerBackendAddressAdminState(want)
 		e.Properties.AdminState = &s
 		res.changed[k] = true
+	}
+	members, err := snap.index.Members(ctx, pool, m.nics)
+	if err != nil {
+		res.err = fmt.Errorf("matching nodes to backend pool %s: %w", p.key, err)
+		return res
+	}
+	for k := range members {
+		if !res.matched[k] {
+			res.entryless[k] = true
+		}
 	}
 	if len(res.changed) == 0 {
 		return res
@@ -423,6 +436,15 @@ func (m *Manager) applySuccess(g group, snap snapshot, res result) []pendingEven
 		}
 		if gen, ok := snap.gens[uid]; !ok || gen != n.gen {
 			continue // desired state changed meanwhile: stays pending
+		}
+		if res.entryless[string(uid)] && n.desired == AdminStateDown {
+			// Never confirm a Down that no write carried.
+			w.pending, w.failed = false, true
+			n.failed = &UpdateFailedError{Pool: g.pool.key, Err: ErrNoEntry}
+			n.signal()
+			entryless.Inc()
+			events = append(events, pendingEvent{n, noEntryEvent(g.pool.key)})
+			continue
 		}
 		*w = work{}
 		if res.changed[string(uid)] {

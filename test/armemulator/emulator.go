@@ -53,6 +53,10 @@ type PoolSeed struct {
 	// load-balancing rule (like AKS's aksOutboundBackendPool).
 	OutboundOnly bool        `json:"outboundOnly,omitempty"`
 	Entries      []EntrySeed `json:"entries,omitempty"`
+	// MembersOnly lists NIC-based members only in backendIPConfigurations,
+	// with no loadBalancerBackendAddresses, as the REST specification's
+	// example of a NIC-based pool GET shows.
+	MembersOnly bool `json:"membersOnly,omitempty"`
 }
 
 // EntrySeed is one backend address: IP-based (IP set) or NIC-based (IPConfigID
@@ -263,7 +267,9 @@ func (s *Server) seedPool(lb string, p PoolSeed) armnetwork.BackendAddressPool {
 		if e.AdminState != "" {
 			entry.Properties.AdminState = ptr(armnetwork.LoadBalancerBackendAddressAdminState(e.AdminState))
 		}
-		props.LoadBalancerBackendAddresses = append(props.LoadBalancerBackendAddresses, entry)
+		if !p.MembersOnly {
+			props.LoadBalancerBackendAddresses = append(props.LoadBalancerBackendAddresses, entry)
+		}
 	}
 	return armnetwork.BackendAddressPool{
 		ID: ptr(id), Name: ptr(p.Name), Type: ptr("Microsoft.Network/loadBalancers/backendAddressPools"), Properties: props,

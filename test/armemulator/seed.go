@@ -23,6 +23,9 @@ type Topology struct {
 	NICBased bool
 	// Internal adds an internal load balancer "kubernetes-internal".
 	Internal bool
+	// NICMembersOnly (with NICBased) lists the NIC-based pool's members only
+	// in backendIPConfigurations, with no entries to carry an admin state.
+	NICMembersOnly bool
 }
 
 // SeedForNodes returns an AKS-like resource group holding nodes:
@@ -66,7 +69,7 @@ func SeedForNodes(subscription, resourceGroup string, nodes []Node, t Topology) 
 	}
 	main := PoolSeed{Name: "kubernetes", Entries: v4}
 	if t.NICBased {
-		main.Entries = nic
+		main.Entries, main.MembersOnly = nic, t.NICMembersOnly
 	}
 	pub := LoadBalancerSeed{Name: "kubernetes", Pools: []PoolSeed{main}}
 	if len(v6) > 0 {
