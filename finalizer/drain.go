@@ -48,7 +48,7 @@ func (r *Reconciler) drain(ctx context.Context, node *corev1.Node) (reconcile.Re
 	}
 	msg := r.reportBlockers(node, plan, out)
 	if hasDeadline {
-		msg += fmt.Sprintf("; deadline in %s", deadline.Sub(r.Clock.Now()).Round(time.Second))
+		msg += "; deadline in " + roughly(deadline.Sub(r.Clock.Now()))
 	}
 	r.waitFor(node.UID, "%s", msg)
 	return reconcile.Result{RequeueAfter: r.nextDrainPass(node.UID, plan, out)}, nil
@@ -248,4 +248,13 @@ func (r *Reconciler) deleteRemaining(ctx context.Context, node *corev1.Node, pla
 		return reconcile.Result{}, err
 	}
 	return reconcile.Result{RequeueAfter: podsGonePoll}, nil
+}
+
+// roughly rounds a duration for messages that should not change every pass:
+// to the minute, or to the second in the last minute.
+func roughly(d time.Duration) string {
+	if d > time.Minute {
+		return d.Round(time.Minute).String()
+	}
+	return d.Round(time.Second).String()
 }
