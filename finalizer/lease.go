@@ -104,7 +104,11 @@ func (r *Reconciler) releaseMaintenanceLease(ctx context.Context, node *corev1.N
 	lease.Spec.HolderIdentity = nil
 	lease.Spec.LeaseDurationSeconds = ptr.To[int32](1)
 	lease.Spec.RenewTime = ptr.To(metav1.NewMicroTime(r.Clock.Now()))
-	if err := r.Client.Update(ctx, &lease); err != nil {
+	err = r.Client.Update(ctx, &lease)
+	switch {
+	case apierrors.IsNotFound(err), apierrors.IsConflict(err):
+		// The garbage collector deletes the Lease with its node: already gone.
+	case err != nil:
 		logf.FromContext(ctx).Error(err, "Releasing maintenance Lease", "lease", client.ObjectKeyFromObject(&lease))
 	}
 }

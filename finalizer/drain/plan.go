@@ -185,9 +185,11 @@ func ignored(pod *corev1.Pod, o PlanOptions) bool {
 		return true
 	case isDaemonSetPod(pod) && o.DaemonSets == DaemonSetsSkip:
 		return true
-	case tierOf(pod) == TierReturning && !o.NodeDeleted.IsZero() && !pod.CreationTimestamp.Time.Before(o.NodeDeleted):
-		// Came back once the node was deleting: evicting it again would loop.
-		// Both times have whole seconds, so the same second counts as after.
+	case tierOf(pod) == TierReturning && metav1.GetControllerOf(pod) != nil &&
+		!o.NodeDeleted.IsZero() && !pod.CreationTimestamp.Time.Before(o.NodeDeleted):
+		// Its controller put it back once the node was deleting: evicting it
+		// again would loop. Both times have whole seconds, so the same second
+		// counts as after. A pod no controller manages is never a replacement.
 		return true
 	}
 	return false

@@ -43,6 +43,12 @@ func created(t time.Time) func(*corev1.Pod) {
 	return func(p *corev1.Pod) { p.CreationTimestamp = metav1.NewTime(t) }
 }
 
+func ownedBy(kind string) func(*corev1.Pod) {
+	return func(p *corev1.Pod) {
+		p.OwnerReferences = []metav1.OwnerReference{{APIVersion: "apps/v1", Kind: kind, Name: "owner", Controller: ptr.To(true)}}
+	}
+}
+
 func toleratesAll(p *corev1.Pod) {
 	p.Spec.Tolerations = []corev1.Toleration{{Operator: corev1.TolerationOpExists}}
 }
@@ -135,8 +141,8 @@ func TestReturningPodsAreEvictedOnceAndTheirReplacementsIgnored(t *testing.T) {
 	o := PlanOptions{DaemonSets: DaemonSetsLast, Now: now, NodeDeleted: deleted}
 	original := pod("proxy-a", "proxy", daemon, created(deleted.Add(-time.Hour)))
 	replacement := pod("proxy-b", "proxy", daemon, created(deleted)) // the same second: times are whole seconds
-	tolerant := pod("agent-a", "agent", toleratesAll, created(deleted.Add(-time.Hour)))
-	tolerantAgain := pod("agent-b", "agent", toleratesAll, created(deleted.Add(time.Second)))
+	tolerant := pod("agent-a", "agent", toleratesAll, ownedBy("ReplicaSet"), created(deleted.Add(-time.Hour)))
+	tolerantAgain := pod("agent-b", "agent", toleratesAll, ownedBy("ReplicaSet"), created(deleted.Add(time.Second)))
 	plan, err := NewPlan([]corev1.Pod{original, replacement, tolerant, tolerantAgain}, nil, o)
 	if err != nil {
 		t.Fatal(err)
@@ -147,6 +153,12 @@ func TestReturningPodsAreEvictedOnceAndTheirReplacementsIgnored(t *testing.T) {
 	plan, _ = NewPlan([]corev1.Pod{replacement, tolerantAgain}, nil, o)
 	if plan.Remaining() != 0 {
 		t.Errorf("only replacements left: remaining %d, want 0", plan.Remaining())
+	}
+	// A bare pod has no controller to put it back: created in the second of
+	// the node's deletion, it is still evicted.
+	bare := pod("debug", "debug", toleratesAll, created(deleted))
+	if plan, _ := NewPlan([]corev1.Pod{bare}, nil, o); plan.Remaining() != 1 {
+		t.Errorf("a bare tolerating pod is ignored as a replacement: remaining %d, want 1", plan.Remaining())
 	}
 	// A pod tolerating only the draining taint is scheduled elsewhere: ordinary.
 	partial := pod("half", "x", func(p *corev1.Pod) {

@@ -6,10 +6,10 @@ import (
 	"os/exec"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
-	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -128,20 +128,17 @@ func TestUninstallReleasesEveryNode(t *testing.T) {
 			return len(pods.Items) == 0, nil
 		})
 	}()
-	// Let the first drain finish once the webhooks are gone.
+	// Let the first drain finish once the uninstall waits for the drains in
+	// progress (not before: it would be over before the uninstall looked).
+	var out syncBuffer
 	go func() {
-		_ = harness.Poll(ctx, time.Minute, func(ctx context.Context) (bool, error) {
-			var list admissionregistrationv1.ValidatingWebhookConfigurationList
-			err := env.Client.List(ctx, &list)
-			return err == nil && !slices.ContainsFunc(list.Items, func(c admissionregistrationv1.ValidatingWebhookConfiguration) bool {
-				return c.Name == "nodeguard-validating-webhook-configuration"
-			}), nil
+		_ = harness.Poll(ctx, time.Minute, func(context.Context) (bool, error) {
+			return strings.Contains(out.String(), "waiting up to"), nil
 		})
 		_ = env.Client.Delete(ctx, barePod(ns, "un-finishes", "un-finishes", nil))
 	}()
 
 	cmd := exec.Command(nodeguardBinary(t), "uninstall", "--kubeconfig="+env.Kubeconfig, "--drain-wait=25s", "--stop-wait=60s")
-	var out bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &out
 	err = cmd.Run()
 	<-stopped
@@ -207,4 +204,22 @@ func nodeguardBinary(t *testing.T) string {
 		t.Fatal(err)
 	}
 	return binary
+}
+
+// syncBuffer is a bytes.Buffer a process writes while a test reads it.
+type syncBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *syncBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
 }
