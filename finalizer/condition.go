@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"slices"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -94,4 +95,25 @@ func (r *Reconciler) patchCondition(ctx context.Context, node *corev1.Node, reas
 		return err
 	}
 	return r.Client.Status().Patch(ctx, node, client.RawPatch(types.StrategicMergePatchType, patch))
+}
+
+// removeCondition takes the Terminating condition off a node that another
+// finalizer keeps after nodeguard releases it; when nodeguard's finalizer is
+// the last, the node goes and the condition with it.
+func (r *Reconciler) removeCondition(ctx context.Context, node *corev1.Node) error {
+	others := slices.ContainsFunc(node.Finalizers, func(f string) bool { return f != ngv1alpha1.TerminationFinalizer })
+	has := slices.ContainsFunc(node.Status.Conditions, func(c corev1.NodeCondition) bool { return c.Type == ngv1alpha1.TerminatingCondition })
+	if !others || !has {
+		return nil
+	}
+	patch, err := json.Marshal(map[string]any{"status": map[string]any{"conditions": []map[string]any{
+		{"$patch": "delete", "type": ngv1alpha1.TerminatingCondition},
+	}}})
+	if err != nil {
+		return err
+	}
+	if err := r.Client.Status().Patch(ctx, node, client.RawPatch(types.StrategicMergePatchType, patch)); client.IgnoreNotFound(err) != nil {
+		return fmt.Errorf("removing the %s condition: %w", ngv1alpha1.TerminatingCondition, err)
+	}
+	return nil
 }

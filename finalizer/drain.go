@@ -77,16 +77,23 @@ func (r *Reconciler) plan(ctx context.Context, node *corev1.Node, pastDeadline b
 
 // unreachable reports whether no kubelet will confirm pod deletions on the
 // node: its Ready condition is Unknown (the node lifecycle controller's mark
-// of a silent kubelet), or it carries the out-of-service taint.
+// of a silent kubelet); or it is not Ready and the cloud says its VM is shut
+// down (the cloud node lifecycle controller's shutdown taint), so the kubelet
+// stopped with it; or it carries the out-of-service taint (an administrator's
+// word for the same).
 func unreachable(node *corev1.Node) bool {
+	var shutDown bool
 	for _, t := range node.Spec.Taints {
-		if t.Key == ngv1alpha1.OutOfServiceTaintKey {
+		switch t.Key {
+		case ngv1alpha1.OutOfServiceTaintKey:
 			return true
+		case ngv1alpha1.CloudShutdownTaintKey:
+			shutDown = true
 		}
 	}
 	for _, c := range node.Status.Conditions {
 		if c.Type == corev1.NodeReady {
-			return c.Status == corev1.ConditionUnknown
+			return c.Status == corev1.ConditionUnknown || shutDown && c.Status == corev1.ConditionFalse
 		}
 	}
 	return false
@@ -208,7 +215,7 @@ func waitingMessage(plan *drain.Plan, out drain.Outcome) string {
 	if len(plan.Later) > 0 {
 		parts = append(parts, fmt.Sprintf("%d in later tiers (system-critical, then DaemonSet)", len(plan.Later)))
 	}
-	return fmt.Sprintf("waiting for %d pods (evicting %s pods): %s", plan.Remaining(), plan.Tier, strings.Join(parts, ", "))
+	return fmt.Sprintf("waiting for %s (evicting %s pods): %s", pods(plan.Remaining()), plan.Tier, strings.Join(parts, ", "))
 }
 
 // drainDeadline is deletion time plus the node's drain timeout (annotation,
@@ -248,6 +255,14 @@ func (r *Reconciler) deleteRemaining(ctx context.Context, node *corev1.Node, pla
 		return reconcile.Result{}, err
 	}
 	return reconcile.Result{RequeueAfter: podsGonePoll}, nil
+}
+
+// pods counts pods in words: "1 pod", "3 pods".
+func pods(n int) string {
+	if n == 1 {
+		return "1 pod"
+	}
+	return fmt.Sprintf("%d pods", n)
 }
 
 // roughly rounds a duration for messages that should not change every pass:

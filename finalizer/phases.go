@@ -142,6 +142,9 @@ func (r *Reconciler) waitForVolumes(ctx context.Context, node *corev1.Node) (rec
 // lets the API server delete the node, and gives up the maintenance Lease.
 func (r *Reconciler) release(ctx context.Context, node *corev1.Node) (reconcile.Result, error) {
 	r.event(node, corev1.EventTypeNormal, ReasonReleased, "traffic cut and pods drained: releasing the node")
+	if err := r.removeCondition(ctx, node); err != nil {
+		return reconcile.Result{}, err
+	}
 	patch := client.MergeFromWithOptions(node.DeepCopy(), client.MergeFromWithOptimisticLock{})
 	node.Finalizers = slices.DeleteFunc(slices.Clone(node.Finalizers), func(f string) bool { return f == ngv1alpha1.TerminationFinalizer })
 	if err := r.Client.Patch(ctx, node, patch); client.IgnoreNotFound(err) != nil {

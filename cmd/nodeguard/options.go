@@ -92,7 +92,7 @@ func (o *options) bind(fs *flag.FlagSet) {
 	fs.DurationVar(&o.drainTimeout, "drain-timeout", 0,
 		"Deadline of a drain, counted from the node's deletion; 0 means none. Past it the remaining pods are deleted without regard to PodDisruptionBudgets or do-not-evict (Warning event DrainDeadlineExceeded). A node annotation nodeguard.io/drain-timeout overrides it.")
 	fs.DurationVar(&o.stuckPodMargin, "stuck-pod-margin", finalizer.DefaultStuckPodMargin,
-		"How long past its grace period a terminating pod holds its node; then the drain stops waiting for it (Warning event DrainGaveUpOnPod) and the pod garbage collector finishes it once the node is gone. 0 waits forever. On an unreachable node (Ready Unknown, or the out-of-service taint) terminating pods are waited for only 5s.")
+		"How long past its grace period a terminating pod holds its node; then the drain stops waiting for it (Warning event DrainGaveUpOnPod) and the pod garbage collector finishes it once the node is gone. 0 waits forever. On an unreachable node (Ready Unknown; not Ready with the cloud shutdown taint; or the out-of-service taint) terminating pods are waited for only 5s.")
 	fs.DurationVar(&o.volumeDetachTimeout, "volume-detach-timeout", finalizer.DefaultVolumeDetachTimeout,
 		"After the drain, how long to wait for the node's VolumeAttachments to go before releasing it; 0 does not wait.")
 	fs.IntVar(&o.maxConcurrentDrains, "max-concurrent-drains", finalizer.DefaultMaxConcurrentNodes,
