@@ -76,6 +76,11 @@ func TestDeleteNodeCutsTrafficThenDrainsWithinBudgets(t *testing.T) {
 		t.Fatal("the node was released while a do-not-evict pod was still on it")
 	}
 	harness.WaitForEvent(t, env.Client, top.target, "DoNotEvictPodBlocking")
+	// kubectl describe node says why the node is still there.
+	harness.Eventually(t, 30*time.Second, func(ctx context.Context) (bool, error) {
+		c, err := nodeCondition(ctx, top.target)
+		return c != nil && c.Reason == "Draining" && strings.Contains(c.Message, "1 annotated do-not-evict"), err
+	}, "node %s carries the %s condition naming the do-not-evict pod", top.target, ngv1alpha1.TerminatingCondition)
 	var lease coordinationv1.Lease
 	if err := env.Client.Get(ctx, client.ObjectKey{Namespace: ngv1alpha1.MaintenanceLeaseNamespace, Name: top.target}, &lease); err != nil ||
 		!strings.HasPrefix(ptr.Deref(lease.Spec.HolderIdentity, ""), "nodeguard/") || ptr.Deref(lease.Spec.LeaseDurationSeconds, 0) == 0 {

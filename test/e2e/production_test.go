@@ -75,7 +75,7 @@ func nodeCondition(ctx context.Context, name string) (*corev1.NodeCondition, err
 func TestProductionNodeDrainsInTiersAndIsReleased(t *testing.T) {
 	harness.SkipWithoutEnv(t, env)
 	ctx := context.Background()
-	const ns = "aks"
+	ns := freshName("aks")
 	target := ns + "-target"
 	harness.MustCreate(t, env.Client, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}})
 	var emuNodes []armemulator.Node
@@ -118,6 +118,8 @@ func TestProductionNodeDrainsInTiersAndIsReleased(t *testing.T) {
 	proxy := startAPIProxy(t)
 	startNodeguard(t, proxy.Kubeconfig, emu)
 	harness.WaitForTerminationFinalizer(t, env.Client, target)
+	conditions := watchCondition(t, target)
+	tiers := watchTiers(t, ns, target, aksTier)
 	harness.MustKubectl(t, env.Kubeconfig, "", "delete", "node", target, "--wait=false")
 
 	// While the drain waits on the PDB, kubectl describe node says so.
@@ -171,18 +173,80 @@ func TestProductionNodeDrainsInTiersAndIsReleased(t *testing.T) {
 	if evictedProxies != 1 {
 		t.Errorf("the tolerate-all DaemonSet pod got %d evictions, want 1 (its replacement ignored): %+v", evictedProxies, proxy.Evictions(ns))
 	}
+	tiers.check(t, 2)
+	conditions.requireWaiting(t, "Draining", "waiting for", "under PDB "+ns+"/web (allows ")
 	waitLeaseGone(t, target)
+}
+
+// aksTier is the eviction tier of a pod of the production topology: ordinary
+// workloads, then system-critical ones, then DaemonSet pods.
+func aksTier(p *corev1.Pod) int {
+	switch owner := metav1.GetControllerOf(p); {
+	case owner != nil && owner.Kind == "DaemonSet":
+		return 2
+	case strings.HasPrefix(p.Spec.PriorityClassName, "system-"):
+		return 1
+	}
+	return 0
 }
 
 // TestDeadNodeIsReleased deletes a node whose kubelet is gone (no kwok, Ready
 // Unknown) while it carries 3 pods: evicted, they stay Terminating, since no
 // kubelet confirms them. The drain gives up on them (with an event naming
-// each) and releases the node; the pod garbage collector finishes them, as
-// after a plain kubectl delete node.
+// each) and releases the node within the pods' grace period + the stuck-pod
+// margin + 30 s (in fact within seconds: an unreachable node's pods are waited
+// for only a short margin); the pod garbage collector finishes them, as after
+// a plain kubectl delete node.
 func TestDeadNodeIsReleased(t *testing.T) {
 	harness.SkipWithoutEnv(t, env)
-	ctx := context.Background()
-	const ns = "dead"
+	const grace, margin = 30 * time.Second, finalizerStuckPodMargin
+	dead := newDeadNode(t, freshName("dead"), grace)
+	took := dead.deleteAndWaitReleased(t, grace+margin+30*time.Second)
+	t.Logf("dead node released %s after its delete", took.Round(time.Second))
+	if n, err := harness.CountEvents(context.Background(), env.Client, dead.node, "DrainGaveUpOnPod"); err != nil || n != 3 {
+		t.Errorf("%d DrainGaveUpOnPod events (%v), want one per pod: 3", n, err)
+	}
+	dead.conditions.requireWaiting(t, "Draining", "waiting for 3 pods", "3 terminating")
+	waitLeaseGone(t, dead.node)
+}
+
+// TestDeadNodeOutOfServiceIsReleasedSooner: with the out-of-service taint (an
+// administrator's word that the node is shut down, non-graceful shutdown),
+// the dead node goes before its pods' grace period is even over.
+func TestDeadNodeOutOfServiceIsReleasedSooner(t *testing.T) {
+	harness.SkipWithoutEnv(t, env)
+	const grace = 30 * time.Second
+	dead := newDeadNode(t, freshName("outofservice"), grace)
+	var n corev1.Node
+	if err := env.Client.Get(context.Background(), client.ObjectKey{Name: dead.node}, &n); err != nil {
+		t.Fatal(err)
+	}
+	patch := client.MergeFrom(n.DeepCopy())
+	n.Spec.Taints = append(n.Spec.Taints, corev1.Taint{Key: ngv1alpha1.OutOfServiceTaintKey, Value: "nodeshutdown", Effect: corev1.TaintEffectNoExecute})
+	if err := env.Client.Patch(context.Background(), &n, patch); err != nil {
+		t.Fatal(err)
+	}
+	took := dead.deleteAndWaitReleased(t, grace)
+	t.Logf("out-of-service dead node released %s after its delete", took.Round(time.Second))
+	harness.Eventually(t, time.Minute, func(ctx context.Context) (bool, error) {
+		pods, err := evictablePodsOn(ctx, dead.ns, dead.node)
+		return len(pods) == 0, err
+	}, "the pods of the released node are gone")
+	waitLeaseGone(t, dead.node)
+}
+
+// finalizerStuckPodMargin is nodeguard's default --stuck-pod-margin.
+const finalizerStuckPodMargin = time.Minute
+
+// deadNode is a node whose kubelet is gone, with 3 pods bound to it, and
+// nodeguard running.
+type deadNode struct {
+	ns, node   string
+	conditions *conditionLog
+}
+
+func newDeadNode(t *testing.T, ns string, grace time.Duration) *deadNode {
+	t.Helper()
 	node := ns + "-node"
 	harness.MustCreate(t, env.Client, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}})
 	// What its kubelet last reported: room for pods, then silence.
@@ -195,7 +259,7 @@ func TestDeadNodeIsReleased(t *testing.T) {
 	// Placed before the node lifecycle controller taints the node (or
 	// tolerating it), as pods that ran there before the kubelet died.
 	harness.MustCreate(t, env.Client, builder.Deployment(ns, "stranded", 3, builder.OnNodes("pool", ns), func(d *appsv1.Deployment) {
-		d.Spec.Template.Spec.TerminationGracePeriodSeconds = ptr.To[int64](30)
+		d.Spec.Template.Spec.TerminationGracePeriodSeconds = ptr.To(int64(grace.Seconds()))
 		d.Spec.Template.Spec.Tolerations = []corev1.Toleration{
 			{Key: corev1.TaintNodeUnreachable, Operator: corev1.TolerationOpExists},
 			{Key: corev1.TaintNodeNotReady, Operator: corev1.TolerationOpExists},
@@ -213,14 +277,17 @@ func TestDeadNodeIsReleased(t *testing.T) {
 	t.Cleanup(func() { emu.Close() })
 	startNodeguard(t, env.Kubeconfig, emu, "--admin-state-timeout=2s")
 	harness.WaitForTerminationFinalizer(t, env.Client, node)
+	return &deadNode{ns: ns, node: node, conditions: watchCondition(t, node)}
+}
+
+// deleteAndWaitReleased deletes the node with kubectl and waits, at most
+// within, until it is gone; it returns how long that took.
+func (d *deadNode) deleteAndWaitReleased(t *testing.T, within time.Duration) time.Duration {
+	t.Helper()
 	deleted := time.Now()
-	harness.MustKubectl(t, env.Kubeconfig, "", "delete", "node", node, "--wait=false")
-	// 30 s grace + the 1 m margin + 30 s; unreachable, it is far sooner.
-	harness.Eventually(t, 2*time.Minute, func(ctx context.Context) (bool, error) {
-		return harness.NodeGone(ctx, env.Client, node)
-	}, "the dead node is released")
-	t.Logf("dead node released %s after its delete", time.Since(deleted).Round(time.Second))
-	if n, err := harness.CountEvents(ctx, env.Client, node, "DrainGaveUpOnPod"); err != nil || n != 3 {
-		t.Errorf("%d DrainGaveUpOnPod events (%v), want one per pod: 3", n, err)
-	}
+	harness.MustKubectl(t, env.Kubeconfig, "", "delete", "node", d.node, "--wait=false")
+	harness.Eventually(t, within, func(ctx context.Context) (bool, error) {
+		return harness.NodeGone(ctx, env.Client, d.node)
+	}, "the dead node %s is released", d.node)
+	return time.Since(deleted)
 }

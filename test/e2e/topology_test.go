@@ -52,16 +52,22 @@ func vmssProviderID(index int) string {
 // topologies counts the topologies made under each name in this process.
 var topologies = map[string]int{}
 
+// freshName is name the first time, then name2, name3...: -count=N runs a test
+// N times on one cluster, and each run gets fresh names.
+func freshName(name string) string {
+	topologies[name]++
+	if n := topologies[name]; n > 1 {
+		return fmt.Sprintf("%s%d", name, n)
+	}
+	return name
+}
+
 // newTopology creates the target node and its pods, then the spare nodes,
 // and an ARM emulator whose load balancers hold all of them. With doNotEvict,
 // one of the pods is annotated nodeguard.io/do-not-evict.
 func newTopology(t *testing.T, name string, doNotEvict bool) *topology {
 	t.Helper()
-	// -count=N runs a test N times on one cluster: each run gets fresh names.
-	topologies[name]++
-	if n := topologies[name]; n > 1 {
-		name = fmt.Sprintf("%s%d", name, n)
-	}
+	name = freshName(name)
 	c := env.Client
 	top := &topology{ns: name, target: name + "-target"}
 	var emuNodes []armemulator.Node
