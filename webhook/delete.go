@@ -33,7 +33,10 @@ const DeletePath = "/validate-node-delete"
 // webhook's 5 s timeout so that nodeguard answers "retry" itself.
 const DefaultDeleteTimeout = 4 * time.Second
 
-// +kubebuilder:webhook:path=/validate-node-delete,mutating=false,failurePolicy=fail,sideEffects=NoneOnDryRun,groups="",resources=nodes,verbs=delete,versions=v1,name=delete.nodeguard.io,admissionReviewVersions=v1,timeoutSeconds=5
+// The DELETE webhook is not called for a node already being deleted (a DELETE
+// has no object: the condition reads oldObject): such a delete changes nothing
+// and is allowed anyway, so it must not fail while nodeguard is down.
+// +kubebuilder:webhook:path=/validate-node-delete,mutating=false,failurePolicy=fail,sideEffects=NoneOnDryRun,groups="",resources=nodes,verbs=delete,versions=v1,name=delete.nodeguard.io,admissionReviewVersions=v1,timeoutSeconds=5,patch=`{"matchConditions":[{"name":"not-deleting","expression":"!has(oldObject.metadata.deletionTimestamp)"}]}`
 // +kubebuilder:rbac:groups="",resources=nodes,verbs=get;list;watch;patch
 // +kubebuilder:rbac:groups=coordination.k8s.io,resources=leases,verbs=get;list;watch
 // +kubebuilder:rbac:groups=nodeguard.io,resources=nodedisruptionbudgets,verbs=get;list;watch

@@ -11,6 +11,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"reflect"
+	"regexp"
 	"slices"
 	"strings"
 	"testing"
@@ -20,6 +21,8 @@ import (
 	chartv2 "helm.sh/helm/v4/pkg/chart/v2"
 	"helm.sh/helm/v4/pkg/chart/v2/loader"
 	"helm.sh/helm/v4/pkg/engine"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
 	"sigs.k8s.io/yaml"
 )
 
@@ -212,9 +215,9 @@ replicaCount: 3
 image: {repository: example.azurecr.io/nodeguard, tag: v9.9.9}
 resources: {requests: {cpu: 50m, memory: 100Mi}, limits: {memory: 300Mi}}
 nodeSelector: {kubernetes.azure.com/mode: system}
-webhook: {failurePolicy: Ignore, objectSelector: {matchLabels: {kubernetes.azure.com/mode: user}}}
+webhook: {failurePolicy: Ignore}
 nodeguard:
-  nodeSelector: kubernetes.azure.com/mode=user
+  managedNodes: {matchLabels: {kubernetes.azure.com/mode: user}}
   drainTimeout: 1h
   daemonSetPods: skip
   extraArgs: [--max-concurrent-drains=5]
@@ -323,11 +326,110 @@ func TestChartCopiesAreInSync(t *testing.T) {
 	}
 }
 
-// A node selector without the matching webhook objectSelector would make
-// deleting unmanaged nodes depend on nodeguard being up: the chart refuses it.
-func TestNodeSelectorNeedsTheWebhookObjectSelector(t *testing.T) {
-	_, err := renderErr(t, "nodeguard: {nodeSelector: pool=web}\n")
-	if err == nil || !strings.Contains(err.Error(), "webhook.objectSelector") {
-		t.Errorf("rendering with nodeguard.nodeSelector alone: %v, want an error naming webhook.objectSelector", err)
+// kustomizeWith builds manifests/default with the given components (dirs under
+// manifests/components) from a kustomization of its own.
+func kustomizeWith(t *testing.T, components ...string) map[string]object {
+	t.Helper()
+	dir := t.TempDir()
+	manifests, err := filepath.Abs(filepath.Join(root, "manifests"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	rel, err := filepath.Rel(dir, manifests) // kustomize refuses absolute paths
+	if err != nil {
+		t.Fatal(err)
+	}
+	k := "resources:\n- " + filepath.Join(rel, "default") + "\ncomponents:\n"
+	for _, c := range components {
+		k += "- " + filepath.Join(rel, "components", c) + "\n"
+	}
+	if err := os.WriteFile(filepath.Join(dir, "kustomization.yaml"), []byte(k), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	out, err := exec.Command("kubectl", "kustomize", dir).Output()
+	if err != nil {
+		t.Fatalf("kubectl kustomize with %v: %v", components, err)
+	}
+	objs := map[string]object{}
+	for _, o := range splitDocs(t, "components", string(out)) {
+		objs[key(o)] = o
+	}
+	return objs
+}
+
+// nodeguard.managedNodes renders what the kustomize component managed-nodes
+// adds: --node-selector and the objectSelector of both webhooks.
+func TestManagedNodesRenderTheManagedNodesComponent(t *testing.T) {
+	compare(t, render(t, `
+uninstallHook: {enabled: false}
+nodeguard: {managedNodes: {matchLabels: {nodeguard.io/managed: "true"}}}
+`), kustomizeWith(t, "managed-nodes"))
+}
+
+// The chart writes nodeguard.managedNodes once as the webhooks' objectSelector
+// and once as --node-selector: both must select exactly the same nodes.
+func TestManagedNodesFlagSelectsTheWebhooksNodes(t *testing.T) {
+	objs := render(t, `
+nodeguard:
+  managedNodes:
+    matchLabels: {pool: web, kubernetes.azure.com/mode: user}
+    matchExpressions:
+    - {key: zone, operator: In, values: [a, b]}
+    - {key: tier, operator: NotIn, values: [batch]}
+    - {key: gpu, operator: DoesNotExist}
+    - {key: kubernetes.azure.com/agentpool, operator: Exists}
+`)
+	args := fmt.Sprint(dig(deployment(t, objs), "spec", "template", "spec", "containers", 0, "args"))
+	flag := regexp.MustCompile(`--node-selector=([^\]]*?)(?: --|\]$)`).FindStringSubmatch(args)
+	if flag == nil {
+		t.Fatalf("no --node-selector in %s", args)
+	}
+	fromFlag, err := labels.Parse(flag[1])
+	if err != nil {
+		t.Fatalf("--node-selector=%s does not parse: %v", flag[1], err)
+	}
+	for _, wh := range []any{
+		dig(objs["ValidatingWebhookConfiguration /nodeguard-validating-webhook-configuration"], "webhooks", 0, "objectSelector"),
+		dig(objs["MutatingWebhookConfiguration /nodeguard-mutating-webhook-configuration"], "webhooks", 0, "objectSelector"),
+	} {
+		b, _ := json.Marshal(wh)
+		var ls metav1.LabelSelector
+		if err := json.Unmarshal(b, &ls); err != nil {
+			t.Fatal(err)
+		}
+		fromWebhook, err := metav1.LabelSelectorAsSelector(&ls)
+		if err != nil {
+			t.Fatalf("objectSelector %s: %v", b, err)
+		}
+		for _, node := range []labels.Set{
+			{"pool": "web", "kubernetes.azure.com/mode": "user", "zone": "a", "kubernetes.azure.com/agentpool": "u1"},
+			{"pool": "web", "kubernetes.azure.com/mode": "user", "zone": "b", "tier": "web", "kubernetes.azure.com/agentpool": "u1"},
+			{"pool": "web", "kubernetes.azure.com/mode": "user", "zone": "c", "kubernetes.azure.com/agentpool": "u1"},
+			{"pool": "web", "kubernetes.azure.com/mode": "user", "zone": "a", "tier": "batch", "kubernetes.azure.com/agentpool": "u1"},
+			{"pool": "web", "kubernetes.azure.com/mode": "user", "zone": "a", "gpu": "1", "kubernetes.azure.com/agentpool": "u1"},
+			{"pool": "web", "kubernetes.azure.com/mode": "user", "zone": "a"},
+			{"pool": "db", "kubernetes.azure.com/mode": "user", "zone": "a", "kubernetes.azure.com/agentpool": "u1"},
+		} {
+			if fromFlag.Matches(node) != fromWebhook.Matches(node) {
+				t.Errorf("node %v: --node-selector=%s matches %v, objectSelector %s matches %v",
+					node, flag[1], fromFlag.Matches(node), b, fromWebhook.Matches(node))
+			}
+		}
+	}
+}
+
+// Values that would split what nodeguard manages from what its webhooks cover
+// are refused with a message saying what to set instead.
+func TestManagedNodesRefusesSelectorsThatCannotMirror(t *testing.T) {
+	for values, want := range map[string]string{
+		"nodeguard: {nodeSelector: pool=web}\n":                                     "nodeguard.managedNodes",
+		"webhook: {objectSelector: {matchLabels: {pool: web}}}\n":                   "nodeguard.managedNodes",
+		"nodeguard: {managedNodes: {matchLabels: {managed: true}}}\n":               "quote the value",
+		"nodeguard: {managedNodes: {matchExpressions: [{key: a, operator: Gt}]}}\n": "operator Gt",
+		"nodeguard: {managedNodes: {matchLabel: {pool: web}}}\n":                    "only matchLabels and matchExpressions",
+	} {
+		if _, err := renderErr(t, values); err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("rendering %q: %v, want an error with %q", values, err, want)
+		}
 	}
 }
