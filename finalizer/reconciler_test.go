@@ -428,3 +428,44 @@ func TestUnreachable(t *testing.T) {
 		}
 	}
 }
+
+// TestDrainDeadlineCoversTerminatingPods: past the drain deadline the pods
+// left are deleted, do-not-evict notwithstanding, and terminating pods no
+// longer hold the node, however long their grace period.
+func TestDrainDeadlineCoversTerminatingPods(t *testing.T) {
+	f := newFixture(t, "deadline")
+	node := f.ns + "-node"
+	f.node(t, node, builder.Ready(), func(n *corev1.Node) { n.Annotations[ngv1alpha1.DrainTimeoutAnnotation] = "1m" })
+	long := func(p *corev1.Pod) { p.Spec.TerminationGracePeriodSeconds = ptr.To[int64](3600) }
+	f.pod(t, "slow", node, controlledBy("ReplicaSet"), long)
+	f.pod(t, "pinned", node, controlledBy("ReplicaSet"), long, func(p *corev1.Pod) {
+		p.Annotations = map[string]string{ngv1alpha1.DoNotEvictAnnotation: "true"}
+	})
+	f.deleteNode(t, node)
+
+	f.pass(t, node)
+	if got := f.podState(t, "slow") + "," + f.podState(t, "pinned"); got != "terminating,running" {
+		t.Fatalf("before the deadline slow,pinned are %s, want terminating,running", got)
+	}
+	f.clock.Step(30 * time.Second)
+	if res := f.pass(t, node); res.IsZero() {
+		t.Fatal("released before the deadline")
+	}
+
+	f.clock.Step(35 * time.Second) // past deletion + 1m
+	for range 3 {                  // delete what is left, then give up on it
+		f.pass(t, node)
+	}
+	if gone, err := harness.NodeGone(context.Background(), env.Client, node); err != nil || !gone {
+		t.Fatalf("the node is not released past its drain deadline (%v); events %v", err, f.events.events)
+	}
+	if len(f.events.with(ReasonDrainDeadlineExceeded)) != 1 {
+		t.Errorf("%s events %v, want 1", ReasonDrainDeadlineExceeded, f.events.with(ReasonDrainDeadlineExceeded))
+	}
+	given := f.events.with(ReasonPodGivenUp)
+	for _, name := range []string{"slow", "pinned"} {
+		if !slices.ContainsFunc(given, func(e string) bool { return strings.Contains(e, f.ns+"/"+name) && strings.Contains(e, "deadline") }) {
+			t.Errorf("no %s event names %s and the deadline: %v", ReasonPodGivenUp, name, given)
+		}
+	}
+}
