@@ -105,6 +105,7 @@ func unreachable(node *corev1.Node) bool {
 func (r *Reconciler) reportGivenUp(node *corev1.Node, plan *drain.Plan) {
 	for _, g := range plan.GivenUp {
 		if r.once(node.UID, "given-up/"+string(g.Pod.UID)) {
+			podsGivenUp.WithLabelValues(g.Cause).Inc()
 			r.event(node, corev1.EventTypeWarning, ReasonPodGivenUp,
 				"no longer waiting for pod %s/%s: %s; once the node is gone, the pod garbage collector removes it", g.Pod.Namespace, g.Pod.Name, g.Reason)
 		}

@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	appsv1 "k8s.io/api/apps/v1"
 	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
@@ -264,8 +265,12 @@ func TestStuckPodNoLongerHoldsTheNode(t *testing.T) {
 		t.Errorf("gave up on a pod within its grace period and margin: %v", f.events.with(ReasonPodGivenUp))
 	}
 
+	stuckBefore := testutil.ToFloat64(podsGivenUp.WithLabelValues(drain.GiveUpStuck))
 	f.clock.Step(15 * time.Second)
 	f.pass(t, node)
+	if got := testutil.ToFloat64(podsGivenUp.WithLabelValues(drain.GiveUpStuck)) - stuckBefore; got != 1 {
+		t.Errorf("nodeguard_drain_pods_given_up_total{cause=stuck} grew by %v, want 1", got)
+	}
 	if got := f.events.with(ReasonPodGivenUp); len(got) != 1 || !strings.Contains(got[0], f.ns+"/bare") || !strings.Contains(got[0], "past its grace period") {
 		t.Errorf("%s events %v, want one naming stuck/bare and why", ReasonPodGivenUp, got)
 	}

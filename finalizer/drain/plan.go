@@ -104,9 +104,19 @@ type Plan struct {
 
 // GivenUp is a terminating pod that no longer holds the node.
 type GivenUp struct {
-	Pod    *corev1.Pod
+	Pod *corev1.Pod
+	// Cause is GiveUpStuck, GiveUpUnreachable or GiveUpDeadline (a metric label).
+	Cause string
+	// Reason says why in words.
 	Reason string
 }
+
+// Causes of giving up on a terminating pod, as metric label values.
+const (
+	GiveUpStuck       = "stuck"
+	GiveUpUnreachable = "unreachable"
+	GiveUpDeadline    = "deadline"
+)
 
 // Group is the evictable pods under one PDB, those not Ready first: the
 // Eviction API may let them go even when the PDB allows no disruption.
@@ -144,8 +154,8 @@ func NewPlan(pods []corev1.Pod, pdbs []policyv1.PodDisruptionBudget, o PlanOptio
 			continue
 		}
 		if pod.DeletionTimestamp != nil {
-			if why := giveUpReason(pod, o); why != "" {
-				plan.GivenUp = append(plan.GivenUp, GivenUp{Pod: pod, Reason: why})
+			if cause, why := giveUpReason(pod, o); cause != "" {
+				plan.GivenUp = append(plan.GivenUp, GivenUp{Pod: pod, Cause: cause, Reason: why})
 				continue
 			}
 		}
@@ -196,19 +206,19 @@ func ignored(pod *corev1.Pod, o PlanOptions) bool {
 }
 
 // giveUpReason says why a terminating pod no longer holds the node, or "".
-func giveUpReason(pod *corev1.Pod, o PlanOptions) string {
+func giveUpReason(pod *corev1.Pod, o PlanOptions) (cause, why string) {
 	// The API server sets deletionTimestamp to when the grace period ends.
 	grace := time.Duration(ptr.Deref(pod.DeletionGracePeriodSeconds, 0)) * time.Second
 	terminating := o.Now.Sub(pod.DeletionTimestamp.Add(-grace))
 	switch {
 	case o.PastDeadline:
-		return "the drain deadline passed"
+		return GiveUpDeadline, "the drain deadline passed"
 	case o.Unreachable && terminating >= UnreachableMargin:
-		return "the node is unreachable, so no kubelet will confirm the deletion"
+		return GiveUpUnreachable, "the node is unreachable, so no kubelet will confirm the deletion"
 	case o.StuckMargin > 0 && terminating >= grace+o.StuckMargin:
-		return fmt.Sprintf("terminating for %s, past its grace period (%s) plus %s", terminating.Round(time.Second), grace, o.StuckMargin)
+		return GiveUpStuck, fmt.Sprintf("terminating for %s, past its grace period (%s) plus %s", terminating.Round(time.Second), grace, o.StuckMargin)
 	}
-	return ""
+	return "", ""
 }
 
 // tierOf puts a pod in its eviction tier.

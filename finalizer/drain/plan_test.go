@@ -210,17 +210,17 @@ func TestTerminatingPodsAreGivenUpOn(t *testing.T) {
 		}
 	}
 	tests := []struct {
-		name       string
-		pod        corev1.Pod
-		opts       PlanOptions
-		wantGiveUp bool
+		name      string
+		pod       corev1.Pod
+		opts      PlanOptions
+		wantCause string // "": still waited for
 	}{
-		{"within grace and margin", pod("a", "x", since(80*time.Second, 30)), last, false},
-		{"past grace and margin", pod("a", "x", since(91*time.Second, 30)), last, true},
-		{"unreachable node, past its margin", pod("a", "x", since(UnreachableMargin, 30)), PlanOptions{Now: now, StuckMargin: time.Minute, Unreachable: true}, true},
-		{"unreachable node, just deleted", pod("a", "x", since(time.Second, 30)), PlanOptions{Now: now, StuckMargin: time.Minute, Unreachable: true}, false},
-		{"past the drain deadline", pod("a", "x", since(time.Second, 30)), PlanOptions{Now: now, PastDeadline: true}, true},
-		{"no margin waits forever", pod("a", "x", since(time.Hour, 30)), PlanOptions{Now: now}, false},
+		{"within grace and margin", pod("a", "x", since(80*time.Second, 30)), last, ""},
+		{"past grace and margin", pod("a", "x", since(91*time.Second, 30)), last, GiveUpStuck},
+		{"unreachable node, past its margin", pod("a", "x", since(UnreachableMargin, 30)), PlanOptions{Now: now, StuckMargin: time.Minute, Unreachable: true}, GiveUpUnreachable},
+		{"unreachable node, just deleted", pod("a", "x", since(time.Second, 30)), PlanOptions{Now: now, StuckMargin: time.Minute, Unreachable: true}, ""},
+		{"past the drain deadline", pod("a", "x", since(time.Second, 30)), PlanOptions{Now: now, PastDeadline: true}, GiveUpDeadline},
+		{"no margin waits forever", pod("a", "x", since(time.Hour, 30)), PlanOptions{Now: now}, ""},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -228,8 +228,12 @@ func TestTerminatingPodsAreGivenUpOn(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if got := len(plan.GivenUp) == 1; got != tt.wantGiveUp || (got && plan.Remaining() != 0) || (!got && plan.Remaining() != 1) {
-				t.Errorf("given up %v (remaining %d), want %v", plan.GivenUp, plan.Remaining(), tt.wantGiveUp)
+			cause := ""
+			if len(plan.GivenUp) == 1 {
+				cause = plan.GivenUp[0].Cause
+			}
+			if wantRemaining := map[bool]int{true: 1, false: 0}[tt.wantCause == ""]; cause != tt.wantCause || plan.Remaining() != wantRemaining {
+				t.Errorf("given up %+v (remaining %d), want cause %q", plan.GivenUp, plan.Remaining(), tt.wantCause)
 			}
 		})
 	}
