@@ -140,6 +140,10 @@ func (c *Claimer) checkUnhealthy(ndb *ngv1alpha1.NodeDisruptionBudget, node, why
 	if ndb.Spec.UnhealthyNodeDeletionPolicy != ngv1alpha1.IfHealthyBudget {
 		return nil
 	}
+	if ndb.Status.ObservedGeneration < ndb.Generation {
+		return &Denial{Budget: ndb.Name, Code: http.StatusTooManyRequests, Message: fmt.Sprintf(
+			"NodeDisruptionBudget %q (unhealthyNodeDeletionPolicy IfHealthyBudget) has not been evaluated since its last change; retry in a few seconds", ndb.Name)}
+	}
 	n, err := FromStatus(ndb, now)
 	if err != nil {
 		return &Denial{Budget: ndb.Name, Numbers: n, Code: http.StatusForbidden,

@@ -191,7 +191,15 @@ func (h *DeleteHandler) claimBudgets(ctx context.Context, node *corev1.Node, dry
 	if len(names) > 0 {
 		msg += ": " + strings.Join(names, ", ")
 	}
-	return decision{allowed: true, message: msg, claimed: claimed}, nil
+	d := decision{allowed: true, message: msg, claimed: claimed}
+	if unavailable, why := budget.Unavailable(node); unavailable && len(names) > 0 {
+		// The claims charged nothing: the budgets count this node unavailable
+		// already (their unhealthyNodeDeletionPolicy let it go).
+		d.reason = reasonUnavailableNode
+		d.message = fmt.Sprintf("node %s is already unavailable (%s): its deletion consumes no disruption of %s",
+			node.Name, why, strings.Join(names, ", "))
+	}
+	return d, nil
 }
 
 // matchingBudgets returns the budgets selecting the node, sorted by name.
@@ -234,6 +242,8 @@ func (h *DeleteHandler) record(node *corev1.Node, d decision) {
 			h.Recorder.Eventf(d.denier, node, corev1.EventTypeWarning, ReasonDisruptionDenied, actionAdmit, "%s", d.message)
 		}
 		h.Recorder.Eventf(node, nil, corev1.EventTypeWarning, ReasonDeletionDenied, actionAdmit, "%s", d.message)
+	case d.reason == reasonUnavailableNode:
+		h.Recorder.Eventf(node, nil, corev1.EventTypeNormal, ReasonDeletionAdmitted, actionAdmit, "deletion admitted: %s", d.message)
 	case len(d.claimed) > 0:
 		for _, b := range d.claimed {
 			h.Recorder.Eventf(b, node, corev1.EventTypeNormal, ReasonDisruptionClaimed, actionAdmit, "charged the deletion of node %s", node.Name)

@@ -25,12 +25,15 @@ const (
 	reasonFinalizerAdded  = "finalizer_added"
 	reasonInvalidRequest  = "invalid_request"
 	reasonInternal        = "internal"
+	// reasonUnavailableNode (allowed): a node the budgets count unavailable
+	// already, deleted without consuming a disruption.
+	reasonUnavailableNode = "unavailable_node"
 )
 
 var (
 	decisions = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "nodeguard_admission_requests_total",
-		Help: "Node admission decisions by operation (CREATE, UPDATE, DELETE), result (allowed, patched, denied, error) and denial reason.",
+		Help: "Node admission decisions by operation (CREATE, UPDATE, DELETE), result (allowed, patched, denied, error) and reason (why denied; unavailable_node: an unavailable node's deletion admitted without a disruption).",
 	}, []string{labelOperation, labelResult, labelReason})
 	latency = prometheus.NewHistogramVec(prometheus.HistogramOpts{
 		Name:    "nodeguard_admission_duration_seconds",

@@ -4,11 +4,12 @@ import (
 	"context"
 	"fmt"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
-	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	corev1 "k8s.io/api/core/v1"
+	eventsv1 "k8s.io/api/events/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -19,36 +20,106 @@ import (
 	"github.com/nodeguard/nodeguard/test/harness"
 )
 
+// runs numbers the names of each run, so that -count=N never meets the nodes
+// of an earlier run.
+var runs atomic.Int64
+
+func uniqueName(prefix string) string { return fmt.Sprintf("%s-r%d", prefix, runs.Add(1)) }
+
 func deleteNode(name string) error {
 	return env.Client.Delete(context.Background(), &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: name}})
 }
 
-// Under AlwaysAllow (the default), deleting a node the budget already counts
-// unavailable consumes no disruption and does not lower currentAvailable
-// again; a healthy node's delete still needs an allowed disruption.
+// releaseOnCleanup removes every finalizer from the nodes when the test ends,
+// so that nodes left deleting go.
+func releaseOnCleanup(t *testing.T, names ...string) {
+	t.Cleanup(func() {
+		for _, name := range names {
+			var n corev1.Node
+			if err := env.Client.Get(context.Background(), client.ObjectKey{Name: name}, &n); err != nil {
+				continue
+			}
+			patch := client.MergeFrom(n.DeepCopy())
+			n.Finalizers = nil
+			_ = env.Client.Patch(context.Background(), &n, patch)
+		}
+	})
+}
+
+// notReady sets the node's Ready condition to False, as a kubelet does that
+// reports a problem.
+func notReady(n *corev1.Node) {
+	now := metav1.Now()
+	n.Status.Conditions = append(n.Status.Conditions, corev1.NodeCondition{
+		Type: corev1.NodeReady, Status: corev1.ConditionFalse, Reason: "KubeletNotReady",
+		Message: "container runtime network not ready", LastHeartbeatTime: now, LastTransitionTime: now,
+	})
+}
+
+// wantDeleting fails unless the node's deletion went through: it is gone, or
+// held only by a finalizer.
+func wantDeleting(t *testing.T, name string) {
+	t.Helper()
+	var n corev1.Node
+	err := env.Client.Get(context.Background(), client.ObjectKey{Name: name}, &n)
+	if err == nil && n.DeletionTimestamp == nil {
+		t.Errorf("node %s is not being deleted", name)
+	} else if client.IgnoreNotFound(err) != nil {
+		t.Error(err)
+	}
+}
+
+// wantNotDeleting fails unless the node is still there and not being deleted.
+func wantNotDeleting(t *testing.T, name string) {
+	t.Helper()
+	if n := getNode(t, name); n.DeletionTimestamp != nil {
+		t.Errorf("node %s is being deleted, want it kept", name)
+	}
+}
+
+// Under maxUnavailable 1 with one unavailable node, the budget is used up;
+// under AlwaysAllow (the default) deleting that node is still admitted, charges
+// nothing and does not lower currentAvailable a second time, and a healthy
+// node's delete is still denied. Each way a node counts unavailable.
 func TestUnavailableNodeDeletionIsAdmittedUnderAlwaysAllow(t *testing.T) {
 	harness.SkipWithoutEnv(t, env)
 	useGuards(t, startGuard(t, false))
-	healthy := createReadyNodes(t, "sick-always", 2)
-	dead := createNodes(t, "sick-always-dead", "sick-always", 1, builder.Unreachable())[0]
-	createBudget(t, "sick-always", 0, builder.NDBMaxUnavailable("1"))
+	for _, tc := range []struct {
+		name    string
+		sick    builder.NodeOption
+		wantWhy string
+	}{
+		{"not-ready", notReady, "not ready"},
+		{"unreachable", builder.Unreachable(), "not ready"},
+		{"spot-evicted", func(n *corev1.Node) {
+			builder.Ready()(n)
+			builder.WithTaints(corev1.Taint{Key: ngv1alpha1.SpotEvictionTaintKey, Value: ngv1alpha1.SpotEvictionTaintValue, Effect: corev1.TaintEffectNoSchedule})(n)
+		}, "tainted " + ngv1alpha1.SpotEvictionTaintKey},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			pool := uniqueName("sick-" + tc.name)
+			healthy := createReadyNodes(t, pool, 2)
+			sick := createNodes(t, pool+"-dead", pool, 1, tc.sick)[0]
+			releaseOnCleanup(t, append(healthy, sick)...)
+			createBudget(t, pool, 0, builder.NDBMaxUnavailable("1"))
 
-	if err := deleteNode(dead); err != nil {
-		t.Fatalf("deleting the dead node under a used-up budget: %v, want admitted", err)
+			if err := deleteNode(sick); err != nil {
+				t.Fatalf("deleting the unavailable node under a used-up budget: %v, want admitted", err)
+			}
+			wantDeleting(t, sick)
+			ndb := getBudget(t, pool)
+			if len(ndb.Status.DisruptedNodes) != 0 || ndb.Status.CurrentAvailable != 2 || ndb.Status.DisruptionsAllowed != 0 {
+				t.Errorf("the unavailable node's delete charged the budget: disruptedNodes %v, currentAvailable %d, disruptionsAllowed %d (want none, 2, 0)",
+					ndb.Status.DisruptedNodes, ndb.Status.CurrentAvailable, ndb.Status.DisruptionsAllowed)
+			}
+			err := deleteNode(healthy[0])
+			if !apierrors.IsTooManyRequests(err) || !strings.Contains(err.Error(), "allowed 0, unavailable 1 of max 1") {
+				t.Errorf("deleting a healthy node: %v, want a 429 with the budget's numbers", err)
+			}
+			wantNotDeleting(t, healthy[0])
+			waitForEvent(t, sick, "NodeDeletionAdmitted", "is already unavailable ("+tc.wantWhy+"): its deletion consumes no disruption of "+pool)
+		})
 	}
-	if err := deleteNode(healthy[0]); !apierrors.IsTooManyRequests(err) {
-		t.Errorf("deleting a healthy node: %v, want a 429 denial", err)
-	}
-	ndb := getBudget(t, "sick-always")
-	if len(ndb.Status.DisruptedNodes) != 0 || ndb.Status.CurrentAvailable != 2 {
-		t.Errorf("the dead node's delete charged the budget: disruptedNodes %v, currentAvailable %d (want none, 2)",
-			ndb.Status.DisruptedNodes, ndb.Status.CurrentAvailable)
-	}
-	// The status controller, seeing the node deleting, counts it once.
-	harness.Eventually(t, 10*time.Second, func(context.Context) (bool, error) {
-		ndb := getBudget(t, "sick-always")
-		return ndb.Status.CurrentAvailable == 2 && ndb.Status.ExpectedNodes == 3, nil
-	}, "the budget counts the deleted dead node unavailable once")
 }
 
 // Under IfHealthyBudget, an unavailable node goes only while the budget has its
@@ -58,32 +129,49 @@ func TestUnavailableNodeDeletionUnderIfHealthyBudget(t *testing.T) {
 	useGuards(t, startGuard(t, false))
 	policy := builder.NDBUnhealthyNodeDeletion(ngv1alpha1.IfHealthyBudget)
 
-	// 1 dead of 3 under maxUnavailable 1: 2 available of 2 desired, healthy.
-	createReadyNodes(t, "sick-ok", 2)
-	dead := createNodes(t, "sick-ok-dead", "sick-ok", 1, builder.Unreachable())[0]
-	createBudget(t, "sick-ok", 0, builder.NDBMaxUnavailable("1"), policy)
-	if err := deleteNode(dead); err != nil {
-		t.Errorf("deleting a dead node of a healthy budget: %v, want admitted", err)
-	}
+	t.Run("healthy budget", func(t *testing.T) {
+		// 1 dead of 3 under maxUnavailable 1: 2 available of 2 desired.
+		pool := uniqueName("ifhealthy-ok")
+		healthy := createReadyNodes(t, pool, 2)
+		dead := createNodes(t, pool+"-dead", pool, 1, builder.Unreachable())[0]
+		releaseOnCleanup(t, append(healthy, dead)...)
+		createBudget(t, pool, 0, builder.NDBMaxUnavailable("1"), policy)
+		if err := deleteNode(dead); err != nil {
+			t.Fatalf("deleting a dead node of a healthy budget: %v, want admitted", err)
+		}
+		wantDeleting(t, dead)
+		if ndb := getBudget(t, pool); len(ndb.Status.DisruptedNodes) != 0 || ndb.Status.CurrentAvailable != 2 {
+			t.Errorf("the dead node's delete charged the budget: disruptedNodes %v, currentAvailable %d (want none, 2)",
+				ndb.Status.DisruptedNodes, ndb.Status.CurrentAvailable)
+		}
+	})
 
-	// 2 dead of 4 under maxUnavailable 1: 2 available of 3 desired.
-	createReadyNodes(t, "sick-bad", 2)
-	deads := createNodes(t, "sick-bad-dead", "sick-bad", 2, builder.Unreachable())
-	createBudget(t, "sick-bad", 0, builder.NDBMaxUnavailable("1"), policy)
-	err := deleteNode(deads[0])
-	if !apierrors.IsTooManyRequests(err) || !strings.Contains(err.Error(), "unhealthyNodeDeletionPolicy IfHealthyBudget") {
-		t.Errorf("deleting a dead node of an unhealthy budget: %v, want a 429 naming the policy", err)
-	}
+	t.Run("unhealthy budget", func(t *testing.T) {
+		// 2 dead of 4 under maxUnavailable 1: 2 available of 3 desired.
+		pool := uniqueName("ifhealthy-bad")
+		healthy := createReadyNodes(t, pool, 2)
+		deads := createNodes(t, pool+"-dead", pool, 2, builder.Unreachable())
+		releaseOnCleanup(t, append(healthy, deads...)...)
+		createBudget(t, pool, 0, builder.NDBMaxUnavailable("1"), policy)
+		err := deleteNode(deads[0])
+		if !apierrors.IsTooManyRequests(err) || !strings.Contains(err.Error(), "unhealthyNodeDeletionPolicy IfHealthyBudget") ||
+			!strings.Contains(err.Error(), "only 2 of the 3 nodes it wants are available") {
+			t.Errorf("deleting a dead node of an unhealthy budget: %v, want a 429 naming the policy and the numbers", err)
+		}
+		wantNotDeleting(t, deads[0])
+		waitForEvent(t, deads[0], "NodeDeletionDenied", "unhealthyNodeDeletionPolicy IfHealthyBudget")
+	})
 }
 
 func TestUnhealthyNodeDeletionPolicyIsValidated(t *testing.T) {
 	harness.SkipWithoutEnv(t, env)
-	ndb := builder.NDB("bad-policy", builder.NDBMaxUnavailable("1"), builder.NDBUnhealthyNodeDeletion("Sometimes"))
+	ndb := builder.NDB(uniqueName("bad-policy"), builder.NDBMaxUnavailable("1"), builder.NDBUnhealthyNodeDeletion("Sometimes"))
 	err := env.Client.Create(context.Background(), ndb)
-	if !apierrors.IsInvalid(err) || !strings.Contains(err.Error(), "unhealthyNodeDeletionPolicy") {
-		t.Errorf("creating a budget with policy Sometimes: %v, want invalid", err)
+	if !apierrors.IsInvalid(err) || !strings.Contains(err.Error(), "spec.unhealthyNodeDeletionPolicy") ||
+		!strings.Contains(err.Error(), `"AlwaysAllow", "IfHealthyBudget"`) {
+		t.Errorf("creating a budget with policy Sometimes: %v, want invalid, naming the field and the values", err)
 	}
-	good := builder.NDB("default-policy", builder.NDBMaxUnavailable("1"))
+	good := builder.NDB(uniqueName("default-policy"), builder.NDBMaxUnavailable("1"))
 	harness.MustCreate(t, env.Client, good)
 	t.Cleanup(func() { _ = env.Client.Delete(context.Background(), good) })
 	if good.Spec.UnhealthyNodeDeletionPolicy != ngv1alpha1.AlwaysAllowUnhealthy {
@@ -98,21 +186,32 @@ func TestFinalizerWebhookIsNotCalledForNodesThatHaveTheFinalizer(t *testing.T) {
 	harness.SkipWithoutEnv(t, env)
 	useGuards(t, startGuard(t, false))
 	before := finalizerWebhookCalls(t)
-	name := createReadyNodes(t, "scoped", 1)[0]
+	name := createReadyNodes(t, uniqueName("scoped"), 1)[0]
+	releaseOnCleanup(t, name)
 	created := finalizerWebhookCalls(t)
 	if created != before+1 {
 		t.Fatalf("creating a node called the finalizer webhook %v times, want 1", created-before)
 	}
-	for i := range 3 {
+	if n := getNode(t, name); !strings.Contains(strings.Join(n.Finalizers, ","), ngv1alpha1.TerminationFinalizer) {
+		t.Fatalf("node %s has finalizers %v, want %s", name, n.Finalizers, ngv1alpha1.TerminationFinalizer)
+	}
+	for i, change := range []func(*corev1.Node){
+		func(n *corev1.Node) { n.Labels["change"] = "label" },
+		func(n *corev1.Node) { n.Annotations = map[string]string{"change": "annotation"} },
+		func(n *corev1.Node) {
+			n.Spec.Taints = append(n.Spec.Taints, corev1.Taint{Key: "change", Effect: corev1.TaintEffectPreferNoSchedule})
+		},
+		func(n *corev1.Node) { n.Spec.Unschedulable = true },
+	} {
 		n := getNode(t, name)
 		patch := client.MergeFrom(n.DeepCopy())
-		n.Labels["change"] = string(rune('a' + i))
+		change(n)
 		if err := env.Client.Patch(context.Background(), n, patch); err != nil {
-			t.Fatal(err)
+			t.Fatalf("change %d: %v", i, err)
 		}
 	}
 	if got := finalizerWebhookCalls(t); got != created {
-		t.Errorf("3 label changes of a node with the finalizer called the webhook %v times, want 0", got-created)
+		t.Errorf("4 changes of a node with the finalizer called the webhook %v times, want 0", got-created)
 	}
 }
 
@@ -140,76 +239,28 @@ func finalizerWebhookCalls(t *testing.T) float64 {
 	return total
 }
 
-// With nodeguard down and the DELETE webhook scoped to the managed nodes (its
-// objectSelector mirrors --node-selector), deleting a node nodeguard does not
-// manage still works; deleting a managed one is refused (failurePolicy Fail).
-func TestWithNodeguardDownOnlyManagedNodeDeletesAreRefused(t *testing.T) {
-	harness.SkipWithoutEnv(t, env)
-	useGuards(t) // nothing answers
-	const managedLabel = "scope.nodeguard.io/managed"
-	restore := scopeDeleteWebhook(t, &metav1.LabelSelector{MatchLabels: map[string]string{managedLabel: "true"}})
-	defer restore()
-	unmanaged := createReadyNodes(t, "outside", 1)[0]
-	managed := createReadyNodes(t, "inside", 1, builder.WithLabels(managedLabel, "true"))[0]
-
-	if err := deleteNode(unmanaged); err != nil {
-		t.Errorf("with nodeguard down, deleting an unmanaged node: %v, want it deleted", err)
-	}
-	err := deleteNode(managed)
-	if err == nil || !strings.Contains(err.Error(), `failed calling webhook "delete.nodeguard.io"`) {
-		t.Errorf("with nodeguard down, deleting a managed node: %v, want refused by the webhook", err)
-	}
-}
-
-// scopeDeleteWebhook sets the DELETE webhook's objectSelector, as the Helm
-// chart's webhook.objectSelector does, and returns how to undo it.
-func scopeDeleteWebhook(t *testing.T, sel *metav1.LabelSelector) func() {
+// waitForEvent waits for an event of reason about the node whose note
+// contains want.
+func waitForEvent(t *testing.T, node, reason, want string) {
 	t.Helper()
-	ctx := context.Background()
-	var list admissionregistrationv1.ValidatingWebhookConfigurationList
-	if err := env.Client.List(ctx, &list); err != nil {
-		t.Fatal(err)
-	}
-	for i := range list.Items {
-		cfg := &list.Items[i]
-		for j := range cfg.Webhooks {
-			if cfg.Webhooks[j].Name != "delete.nodeguard.io" {
+	var seen []string
+	harness.Eventually(t, 15*time.Second, func(ctx context.Context) (bool, error) {
+		var list eventsv1.EventList
+		if err := env.Client.List(ctx, &list); err != nil {
+			return false, err
+		}
+		seen = seen[:0]
+		for _, e := range list.Items {
+			if e.Regarding.Kind != "Node" || e.Regarding.Name != node {
 				continue
 			}
-			old := cfg.Webhooks[j].ObjectSelector
-			cfg.Webhooks[j].ObjectSelector = sel
-			if err := env.Client.Update(ctx, cfg); err != nil {
-				t.Fatal(err)
-			}
-			probe := createReadyNodes(t, "scope-probe", 1)[0]
-			waitForDeleteWebhookScope(t, probe, false)
-			return func() {
-				if err := env.Client.Get(ctx, client.ObjectKeyFromObject(cfg), cfg); err != nil {
-					t.Error(err)
-					return
-				}
-				cfg.Webhooks[j].ObjectSelector = old
-				if err := env.Client.Update(ctx, cfg); err != nil {
-					t.Error(err)
-				}
-				waitForDeleteWebhookScope(t, probe, true)
+			seen = append(seen, e.Reason+": "+e.Note)
+			if e.Reason == reason && strings.Contains(e.Note, want) {
+				return true, nil
 			}
 		}
-	}
-	t.Fatal("no delete.nodeguard.io webhook installed")
-	return nil
-}
-
-// waitForDeleteWebhookScope waits until the API server applies a webhook
-// configuration change: a dry-run delete of probe (with nodeguard down) is
-// refused by the DELETE webhook when covered, and goes through when not.
-func waitForDeleteWebhookScope(t *testing.T, probe string, covered bool) {
-	t.Helper()
-	harness.Eventually(t, 30*time.Second, func(ctx context.Context) (bool, error) {
-		err := env.Client.Delete(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: probe}}, client.DryRunAll)
-		refused := err != nil && strings.Contains(err.Error(), `failed calling webhook "delete.nodeguard.io"`)
-		return refused == covered, nil
-	}, "the API server applies the DELETE webhook's new objectSelector (node %s covered: %v)", probe, covered)
+		return false, nil
+	}, "node %s has a %s event saying %q (events: %q)", node, reason, want, seen)
 }
 
 // createNodes creates n nodes named prefix-i in pool, with options.
