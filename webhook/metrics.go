@@ -10,6 +10,7 @@ const (
 	labelOperation = "operation"
 	labelResult    = "result"
 	labelReason    = "reason"
+	labelWebhook   = "webhook"
 )
 
 // Admission results and denial reasons (metric label values).
@@ -40,8 +41,13 @@ var (
 		Help:    "Time to decide a Node admission request, including budget claims.",
 		Buckets: prometheus.ExponentialBuckets(0.001, 2, 14),
 	}, []string{labelOperation})
+
+	scopeMismatches = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Name: "nodeguard_webhook_scope_mismatch",
+		Help: "1 for each of nodeguard's webhooks whose objectSelector does not select the nodes of --node-selector (checked at start-up).",
+	}, []string{labelWebhook})
 )
 
 func init() {
-	metrics.Registry.MustRegister(decisions, latency)
+	metrics.Registry.MustRegister(decisions, latency, scopeMismatches)
 }

@@ -117,7 +117,7 @@ func TestUnavailableNodeDeletionIsAdmittedUnderAlwaysAllow(t *testing.T) {
 				t.Errorf("deleting a healthy node: %v, want a 429 with the budget's numbers", err)
 			}
 			wantNotDeleting(t, healthy[0])
-			waitForEvent(t, sick, "NodeDeletionAdmitted", "is already unavailable ("+tc.wantWhy+"): its deletion consumes no disruption of "+pool)
+			waitForEvent(t, "Node", sick, "NodeDeletionAdmitted", "is already unavailable ("+tc.wantWhy+"): its deletion consumes no disruption of "+pool)
 		})
 	}
 }
@@ -159,7 +159,7 @@ func TestUnavailableNodeDeletionUnderIfHealthyBudget(t *testing.T) {
 			t.Errorf("deleting a dead node of an unhealthy budget: %v, want a 429 naming the policy and the numbers", err)
 		}
 		wantNotDeleting(t, deads[0])
-		waitForEvent(t, deads[0], "NodeDeletionDenied", "unhealthyNodeDeletionPolicy IfHealthyBudget")
+		waitForEvent(t, "Node", deads[0], "NodeDeletionDenied", "unhealthyNodeDeletionPolicy IfHealthyBudget")
 	})
 }
 
@@ -239,9 +239,9 @@ func finalizerWebhookCalls(t *testing.T) float64 {
 	return total
 }
 
-// waitForEvent waits for an event of reason about the node whose note
-// contains want.
-func waitForEvent(t *testing.T, node, reason, want string) {
+// waitForEvent waits for an event of reason about the object (kind, name)
+// whose note contains want.
+func waitForEvent(t *testing.T, kind, name, reason, want string) {
 	t.Helper()
 	var seen []string
 	harness.Eventually(t, 15*time.Second, func(ctx context.Context) (bool, error) {
@@ -251,7 +251,7 @@ func waitForEvent(t *testing.T, node, reason, want string) {
 		}
 		seen = seen[:0]
 		for _, e := range list.Items {
-			if e.Regarding.Kind != "Node" || e.Regarding.Name != node {
+			if e.Regarding.Kind != kind || e.Regarding.Name != name {
 				continue
 			}
 			seen = append(seen, e.Reason+": "+e.Note)
@@ -260,7 +260,7 @@ func waitForEvent(t *testing.T, node, reason, want string) {
 			}
 		}
 		return false, nil
-	}, "node %s has a %s event saying %q (events: %q)", node, reason, want, seen)
+	}, "%s %s has a %s event saying %q (events: %q)", kind, name, reason, want, seen)
 }
 
 // createNodes creates n nodes named prefix-i in pool, with options.

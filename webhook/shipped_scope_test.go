@@ -15,6 +15,8 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/tools/events"
 	"k8s.io/utils/clock"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	crmetrics "sigs.k8s.io/controller-runtime/pkg/metrics"
@@ -293,4 +295,89 @@ func waitForDeleteWebhookScope(t *testing.T, probe string, covered bool) {
 		refused := err != nil && strings.Contains(err.Error(), `failed calling webhook "delete.nodeguard.io"`)
 		return refused == covered, nil
 	}, "the API server applies the new webhook configuration (node %s covered: %v)", probe, covered)
+}
+
+// CheckScope finds each of nodeguard's webhooks whose objectSelector does not
+// select the nodes of --node-selector, in the configurations as installed, and
+// the start-up check reports them with a Warning event and a gauge.
+func TestScopeCheckFindsWebhooksThatDoNotMirrorTheNodeSelector(t *testing.T) {
+	harness.SkipWithoutEnv(t, env)
+	both := []string{ngwebhook.DeleteWebhookName, ngwebhook.FinalizerWebhookName}
+	check := func(t *testing.T, nodeSelector string, want []string) {
+		t.Helper()
+		managed, err := labels.Parse(nodeSelector)
+		if err != nil {
+			t.Fatal(err)
+		}
+		mismatches, err := ngwebhook.CheckScope(context.Background(), env.Client, managed)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var got []string
+		for _, m := range mismatches {
+			got = append(got, m.Webhook)
+		}
+		slices.Sort(got)
+		if !slices.Equal(got, want) {
+			t.Errorf("--node-selector=%q: mismatched webhooks %v, want %v (%v)", nodeSelector, got, want, mismatches)
+		}
+	}
+	// manifests/webhook as installed: no objectSelector, every node.
+	check(t, "", nil)
+	check(t, managedLabel+"=true", both)
+
+	useGuards(t) // down while the configuration changes
+	installShippedWebhooks(t, "managed-nodes")
+	check(t, managedLabel+"=true", nil)
+	check(t, "", both)
+	check(t, managedLabel+"=false", both)
+
+	scope := &ngwebhook.ScopeCheck{Reader: env.Client, Managed: labels.Everything(), Recorder: newRecorder(t)}
+	if err := scope.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	var validating admissionregistrationv1.ValidatingWebhookConfigurationList
+	if err := env.Client.List(context.Background(), &validating); err != nil || len(validating.Items) == 0 {
+		t.Fatalf("listing validating webhook configurations: %v, %d", err, len(validating.Items))
+	}
+	waitForEvent(t, "ValidatingWebhookConfiguration", validating.Items[0].Name, ngwebhook.ReasonWebhookScopeMismatch,
+		`webhook delete.nodeguard.io in `+validating.Items[0].Name+` is called for the nodes "`+managedLabel+`=true" while nodeguard manages the nodes (all)`)
+	if got := gaugeValue(t, "nodeguard_webhook_scope_mismatch", "webhook", ngwebhook.DeleteWebhookName); got != 1 {
+		t.Errorf("nodeguard_webhook_scope_mismatch{webhook=%q} = %v, want 1", ngwebhook.DeleteWebhookName, got)
+	}
+}
+
+// newRecorder records events through the API server until the test ends.
+func newRecorder(t *testing.T) events.EventRecorder {
+	t.Helper()
+	cs, err := kubernetes.NewForConfig(env.Config)
+	if err != nil {
+		t.Fatal(err)
+	}
+	broadcaster := events.NewBroadcaster(&events.EventSinkImpl{Interface: cs.EventsV1()})
+	stop := make(chan struct{})
+	broadcaster.StartRecordingToSink(stop)
+	t.Cleanup(func() { close(stop); broadcaster.Shutdown() })
+	return broadcaster.NewRecorder(env.Scheme, "nodeguard-webhook-test")
+}
+
+func gaugeValue(t *testing.T, name, label, value string) float64 {
+	t.Helper()
+	families, err := crmetrics.Registry.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range families {
+		if f.GetName() != name {
+			continue
+		}
+		for _, m := range f.GetMetric() {
+			for _, l := range m.GetLabel() {
+				if l.GetName() == label && l.GetValue() == value {
+					return m.GetGauge().GetValue()
+				}
+			}
+		}
+	}
+	return 0
 }

@@ -86,6 +86,10 @@ func setupGuard(mgr ctrl.Manager, opts options) error {
 	if err := ngwebhook.SetupBackfill(mgr, managed); err != nil {
 		return err
 	}
+	if err := mgr.Add(&ngwebhook.ScopeCheck{Reader: mgr.GetAPIReader(), Managed: managed,
+		Recorder: mgr.GetEventRecorder("nodeguard-webhook")}); err != nil {
+		return err
+	}
 	return (&budget.StatusReconciler{Client: mgr.GetClient(), Clock: clock.RealClock{}, ClaimTimeout: opts.claimTimeout}).SetupWithManager(mgr)
 }
 
