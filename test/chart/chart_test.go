@@ -271,7 +271,7 @@ fullnameOverride: guard
 	m := objs["MutatingWebhookConfiguration /guard-mutating-webhook-configuration"]
 	for what, wh := range map[string]any{"delete": dig(v, "webhooks", 0), "finalizer": dig(m, "webhooks", 0)} {
 		if got := dig(wh, "objectSelector", "matchLabels", "kubernetes.azure.com/mode"); got != "user" {
-			t.Errorf("%s webhook objectSelector %v, want the nodes of nodeguard.nodeSelector", what, dig(wh, "objectSelector"))
+			t.Errorf("%s webhook objectSelector %v, want the nodes of nodeguard.managedNodes", what, dig(wh, "objectSelector"))
 		}
 	}
 	if got := dig(v, "metadata", "annotations"); got != nil {
