@@ -85,6 +85,16 @@ type Options struct {
 	VolumeDetachTimeout time.Duration
 	// MaxConcurrentNodes bounds nodes terminated in parallel.
 	MaxConcurrentNodes int
+	// BlockedPDBPolicy is what a drain does about pods under a PDB blocked by
+	// design (empty: replace); annotations on a Deployment or PDB override it.
+	BlockedPDBPolicy drain.BlockedPDBPolicy
+	// BlockedPDBSettle is how long a queue must stay blocked by design before
+	// nodeguard acts on it.
+	BlockedPDBSettle time.Duration
+	// ReplacementTimeout is how long a restart's new pod may stay not Ready
+	// before the replacement counts as stalled and the drain falls back to
+	// waiting (0: never).
+	ReplacementTimeout time.Duration
 }
 
 // Reconciler terminates nodes.
@@ -102,6 +112,7 @@ type Reconciler struct {
 	Opts       Options
 
 	phases phases
+	repl   replacements
 	// seen remembers what was already reported, so that a waiting drain does
 	// not repeat itself: pod UIDs reported once, and each node's last waiting
 	// message and backstop.
@@ -123,6 +134,8 @@ type Reconciler struct {
 // +kubebuilder:rbac:groups="",resources=pods,verbs=list;delete
 // +kubebuilder:rbac:groups="",resources=pods/eviction,verbs=create
 // +kubebuilder:rbac:groups=policy,resources=poddisruptionbudgets,verbs=list;watch
+// +kubebuilder:rbac:groups=apps,resources=replicasets,verbs=get
+// +kubebuilder:rbac:groups=apps,resources=deployments,verbs=get;patch
 // +kubebuilder:rbac:groups=storage.k8s.io,resources=volumeattachments,verbs=list
 // +kubebuilder:rbac:groups=coordination.k8s.io,resources=leases,verbs=get;list;watch;create;update
 // +kubebuilder:rbac:groups="",resources=namespaces,verbs=create
@@ -242,6 +255,7 @@ func (r *Reconciler) forget(uid types.UID) {
 	name := r.phases.names[uid]
 	r.phases.mu.Unlock()
 	r.phases.forget(uid)
+	r.repl.forget(uid)
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	delete(r.queues, name)

@@ -51,6 +51,9 @@ func setupTermination(mgr ctrl.Manager, opts options) error {
 			VolumeDetachTimeout: opts.volumeDetachTimeout,
 			StuckPodMargin:      opts.stuckPodMargin,
 			MaxConcurrentNodes:  opts.maxConcurrentDrains,
+			BlockedPDBPolicy:    drain.BlockedPDBPolicy(opts.blockedPDBPolicy),
+			BlockedPDBSettle:    opts.blockedPDBSettle,
+			ReplacementTimeout:  opts.replacementTimeout,
 		},
 	}
 	if adminState == nil {
