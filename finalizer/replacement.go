@@ -172,7 +172,7 @@ func (r *Reconciler) replaceBlocked(ctx context.Context, node *corev1.Node, plan
 	p := &replacePass{
 		r: r, node: node, started: terminationStarted(node), now: r.Clock.Now(), pastDeadline: pastDeadline,
 		replicaSets: map[types.NamespacedName]*appsv1.ReplicaSet{}, deployments: map[types.NamespacedName]*appsv1.Deployment{},
-		rollouts: map[types.UID]*rollout{}, unavailable: map[types.UID]map[types.UID]int32{},
+		rollouts: map[types.UID]*rollout{}, conflicted: map[types.UID]bool{}, unavailable: map[types.UID]map[types.UID]int32{},
 	}
 	first := !r.repl.wasSurveyed(node.UID)
 	var due time.Duration
@@ -212,6 +212,9 @@ type replacePass struct {
 	replicaSets map[types.NamespacedName]*appsv1.ReplicaSet
 	deployments map[types.NamespacedName]*appsv1.Deployment
 	rollouts    map[types.UID]*rollout
+	// conflicted: Deployments whose restart lost a race in this pass; the next
+	// pass reads them again.
+	conflicted map[types.UID]bool
 	// unavailable: per PDB, the maxUnavailable of each Deployment whose
 	// rollout replaces pods of the queue.
 	unavailable map[types.UID]map[types.UID]int32
@@ -328,6 +331,9 @@ func (p *replacePass) otherUnavailable(g *drain.Group, d *appsv1.Deployment) int
 // restart on its next pass.
 func (p *replacePass) restart(ctx context.Context, g *drain.Group, pod *corev1.Pod, d *appsv1.Deployment, source string) (string, error) {
 	name := d.Namespace + "/" + d.Name
+	if p.conflicted[d.UID] {
+		return fmt.Sprintf("blocked by design (%s); restarting Deployment %s", budgetNumbers(g), name), nil
+	}
 	restarted := d.DeepCopy()
 	if restarted.Spec.Template.Annotations == nil {
 		restarted.Spec.Template.Annotations = map[string]string{}
@@ -336,6 +342,7 @@ func (p *replacePass) restart(ctx context.Context, g *drain.Group, pod *corev1.P
 	err := p.r.Client.Patch(ctx, restarted, client.MergeFromWithOptions(d, client.MergeFromWithOptimisticLock{}))
 	switch {
 	case apierrors.IsConflict(err):
+		p.conflicted[d.UID] = true
 		return fmt.Sprintf("blocked by design (%s); restarting Deployment %s", budgetNumbers(g), name), nil
 	case err != nil:
 		replacementRestarts.WithLabelValues(d.Namespace, restartFailed).Inc()
