@@ -62,7 +62,9 @@ func newReplaceCluster(t *testing.T, name string, targets int, place func(ns str
 		for _, name := range c.targets {
 			var n corev1.Node
 			if err := env.Client.Get(ctx, client.ObjectKey{Name: name}, &n); err != nil || len(n.Spec.Taints) > 0 ||
-				!slices.ContainsFunc(n.Status.Conditions, func(c corev1.NodeCondition) bool { return c.Type == corev1.NodeReady && c.Status == corev1.ConditionTrue }) {
+				!slices.ContainsFunc(n.Status.Conditions, func(c corev1.NodeCondition) bool {
+					return c.Type == corev1.NodeReady && c.Status == corev1.ConditionTrue
+				}) {
 				return false, err
 			}
 		}
@@ -159,12 +161,12 @@ func (c *replaceCluster) deploymentWrites(name string) []harness.Write {
 // readyLog watches an app's pods and records the fewest Ready ones (not
 // deleting) it ever had at once, from when it is armed.
 type readyLog struct {
-	app   string
-	mu    sync.Mutex
-	ready map[string]bool
-	armed bool
+	app    string
+	mu     sync.Mutex
+	ready  map[string]bool
+	armed  bool
 	fewest int
-	at    string // the pods' states at the fewest
+	at     string // the pods' states at the fewest
 }
 
 func watchReady(t *testing.T, ns, app string) *readyLog {
