@@ -5,8 +5,14 @@
 // Azure (a custom cloud endpoint, InsecureAllowCredentialWithHTTP,
 // DisableRPRegistration).
 //
-// It keeps ETags (bumped on every write, If-Match answered with 412 on a
-// mismatch), can run writes as asynchronous operations (Azure-AsyncOperation
+// It plays ARM's ETag rule: a load balancer has one ETag, which every one of
+// its backend pools reports, and a write to any pool bumps it (a pool is a
+// child resource); If-Match with another ETag is answered with 412. A
+// NIC-based pool can list members only in backendIPConfigurations, with no
+// backend-address entry (as the REST specification's example does), and a
+// PUT cannot add NIC-based entries: networkInterfaceIPConfiguration is
+// read-only in the specification, so such entries are ignored. Writes can be
+// throttled per subscription (ARM's write budget). It can run writes as asynchronous operations (Azure-AsyncOperation
 // plus status polling), injects faults per path (any status with Retry-After,
 // added latency, hanging until the client gives up, a failed long-running
 // operation, or a hook that runs before the request, e.g. a concurrent writer),
@@ -61,6 +67,10 @@ type EntrySeed struct {
 	IP         string `json:"ip,omitempty"`
 	IPConfigID string `json:"ipConfigId,omitempty"`
 	AdminState string `json:"adminState,omitempty"`
+	// MemberOnly lists a NIC-based member only in the pool's
+	// backendIPConfigurations, with no backend-address entry to carry an
+	// admin state (the REST specification's NIC pool example).
+	MemberOnly bool `json:"memberOnly,omitempty"`
 }
 
 // NetworkInterfaceSeed is a standalone NIC (VMAS or VMSS flex) attached to a VM.
@@ -116,12 +126,21 @@ type Options struct {
 	// AsyncPolls is how many status polls answer InProgress before the
 	// operation completes.
 	AsyncPolls int
+	// WriteThrottle, when set, limits writes per subscription as ARM does:
+	// past the limit a write is answered 429 SubscriptionRequestsThrottled
+	// with a Retry-After.
+	WriteThrottle *WriteThrottle
+}
+
+// WriteThrottle allows Writes writes per Window in the subscription.
+type WriteThrottle struct {
+	Writes int
+	Window time.Duration
 }
 
 type pool struct {
 	lb   string
 	data armnetwork.BackendAddressPool
-	n    int // etag counter
 }
 
 type operation struct {
@@ -139,6 +158,8 @@ type Server struct {
 
 	mu       sync.Mutex
 	lbs      []string         // names in seed order
+	lbEtag   map[string]int   // key: lower(lb); ETag counter of the load balancer
+	writes   []time.Time      // accepted writes, for WriteThrottle
 	pools    map[string]*pool // key: lower(lb)/lower(pool)
 	poolKeys []string
 	nics     map[string]NetworkInterfaceSeed // key: lower(id)
@@ -158,13 +179,14 @@ func New(seed Seed, opts Options) *Server {
 	if seed.Location == "" {
 		seed.Location = "westeurope"
 	}
-	s := &Server{seed: seed, opts: opts, pools: map[string]*pool{}, nics: map[string]NetworkInterfaceSeed{}, ops: map[string]*operation{}}
-	for _, lb := range seed.LoadBalancers {
+	s := &Server{seed: seed, opts: opts, lbEtag: map[string]int{}, pools: map[string]*pool{}, nics: map[string]NetworkInterfaceSeed{}, ops: map[string]*operation{}}
+	for i, lb := range seed.LoadBalancers {
 		s.lbs = append(s.lbs, lb.Name)
+		// Distinct load balancers start from distinct ETags.
+		s.lbEtag[strings.ToLower(lb.Name)] = 1 + i*1000
 		for _, p := range lb.Pools {
 			k := key(lb.Name, p.Name)
-			s.pools[k] = &pool{lb: lb.Name, data: s.seedPool(lb.Name, p), n: 1}
-			s.pools[k].data.Etag = etag(1)
+			s.pools[k] = &pool{lb: lb.Name, data: s.seedPool(lb.Name, p)}
 			s.poolKeys = append(s.poolKeys, k)
 		}
 	}
@@ -219,6 +241,21 @@ func etag(n int) *string {
 	return &v
 }
 
+// etagOf is the current ETag of a load balancer, which all its pools report.
+// Call with s.mu held.
+func (s *Server) etagOf(lb string) *string { return etag(s.lbEtag[strings.ToLower(lb)]) }
+
+// bump records a write to a load balancer or any of its pools. Call with s.mu held.
+func (s *Server) bump(lb string) { s.lbEtag[strings.ToLower(lb)]++ }
+
+// view is a pool as ARM returns it: a copy carrying its load balancer's ETag.
+// Call with s.mu held.
+func (s *Server) view(p *pool) armnetwork.BackendAddressPool {
+	c := clonePool(p.data)
+	c.Etag = s.etagOf(p.lb)
+	return c
+}
+
 func (s *Server) lbID(lb string) string {
 	return fmt.Sprintf("/subscriptions/%s/resourceGroups/%s/providers/Microsoft.Network/loadBalancers/%s", s.seed.Subscription, s.seed.ResourceGroup, lb)
 }
@@ -244,6 +281,9 @@ func (s *Server) seedPool(lb string, p PoolSeed) armnetwork.BackendAddressPool {
 		if e.IPConfigID != "" {
 			entry.Properties.NetworkInterfaceIPConfiguration = &armnetwork.SubResource{ID: ptr(e.IPConfigID)}
 			props.BackendIPConfigurations = append(props.BackendIPConfigurations, &armnetwork.InterfaceIPConfiguration{ID: ptr(e.IPConfigID)})
+			if e.MemberOnly {
+				continue
+			}
 		}
 		if e.AdminState != "" {
 			entry.Properties.AdminState = ptr(armnetwork.LoadBalancerBackendAddressAdminState(e.AdminState))
@@ -318,12 +358,12 @@ func (s *Server) Pool(lb, name string) *armnetwork.BackendAddressPool {
 	if !ok {
 		return nil
 	}
-	c := clonePool(p.data)
+	c := s.view(p)
 	return &c
 }
 
-// MutatePool changes a pool as another writer would, bumping its ETag. It
-// reports false when the pool does not exist.
+// MutatePool changes a pool as another writer would, bumping its load
+// balancer's ETag. It reports false when the pool does not exist.
 func (s *Server) MutatePool(lb, name string, mutate func(*armnetwork.BackendAddressPool)) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -332,9 +372,22 @@ func (s *Server) MutatePool(lb, name string, mutate func(*armnetwork.BackendAddr
 		return false
 	}
 	mutate(&p.data)
-	p.n++
-	p.data.Etag = etag(p.n)
+	s.bump(p.lb)
 	return true
+}
+
+// Status counts recorded requests answered with status, by method (empty:
+// any) and path substring (case-insensitive).
+func (s *Server) Status(method, pathContains string, status int) int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	n := 0
+	for _, r := range s.requests {
+		if r.Status == status && (method == "" || r.Method == method) && strings.Contains(strings.ToLower(r.Path), strings.ToLower(pathContains)) {
+			n++
+		}
+	}
+	return n
 }
 
 // DeletePool removes a pool (later requests for it get 404).
@@ -342,6 +395,9 @@ func (s *Server) DeletePool(lb, name string) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	k := key(lb, name)
+	if _, ok := s.pools[k]; ok {
+		s.bump(lb)
+	}
 	delete(s.pools, k)
 	for i, pk := range s.poolKeys {
 		if pk == k {
@@ -365,6 +421,8 @@ type PoolState struct {
 	Pool         string       `json:"pool"`
 	Etag         string       `json:"etag"`
 	Entries      []EntryState `json:"entries"`
+	// Members are the pool's backendIPConfigurations (NIC-based members).
+	Members []string `json:"members,omitempty"`
 }
 
 // State dumps every pool's entries and admin states (also served at
@@ -375,7 +433,10 @@ func (s *Server) State() []PoolState {
 	var out []PoolState
 	for _, k := range s.poolKeys {
 		p := s.pools[k]
-		ps := PoolState{LoadBalancer: p.lb, Pool: deref(p.data.Name), Etag: deref(p.data.Etag)}
+		ps := PoolState{LoadBalancer: p.lb, Pool: deref(p.data.Name), Etag: deref(s.etagOf(p.lb))}
+		for _, c := range p.data.Properties.BackendIPConfigurations {
+			ps.Members = append(ps.Members, deref(c.ID))
+		}
 		for _, e := range p.data.Properties.LoadBalancerBackendAddresses {
 			es := EntryState{Name: deref(e.Name), AdminState: "None"}
 			if e.Properties != nil {
@@ -578,7 +639,7 @@ func (s *Server) loadBalancer(name string) (armnetwork.LoadBalancer, bool) {
 	}
 	lb := armnetwork.LoadBalancer{
 		ID: ptr(s.lbID(found)), Name: ptr(found), Location: ptr(s.seed.Location), Type: ptr("Microsoft.Network/loadBalancers"),
-		Etag: ptr(`W/"lb"`),
+		Etag: s.etagOf(found),
 		SKU:  &armnetwork.LoadBalancerSKU{Name: ptr(armnetwork.LoadBalancerSKUNameStandard), Tier: ptr(armnetwork.LoadBalancerSKUTierRegional)},
 		Properties: &armnetwork.LoadBalancerPropertiesFormat{
 			ProvisioningState:   ptr(armnetwork.ProvisioningStateSucceeded),
@@ -588,7 +649,7 @@ func (s *Server) loadBalancer(name string) (armnetwork.LoadBalancer, bool) {
 	for _, k := range s.poolKeys {
 		p := s.pools[k]
 		if strings.EqualFold(p.lb, found) {
-			c := clonePool(p.data)
+			c := s.view(p)
 			lb.Properties.BackendAddressPools = append(lb.Properties.BackendAddressPools, &c)
 		}
 	}
@@ -636,7 +697,7 @@ func (s *Server) getPool(w http.ResponseWriter, lb, name string) {
 	p, ok := s.pools[key(lb, name)]
 	var c armnetwork.BackendAddressPool
 	if ok {
-		c = clonePool(p.data)
+		c = s.view(p)
 	}
 	s.mu.Unlock()
 	if !ok {
@@ -663,22 +724,27 @@ func (s *Server) putPool(w http.ResponseWriter, r *http.Request, lb, name string
 		writeError(w, http.StatusNotFound, "NotFound", "backend pool "+lb+"/"+name+" not found")
 		return
 	}
-	if im := r.Header.Get("If-Match"); im != "" && im != "*" && im != deref(p.data.Etag) {
-		writeError(w, http.StatusPreconditionFailed, "PreconditionFailed", fmt.Sprintf("Precondition failed: If-Match %s does not match the current ETag %s.", im, deref(p.data.Etag)))
+	current := deref(s.etagOf(p.lb))
+	if im := r.Header.Get("If-Match"); im != "" && im != "*" && im != current {
+		writeError(w, http.StatusPreconditionFailed, "PreconditionFailed", fmt.Sprintf("Precondition failed: If-Match %s does not match the current ETag %s.", im, current))
+		return
+	}
+	if retryAfter, throttled := s.throttleWrite(); throttled {
+		w.Header().Set("Retry-After", retryAfter)
+		writeError(w, http.StatusTooManyRequests, "SubscriptionRequestsThrottled", "Number of write requests for subscription '"+s.seed.Subscription+"' exceeded the limit.")
 		return
 	}
 	var entries []*armnetwork.LoadBalancerBackendAddress
 	if body.Properties != nil {
-		entries = body.Properties.LoadBalancerBackendAddresses
+		entries = writableEntries(p.data.Properties.LoadBalancerBackendAddresses, body.Properties.LoadBalancerBackendAddresses)
 	}
 	apply := func() {
 		p.data.Properties.LoadBalancerBackendAddresses = entries
-		p.n++
-		p.data.Etag = etag(p.n)
+		s.bump(p.lb)
 	}
 	if !s.opts.Async {
 		apply()
-		c := clonePool(p.data)
+		c := s.view(p)
 		w.Header().Set("ETag", *c.Etag)
 		writeJSON(w, http.StatusOK, c)
 		return
@@ -689,7 +755,7 @@ func (s *Server) putPool(w http.ResponseWriter, r *http.Request, lb, name string
 		op.status = f.OperationStatus
 	}
 	s.ops[strings.ToLower(op.id)] = op
-	c := clonePool(p.data)
+	c := s.view(p)
 	c.Properties.LoadBalancerBackendAddresses = entries
 	c.Properties.ProvisioningState = ptr(armnetwork.ProvisioningStateUpdating)
 	scheme := "http"
@@ -697,6 +763,58 @@ func (s *Server) putPool(w http.ResponseWriter, r *http.Request, lb, name string
 		scheme, r.Host, s.seed.Subscription, s.seed.Location, op.id, APIVersion))
 	w.Header().Set("Retry-After", "0")
 	writeJSON(w, http.StatusCreated, c)
+}
+
+// throttleWrite counts a write against the subscription's WriteThrottle. It
+// returns the Retry-After (whole seconds) when the write is refused. Call
+// with s.mu held.
+func (s *Server) throttleWrite() (string, bool) {
+	t := s.opts.WriteThrottle
+	if t == nil || t.Writes <= 0 {
+		return "", false
+	}
+	now := time.Now()
+	kept := s.writes[:0]
+	for _, at := range s.writes {
+		if now.Sub(at) < t.Window {
+			kept = append(kept, at)
+		}
+	}
+	s.writes = kept
+	if len(s.writes) >= t.Writes {
+		wait := s.writes[0].Add(t.Window).Sub(now)
+		return strconv.Itoa(int((wait + time.Second - 1) / time.Second)), true
+	}
+	s.writes = append(s.writes, now)
+	return "", false
+}
+
+// writableEntries is what a PUT's entries become: networkInterfaceIPConfiguration
+// is read-only (a NIC joins a pool through its own IP configuration), so a
+// NIC-based entry the pool did not have is ignored, and an existing one
+// keeps its reference.
+func writableEntries(have, put []*armnetwork.LoadBalancerBackendAddress) []*armnetwork.LoadBalancerBackendAddress {
+	nicEntry := map[string]bool{}
+	for _, e := range have {
+		if id := nicConfigID(e); id != "" {
+			nicEntry[strings.ToLower(id)] = true
+		}
+	}
+	out := make([]*armnetwork.LoadBalancerBackendAddress, 0, len(put))
+	for _, e := range put {
+		if id := nicConfigID(e); id != "" && !nicEntry[strings.ToLower(id)] {
+			continue
+		}
+		out = append(out, e)
+	}
+	return out
+}
+
+func nicConfigID(e *armnetwork.LoadBalancerBackendAddress) string {
+	if e == nil || e.Properties == nil || e.Properties.NetworkInterfaceIPConfiguration == nil {
+		return ""
+	}
+	return deref(e.Properties.NetworkInterfaceIPConfiguration.ID)
 }
 
 func (s *Server) serveOperation(w http.ResponseWriter, id string) {
