@@ -39,6 +39,17 @@ func (e *UpdateFailedError) Error() string {
 
 func (e *UpdateFailedError) Unwrap() error { return e.Err }
 
+// NoEntryError is a node that is a member of a NIC-based backend pool only
+// through its NIC's IP configuration (the pool's backendIPConfigurations):
+// the pool has no backend-address entry to carry an admin state, and ARM does
+// not let a client add one (networkInterfaceIPConfiguration is read-only), so
+// the node's traffic through this pool is not cut.
+type NoEntryError struct{ Pool string }
+
+func (e *NoEntryError) Error() string {
+	return "backend pool " + e.Pool + " lists the node only in backendIPConfigurations: it has no backend-address entry to carry an admin state"
+}
+
 // errorClass is what the manager does about an error.
 type errorClass int
 

@@ -11,6 +11,9 @@ const (
 	ReasonNone           = "LoadBalancerAdminStateNone"
 	ReasonUpdateFailed   = "LoadBalancerAdminStateUpdateFailed"
 	ReasonUpdateRetrying = "LoadBalancerAdminStateUpdateRetrying"
+	// ReasonNoEntry (Warning): a NIC-based pool has the node as a member but
+	// no entry that could carry an admin state; its traffic is not cut there.
+	ReasonNoEntry = "LoadBalancerAdminStateNoEntry"
 
 	eventAction = "UpdateLoadBalancerAdminState"
 )
@@ -42,4 +45,14 @@ func failedEvent(pool string, err string) event {
 func exhaustedEvent(pool string, retries int, err string, resync time.Duration) event {
 	return event{warning: true, reason: ReasonUpdateFailed,
 		note: fmt.Sprintf("Backend pool %s update failed after %d retries: %s. It is tried again at the next resync (every %s) or when the node's desired admin state changes; check ARM throttling and other writers of the pool.", pool, retries, err, resync)}
+}
+
+func noEntryEvent(pool string) event {
+	return event{warning: true, reason: ReasonNoEntry,
+		note: fmt.Sprintf("Backend pool %s lists the node only through its NIC's IP configuration (backendIPConfigurations), with no backend-address entry to carry an admin state; ARM does not let a client add one, so the node is NOT Down in this pool and keeps receiving new connections there until its health probe fails.", pool)}
+}
+
+func listFailedEvent(resourceGroup, err string, at time.Time) event {
+	return event{warning: true, reason: ReasonUpdateRetrying,
+		note: fmt.Sprintf("Listing the load balancers in resource group %s failed, so the node's backend pools are unknown; retrying after %s: %s", resourceGroup, at.UTC().Format(time.RFC3339), err)}
 }

@@ -6,6 +6,7 @@ import (
 	"flag"
 	"fmt"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -85,16 +86,23 @@ type Manager struct {
 	clock    clock.WithTicker
 	log      logr.Logger
 
+	// trigger wakes the loop: new work, or a writer finished.
 	trigger chan struct{}
 	stopped chan struct{}
 	stopMu  sync.Once
 
-	lockMu    sync.Mutex
-	poolLocks map[string]*sync.Mutex
+	lockMu  sync.Mutex
+	lbLocks map[string]*sync.Mutex
 
-	mu          sync.Mutex
-	nodes       map[types.UID]*nodeState
-	pools       map[string]*poolState
+	mu    sync.Mutex
+	nodes map[types.UID]*nodeState
+	pools map[string]*poolState
+	// writers: the load balancers whose writer goroutine is running.
+	writers map[string]bool
+	// attempts numbers pool attempts, so that a writer takes the pool it
+	// served longest ago first.
+	attempts    uint64
+	discovered  bool
 	nextResync  time.Time
 	discoverErr error
 }
@@ -117,6 +125,8 @@ type nodeState struct {
 	confirmed bool
 	failed    error
 	notify    chan struct{}
+	// warned: pools whose missing entry was reported for gen.
+	warned map[string]bool
 }
 
 // work is a node's state in one pool.
@@ -132,6 +142,8 @@ type poolState struct {
 	// notBefore parks the pool: no call before it (429 Retry-After, or the
 	// retry interval after a retriable failure).
 	notBefore time.Time
+	// lastAttempt is the attempt number of the pool's last attempt.
+	lastAttempt uint64
 }
 
 // NewManager builds the manager from the flags. It returns (nil, nil) when no
@@ -177,7 +189,8 @@ func NewManagerFromConfig(cfg *config.Config, recorder events.EventRecorder, opt
 	m := &Manager{
 		cfg: cfg, client: client, recorder: recorder, clock: s.clock, log: s.log,
 		trigger: make(chan struct{}, 1), stopped: make(chan struct{}),
-		poolLocks: map[string]*sync.Mutex{}, nodes: map[types.UID]*nodeState{}, pools: map[string]*poolState{},
+		lbLocks: map[string]*sync.Mutex{}, nodes: map[types.UID]*nodeState{}, pools: map[string]*poolState{},
+		writers: map[string]bool{},
 	}
 	m.nics = backends.NewNICCache(client.GetInterface)
 	return m, nil
@@ -217,17 +230,32 @@ func (m *Manager) SetDesired(node *corev1.Node, state AdminState) {
 		n.desired = state
 		n.gen++
 		n.since = m.clock.Now()
-		n.changed, n.confirmed, n.failed = false, false, nil
+		n.changed, n.confirmed, n.failed, n.warned = false, false, nil, map[string]bool{}
 		for _, w := range n.pools {
 			*w = work{pending: true}
 		}
 		n.signal()
 		changed = true
 	}
+	if !n.known && m.discovered {
+		m.assumeMember(n)
+	}
 	m.mu.Unlock()
 	if changed {
 		m.wake()
 	}
+}
+
+// assumeMember gives a node whose membership is unknown pending work in
+// every known pool: the pool's fresh Get, which a write needs anyway, tells
+// whether it is a member, so no listing delays its first write. Call with
+// m.mu held.
+func (m *Manager) assumeMember(n *nodeState) {
+	n.pools = make(map[string]*work, len(m.pools))
+	for k := range m.pools {
+		n.pools[k] = &work{pending: true}
+	}
+	n.known = true
 }
 
 func sameIdent(a, b backends.Node) bool {
@@ -307,9 +335,11 @@ func (m *Manager) Start(ctx context.Context) error {
 	ctx = ctrl.LoggerInto(ctx, log)
 	log.Info("Starting load-balancer admin-state manager", "subscription", m.cfg.SubscriptionID,
 		"resourceGroup", m.cfg.ResourceGroup, "loadBalancers", m.cfg.LoadBalancers, "credential", m.cfg.Credential.Kind)
+	var writers sync.WaitGroup
 	defer m.stopMu.Do(func() { close(m.stopped) })
+	defer writers.Wait()
 	for {
-		next := m.tick(ctx)
+		next := m.round(ctx, &writers)
 		if ctx.Err() != nil {
 			return nil
 		}
@@ -325,13 +355,16 @@ func (m *Manager) Start(ctx context.Context) error {
 	}
 }
 
-func (m *Manager) poolLock(key string) *sync.Mutex {
+// lbLock serialises writes to one load balancer's pools (they share its
+// ETag) across the manager's writers and ticks.
+func (m *Manager) lbLock(lb string) *sync.Mutex {
 	m.lockMu.Lock()
 	defer m.lockMu.Unlock()
-	l, ok := m.poolLocks[key]
+	k := strings.ToLower(lb)
+	l, ok := m.lbLocks[k]
 	if !ok {
 		l = &sync.Mutex{}
-		m.poolLocks[key] = l
+		m.lbLocks[k] = l
 	}
 	return l
 }

@@ -269,66 +269,108 @@ func TestHundredNodesFourPoolsOneBatch(t *testing.T) {
 	}
 }
 
+// A read's 429 parks the pool it was for; other load balancers proceed.
 func TestThrottleParksPool(t *testing.T) {
-	for _, tc := range []struct{ name, method string }{{"on Get", http.MethodGet}, {"on CreateOrUpdate", http.MethodPut}} {
-		t.Run(tc.name, func(t *testing.T) {
-			e := newEnv(t, 3, false)
-			n0, n1 := e.nodes[0], e.nodes[1]
-			throttledBefore := testutil.ToFloat64(armclient.Throttled(map[string]string{http.MethodGet: armclient.OpGetPool, http.MethodPut: armclient.OpUpdatePool}[tc.method]))
-			e.emu.AddFault(armemulator.Fault{Method: tc.method, Path: publicPool, Status: http.StatusTooManyRequests, RetryAfter: "30", Times: 1})
-			failuresBefore := failures()
-			e.m.SetDesired(n0, AdminStateDown)
-			e.tick()
-			if got := e.state("kubernetes-internal", "kubernetes", n0.Name); got != "Down" {
-				t.Errorf("internal pool not updated while the public one is throttled: %s", got)
-			}
-			if got := e.emu.Count(tc.method, publicPool); got != 1 {
-				t.Errorf("%d %s requests to the throttled pool, want 1 (the SDK must not retry a throttle)", got, tc.method)
-			}
-			if got := testutil.ToFloat64(armclient.Throttled(map[string]string{http.MethodGet: armclient.OpGetPool, http.MethodPut: armclient.OpUpdatePool}[tc.method])); got != throttledBefore+1 {
-				t.Errorf("throttle metric went %v → %v, want +1", throttledBefore, got)
-			}
-			e.wantReasons(n0.Name, ReasonUpdateRetrying)
-			requests := len(e.emu.Requests())
-
-			// Ticks before Retry-After: no call, no event, no retry count, even
-			// with newer work for the parked pool; other pools proceed.
-			e.step(10 * time.Second)
-			e.m.SetDesired(n1, AdminStateDown)
-			e.tick()
-			e.step(10 * time.Second)
-			e.tick()
-			if got := e.gets(publicPool) + e.puts(publicPool); got != map[string]int{http.MethodGet: 1, http.MethodPut: 2}[tc.method] {
-				t.Errorf("parked pool was called: %d requests", got)
-			}
-			if got := e.state("kubernetes-internal", "kubernetes", n1.Name); got != "Down" {
-				t.Errorf("other pool did not proceed while one is parked: %s", got)
-			}
-			if got := e.state("kubernetes", "kubernetes", n1.Name); got != "None" {
-				t.Errorf("parked pool changed: %s", got)
-			}
-			e.wantReasons(n0.Name, ReasonUpdateRetrying)
-			e.wantReasons(n1.Name)
-			if w := e.m.nodes[n0.UID].pools["kubernetes/kubernetes"]; w.retries != 1 {
-				t.Errorf("retry count %d while parked, want 1", w.retries)
-			}
-			if len(e.emu.Requests()) <= requests {
-				t.Errorf("no requests for the other pool")
-			}
-
-			e.step(11 * time.Second) // past Retry-After
-			e.tick()
-			e.wantStates(n0.Name, AdminStateDown)
-			e.wantStates(n1.Name, AdminStateDown)
-			e.wantConfirmed(n0, AdminStateDown)
-			e.wantConfirmed(n1, AdminStateDown)
-			e.wantReasons(n0.Name, ReasonUpdateRetrying, ReasonDown)
-			e.wantReasons(n1.Name, ReasonDown)
-			if failures() != failuresBefore {
-				t.Errorf("failure metric recorded for a throttle that later succeeded")
-			}
-		})
+	e := newEnv(t, 3, false)
+	n0, n1 := e.nodes[0], e.nodes[1]
+	throttledBefore := testutil.ToFloat64(armclient.Throttled(armclient.OpGetPool))
+	e.emu.AddFault(armemulator.Fault{Method: http.MethodGet, Path: publicPool, Status: http.StatusTooManyRequests, RetryAfter: "30", Times: 1})
+	failuresBefore := failures()
+	e.m.SetDesired(n0, AdminStateDown)
+	e.tick()
+	if got := e.state("kubernetes-internal", "kubernetes", n0.Name); got != "Down" {
+		t.Errorf("internal pool not updated while the public one is throttled: %s", got)
 	}
+	if got := e.gets(publicPool); got != 1 {
+		t.Errorf("%d GETs of the throttled pool, want 1 (the SDK must not retry a throttle)", got)
+	}
+	if got := testutil.ToFloat64(armclient.Throttled(armclient.OpGetPool)); got != throttledBefore+1 {
+		t.Errorf("throttle metric went %v → %v, want +1", throttledBefore, got)
+	}
+	e.wantReasons(n0.Name, ReasonUpdateRetrying)
+	requests := len(e.emu.Requests())
+
+	// Ticks before Retry-After: no call, no event, no retry count, even
+	// with newer work for the parked pool; other pools proceed.
+	e.step(10 * time.Second)
+	e.m.SetDesired(n1, AdminStateDown)
+	e.tick()
+	e.step(10 * time.Second)
+	e.tick()
+	if got := e.gets(publicPool) + e.puts(publicPool); got != 1 {
+		t.Errorf("parked pool was called: %d requests", got)
+	}
+	if got := e.state("kubernetes-internal", "kubernetes", n1.Name); got != "Down" {
+		t.Errorf("other pool did not proceed while one is parked: %s", got)
+	}
+	if got := e.state("kubernetes", "kubernetes", n1.Name); got != "None" {
+		t.Errorf("parked pool changed: %s", got)
+	}
+	e.wantReasons(n0.Name, ReasonUpdateRetrying)
+	e.wantReasons(n1.Name)
+	if w := e.m.nodes[n0.UID].pools["kubernetes/kubernetes"]; w.retries != 1 {
+		t.Errorf("retry count %d while parked, want 1", w.retries)
+	}
+	if len(e.emu.Requests()) <= requests {
+		t.Errorf("no requests for the other pool")
+	}
+
+	e.step(11 * time.Second) // past Retry-After
+	e.tick()
+	e.wantStates(n0.Name, AdminStateDown)
+	e.wantStates(n1.Name, AdminStateDown)
+	e.wantConfirmed(n0, AdminStateDown)
+	e.wantConfirmed(n1, AdminStateDown)
+	e.wantReasons(n0.Name, ReasonUpdateRetrying, ReasonDown)
+	e.wantReasons(n1.Name, ReasonDown)
+	if failures() != failuresBefore {
+		t.Errorf("failure metric recorded for a throttle that later succeeded")
+	}
+	if n := e.emu.Status("", "", http.StatusPreconditionFailed); n != 0 {
+		t.Errorf("%d answers 412, want 0", n)
+	}
+}
+
+// A write's 429 is the subscription's write budget: until its Retry-After
+// no write reaches ARM, for any load balancer, while reads go on.
+func TestWriteThrottleParksEveryWriteOfTheSubscription(t *testing.T) {
+	e := newEnv(t, 3, false)
+	n0, n1 := e.nodes[0], e.nodes[1]
+	throttledBefore := testutil.ToFloat64(armclient.Throttled(armclient.OpUpdatePool))
+	// The public pool's PUT is refused once the internal one went through,
+	// so that the first round is the same whichever writer runs first.
+	e.emu.AddFault(armemulator.Fault{Method: http.MethodPut, Path: publicPool, Status: http.StatusTooManyRequests, RetryAfter: "30", Times: 1,
+		Before: func() { waitFor(t, func() bool { return e.puts(internalPool) == 1 }) }})
+	e.m.SetDesired(n0, AdminStateDown)
+	e.tick()
+	if got := e.state("kubernetes-internal", "kubernetes", n0.Name); got != "Down" {
+		t.Fatalf("internal pool = %s, want Down", got)
+	}
+	if got := testutil.ToFloat64(armclient.Throttled(armclient.OpUpdatePool)); got != throttledBefore+1 {
+		t.Errorf("throttle metric went %v → %v, want +1", throttledBefore, got)
+	}
+	e.wantReasons(n0.Name, ReasonUpdateRetrying)
+
+	e.step(10 * time.Second)
+	e.m.SetDesired(n1, AdminStateDown)
+	e.tick()
+	if got := e.puts(internalPool); got != 1 {
+		t.Errorf("%d PUTs to the internal pool while the subscription's writes are throttled, want 1 (the first)", got)
+	}
+	if got := e.gets(internalPool); got != 2 {
+		t.Errorf("%d GETs of the internal pool, want 2 (reads are not gated by a write's 429)", got)
+	}
+	if got := e.state("kubernetes-internal", "kubernetes", n1.Name); got != "None" {
+		t.Errorf("internal pool written past the write gate: %s", got)
+	}
+	e.wantReasons(n1.Name, ReasonUpdateRetrying)
+
+	e.step(21 * time.Second) // past Retry-After
+	e.tick()
+	e.wantStates(n0.Name, AdminStateDown)
+	e.wantStates(n1.Name, AdminStateDown)
+	e.wantReasons(n0.Name, ReasonUpdateRetrying, ReasonDown)
+	e.wantReasons(n1.Name, ReasonUpdateRetrying, ReasonDown)
 }
 
 func TestThrottleRetryAfterNotInFutureFallsBackToNextTick(t *testing.T) {

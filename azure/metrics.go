@@ -11,8 +11,9 @@ const (
 	labelCaller = "caller"
 	labelResult = "result"
 	labelState  = "state"
+	labelPool   = "pool"
 
-	lockBackendPool  = "backend_pool"
+	lockLoadBalancer = "load_balancer"
 	callerAdminState = "AdminStateController"
 	resultSuccess    = "success"
 	resultFailure    = "failure"
@@ -22,7 +23,7 @@ const (
 var (
 	lockWait = prometheus.NewHistogramVec(prometheus.HistogramOpts{
 		Name:    "cloudprovider_azure_lock_wait_duration_seconds",
-		Help:    "Time spent waiting to acquire a lock that serializes backend pool updates, by lock and caller.",
+		Help:    "Time spent waiting to acquire a lock that serializes backend pool updates (one per load balancer, whose pools share one ETag), by lock and caller.",
 		Buckets: prometheus.ExponentialBuckets(0.001, 2, 14),
 	}, []string{labelLock, labelCaller})
 	poolUpdates = prometheus.NewCounterVec(prometheus.CounterOpts{
@@ -35,6 +36,10 @@ var (
 		Name:      "throttled_pool_skips_total",
 		Help:      "Times a backend pool was skipped because a 429's Retry-After had not passed yet.",
 	})
+	noEntryDown = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "nodeguard_admin_state_no_entry_total",
+		Help: "Times a node's Down could not be set in a backend pool because the pool lists the node only in backendIPConfigurations, with no backend-address entry to carry an admin state (once per pool and desired-state change), by pool (load balancer/pool).",
+	}, []string{labelPool})
 	confirmDuration = prometheus.NewHistogramVec(prometheus.HistogramOpts{
 		Namespace: metricsNamespace,
 		Name:      "confirmation_duration_seconds",
@@ -44,5 +49,5 @@ var (
 )
 
 func init() {
-	metrics.Registry.MustRegister(lockWait, poolUpdates, parkedTicks, confirmDuration)
+	metrics.Registry.MustRegister(lockWait, poolUpdates, parkedTicks, noEntryDown, confirmDuration)
 }

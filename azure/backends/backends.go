@@ -161,6 +161,33 @@ func (ix *Index) Members(ctx context.Context, p *armnetwork.BackendAddressPool, 
 	return out, nil
 }
 
+// WithoutEntry returns the keys of the nodes the pool lists in its
+// BackendIPConfigurations that no entry matched (keys is Match's answer):
+// members with nothing to carry an admin state.
+func (ix *Index) WithoutEntry(ctx context.Context, p *armnetwork.BackendAddressPool, keys []string, nics NICResolver) (map[string]bool, error) {
+	out := map[string]bool{}
+	if p == nil || p.Properties == nil || len(p.Properties.BackendIPConfigurations) == 0 {
+		return out, nil
+	}
+	entered := make(map[string]bool, len(keys))
+	for _, k := range keys {
+		entered[k] = true
+	}
+	for _, c := range p.Properties.BackendIPConfigurations {
+		if c == nil || c.ID == nil {
+			continue
+		}
+		k, err := ix.matchIPConfig(ctx, *c.ID, nics)
+		if err != nil {
+			return nil, err
+		}
+		if k != "" && !entered[k] {
+			out[k] = true
+		}
+	}
+	return out, nil
+}
+
 func (ix *Index) matchEntry(ctx context.Context, e *armnetwork.LoadBalancerBackendAddress, nics NICResolver) (string, error) {
 	if e == nil || e.Properties == nil {
 		return "", nil

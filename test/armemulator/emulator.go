@@ -115,7 +115,9 @@ type Request struct {
 	Path    string
 	IfMatch string
 	Status  int
-	Time    time.Time
+	// Start is when the request arrived, Time when it was answered.
+	Start time.Time
+	Time  time.Time
 }
 
 // Options change how the emulator serves writes.
@@ -489,9 +491,10 @@ func clonePool(p armnetwork.BackendAddressPool) armnetwork.BackendAddressPool {
 // ServeHTTP implements http.Handler.
 func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	rec := &recorder{ResponseWriter: w, status: http.StatusOK}
+	start := time.Now()
 	defer func() {
 		s.mu.Lock()
-		s.requests = append(s.requests, Request{Method: r.Method, Path: r.URL.Path, IfMatch: r.Header.Get("If-Match"), Status: rec.status, Time: time.Now()})
+		s.requests = append(s.requests, Request{Method: r.Method, Path: r.URL.Path, IfMatch: r.Header.Get("If-Match"), Status: rec.status, Start: start, Time: time.Now()})
 		s.mu.Unlock()
 	}()
 	if strings.HasPrefix(r.URL.Path, "/emulator/") {
