@@ -97,7 +97,6 @@ func TestTwoPoolsOfOneLoadBalancerNo412(t *testing.T) {
 // taint, with no 412.
 func TestHundredNodesLastTaintWhileWritesAreInFlight(t *testing.T) {
 	e := newEnv(t, 100, true)
-	e.emu.AddFault(armemulator.Fault{Delay: 2 * time.Millisecond}) // every call takes a while
 	last := e.nodes[99]
 	var (
 		mu       sync.Mutex
@@ -105,7 +104,7 @@ func TestHundredNodesLastTaintWhileWritesAreInFlight(t *testing.T) {
 		taintAt  time.Time
 		release  = make(chan struct{})
 	)
-	e.emu.AddFault(armemulator.Fault{Method: http.MethodPut, Times: 2, Before: func() {
+	e.emu.AddFault(armemulator.Fault{Method: http.MethodPut, Times: 2, Delay: 2 * time.Millisecond, Before: func() {
 		mu.Lock()
 		inFlight++
 		if inFlight == 2 {
@@ -116,6 +115,9 @@ func TestHundredNodesLastTaintWhileWritesAreInFlight(t *testing.T) {
 		mu.Unlock()
 		<-release
 	}})
+	// Every call takes a while (added after the PUT fault: a request meets
+	// only the first fault that matches it).
+	e.emu.AddFault(armemulator.Fault{Delay: 2 * time.Millisecond})
 	e.start()
 	for _, n := range e.nodes[:99] {
 		e.m.SetDesired(n, AdminStateDown)
