@@ -70,7 +70,7 @@ BENCH_ARGS ?=
 bench: tools ## Benchmark nodeguard against kubectl drain, naive ARM updates and a no-op webhook (15-25 min; BENCH_ARGS=--quick for a smoke run, --scale for 2,000 nodes).
 	@mkdir -p $(BENCH_OUT)
 	$(GO) build -o $(BENCH_OUT)/nodeguard ./cmd/nodeguard
-	$(GO) build -o $(BENCH_OUT)/bench ./bench/cmd/bench
+	$(GO) build -o $(BENCH_OUT)/bench ./test/bench/cmd/bench
 	$(BENCH_OUT)/bench --nodeguard=$(BENCH_OUT)/nodeguard --out=$(BENCH_OUT) $(BENCH_ARGS)
 
 ##@ Generate
@@ -91,7 +91,7 @@ chart: ## Copy the generated CRD and ClusterRole, the alerts and the dashboard i
 	cp manifests/crd/nodeguard.io_nodedisruptionbudgets.yaml charts/nodeguard/crds/
 	cp manifests/rbac/role.yaml charts/nodeguard/files/role.yaml
 	cp manifests/prometheus/rules.yaml charts/nodeguard/files/prometheus-rules.yaml
-	cp dashboards/nodeguard.json charts/nodeguard/files/dashboard.json
+	cp manifests/prometheus/dashboard.json charts/nodeguard/files/dashboard.json
 
 .PHONY: image
 image: ## Build the container image $(IMG) with $(CONTAINER_TOOL) (needs a running container engine).

@@ -37,8 +37,9 @@ var (
 		Help:      "Times a backend pool was skipped because a 429's Retry-After had not passed yet.",
 	})
 	noEntryDown = prometheus.NewCounterVec(prometheus.CounterOpts{
-		Name: "nodeguard_admin_state_no_entry_total",
-		Help: "Times a node's Down could not be set in a backend pool because the pool lists the node only in backendIPConfigurations, with no backend-address entry to carry an admin state (once per pool and desired-state change), by pool (load balancer/pool).",
+		Namespace: metricsNamespace,
+		Name:      "members_without_entry_total",
+		Help:      "Times a node's Down could not be set in a backend pool because the pool lists the node only in backendIPConfigurations, with no backend-address entry to carry an admin state (once per pool and desired-state change), by pool (load balancer/pool).",
 	}, []string{labelPool})
 	confirmDuration = prometheus.NewHistogramVec(prometheus.HistogramOpts{
 		Namespace: metricsNamespace,

@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/clock"
@@ -48,11 +49,14 @@ type Claimer struct {
 }
 
 // Claim charges one disruption of node to the named budget. It returns true
-// when this call charged it, false when the node was already charged (claims are
-// idempotent, as admission may run more than once per delete), a *Denial when
-// the budget does not allow it, or an error. With dryRun it checks and writes
-// nothing. When ctx ends during conflict retries, it returns a 429 Denial.
-func (c *Claimer) Claim(ctx context.Context, budget, node string, dryRun bool) (bool, error) {
+// when this call charged it, false when nothing was charged: the node was
+// already charged (claims are idempotent, as admission may run more than once
+// per delete), or it is already unavailable and the budget's
+// unhealthyNodeDeletionPolicy lets it go without a charge. It returns a *Denial
+// when the budget does not allow it, or an error. With dryRun it checks and
+// writes nothing. When ctx ends during conflict retries, it returns a 429 Denial.
+func (c *Claimer) Claim(ctx context.Context, budget string, node *corev1.Node, dryRun bool) (bool, error) {
+	unavailable, why := Unavailable(node)
 	for {
 		var ndb ngv1alpha1.NodeDisruptionBudget
 		if err := c.Reader.Get(ctx, client.ObjectKey{Name: budget}, &ndb); err != nil {
@@ -61,10 +65,13 @@ func (c *Claimer) Claim(ctx context.Context, budget, node string, dryRun bool) (
 			}
 			return false, c.contextDenial(ctx, budget, fmt.Errorf("reading NodeDisruptionBudget %q: %w", budget, err))
 		}
-		if _, charged := ndb.Status.DisruptedNodes[node]; charged {
+		if _, charged := ndb.Status.DisruptedNodes[node.Name]; charged {
 			return false, nil
 		}
 		now := c.Clock.Now()
+		if unavailable {
+			return false, c.checkUnhealthy(&ndb, node.Name, why, now)
+		}
 		n, err := c.check(&ndb, now)
 		if err != nil || dryRun {
 			return err == nil, err
@@ -72,7 +79,7 @@ func (c *Claimer) Claim(ctx context.Context, budget, node string, dryRun bool) (
 		if ndb.Status.DisruptedNodes == nil {
 			ndb.Status.DisruptedNodes = map[string]metav1.Time{}
 		}
-		ndb.Status.DisruptedNodes[node] = metav1.NewTime(now)
+		ndb.Status.DisruptedNodes[node.Name] = metav1.NewTime(now)
 		ndb.Status.CurrentAvailable = max(n.Available-1, 0)
 		ndb.Status.DisruptionsAllowed = n.Allowed - 1
 		err = c.Client.Status().Update(ctx, &ndb)
@@ -124,6 +131,31 @@ func (c *Claimer) check(ndb *ngv1alpha1.NodeDisruptionBudget, now time.Time) (Nu
 			"NodeDisruptionBudget %q allows no more disruptions now: %s; retry when a disrupted node is back or gone (kubectl get ndb %s)",
 			ndb.Name, n, ndb.Name)
 	}
+}
+
+// checkUnhealthy applies the budget's unhealthyNodeDeletionPolicy to a node it
+// already counts unavailable: deleting it consumes no disruption, under
+// IfHealthyBudget only while the budget has its desired available nodes.
+func (c *Claimer) checkUnhealthy(ndb *ngv1alpha1.NodeDisruptionBudget, node, why string, now time.Time) error {
+	if ndb.Spec.UnhealthyNodeDeletionPolicy != ngv1alpha1.IfHealthyBudget {
+		return nil
+	}
+	if ndb.Status.ObservedGeneration < ndb.Generation {
+		return &Denial{Budget: ndb.Name, Code: http.StatusTooManyRequests, Message: fmt.Sprintf(
+			"NodeDisruptionBudget %q (unhealthyNodeDeletionPolicy IfHealthyBudget) has not been evaluated since its last change; retry in a few seconds", ndb.Name)}
+	}
+	n, err := FromStatus(ndb, now)
+	if err != nil {
+		return &Denial{Budget: ndb.Name, Numbers: n, Code: http.StatusForbidden,
+			Message: fmt.Sprintf("NodeDisruptionBudget %q is invalid (%v); fix it or delete it", ndb.Name, err)}
+	}
+	if n.Available >= n.Desired {
+		return nil
+	}
+	return &Denial{Budget: ndb.Name, Numbers: n, Code: http.StatusTooManyRequests, Message: fmt.Sprintf(
+		"node %s is already unavailable (%s), and NodeDisruptionBudget %q has unhealthyNodeDeletionPolicy IfHealthyBudget "+
+			"while only %d of the %d nodes it wants are available (%s); retry when the budget is healthy, or set the policy to AlwaysAllow",
+		node, why, ndb.Name, n.Available, n.Desired, n)}
 }
 
 // contextDenial turns an error after the admission time budget ran out into a

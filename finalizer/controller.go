@@ -61,6 +61,9 @@ type AdminState interface {
 	WaitConfirmed(ctx context.Context, uid types.UID, state azure.AdminState) error
 }
 
+// DefaultStuckPodMargin is Karpenter's rule for a pod stuck terminating.
+const DefaultStuckPodMargin = time.Minute
+
 // Options configure termination.
 type Options struct {
 	// Identity names this replica in maintenance Leases (nodeguard/<identity>).
@@ -75,6 +78,9 @@ type Options struct {
 	// the node annotation nodeguard.io/drain-timeout overrides it. Past it the
 	// remaining pods are deleted without regard to PDBs or do-not-evict.
 	DrainTimeout time.Duration
+	// StuckPodMargin is how long past its grace period a terminating pod is
+	// waited for; then it no longer holds the node (0: forever).
+	StuckPodMargin time.Duration
 	// VolumeDetachTimeout bounds the wait for VolumeAttachments; 0 skips it.
 	VolumeDetachTimeout time.Duration
 	// MaxConcurrentNodes bounds nodes terminated in parallel.
@@ -106,9 +112,14 @@ type Reconciler struct {
 	// queues are the PDBs of each draining node's eviction queues, by node
 	// name: a PDB change wakes only the nodes waiting on that PDB.
 	queues map[string]map[types.UID]bool
+	// waitingFor is what each node's current phase waits for, and conditions
+	// the node condition last written, for reportCondition.
+	waitingFor map[types.UID]string
+	conditions map[types.UID]writtenCondition
 }
 
 // +kubebuilder:rbac:groups="",resources=nodes,verbs=get;list;watch;patch
+// +kubebuilder:rbac:groups="",resources=nodes/status,verbs=patch
 // +kubebuilder:rbac:groups="",resources=pods,verbs=list;delete
 // +kubebuilder:rbac:groups="",resources=pods/eviction,verbs=create
 // +kubebuilder:rbac:groups=policy,resources=poddisruptionbudgets,verbs=list;watch
@@ -203,6 +214,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reco
 			return reconcile.Result{}, fmt.Errorf("%s phase of node %s: %w", p.name, node.Name, err)
 		}
 		if !result.IsZero() {
+			r.reportCondition(ctx, &node, p.name)
 			return result, nil
 		}
 	}
@@ -236,6 +248,8 @@ func (r *Reconciler) forget(uid types.UID) {
 	delete(r.waiting, uid)
 	delete(r.backoff, uid)
 	delete(r.reported, uid)
+	delete(r.waitingFor, uid)
+	delete(r.conditions, uid)
 }
 
 // once reports whether key is new for the node, remembering it.

@@ -8,6 +8,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	policyv1 "k8s.io/api/policy/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	logf "sigs.k8s.io/controller-runtime/pkg/log"
@@ -24,30 +25,38 @@ func (r *Reconciler) drain(ctx context.Context, node *corev1.Node) (reconcile.Re
 	if _, done := node.Annotations[ngv1alpha1.DrainedAtAnnotation]; done {
 		return reconcile.Result{}, nil
 	}
-	plan, err := r.plan(ctx, node)
+	deadline, hasDeadline := r.drainDeadline(node)
+	pastDeadline := hasDeadline && !r.Clock.Now().Before(deadline)
+	plan, err := r.plan(ctx, node, pastDeadline)
 	if err != nil {
 		return reconcile.Result{}, err
 	}
 	r.rememberQueues(node.Name, plan.Groups)
+	r.reportGivenUp(node, plan)
 	if plan.Remaining() == 0 {
 		drainDuration.Observe(r.Clock.Since(terminationStarted(node)).Seconds())
 		r.event(node, corev1.EventTypeNormal, ReasonDrained, "every evictable pod is gone")
 		return reconcile.Result{}, r.annotate(ctx, node, ngv1alpha1.DrainedAtAnnotation)
 	}
-	if deadline, ok := r.drainDeadline(node); ok && !r.Clock.Now().Before(deadline) {
+	if pastDeadline {
 		return r.deleteRemaining(ctx, node, plan, deadline)
 	}
+	r.warnBeforeEvicting(node, plan)
 	out := r.Evictor.Evict(ctx, plan)
 	for _, err := range out.Errs {
 		logf.FromContext(ctx).Error(err, "Eviction failed; retrying", "node", node.Name)
 	}
-	r.reportBlockers(node, plan, out)
+	msg := r.reportBlockers(node, plan, out)
+	if hasDeadline {
+		msg += "; deadline in " + roughly(deadline.Sub(r.Clock.Now()))
+	}
+	r.waitFor(node.UID, "%s", msg)
 	return reconcile.Result{RequeueAfter: r.nextDrainPass(node.UID, plan, out)}, nil
 }
 
 // plan lists the node's pods (field selector, from the API server: no pod
 // cache) and the PDBs (cached), and sorts them for eviction.
-func (r *Reconciler) plan(ctx context.Context, node *corev1.Node) (*drain.Plan, error) {
+func (r *Reconciler) plan(ctx context.Context, node *corev1.Node, pastDeadline bool) (*drain.Plan, error) {
 	var pods corev1.PodList
 	if err := r.Reader.List(ctx, &pods, client.MatchingFields{"spec.nodeName": node.Name}); err != nil {
 		return nil, fmt.Errorf("listing pods of the node: %w", err)
@@ -56,7 +65,81 @@ func (r *Reconciler) plan(ctx context.Context, node *corev1.Node) (*drain.Plan, 
 	if err := r.Client.List(ctx, &pdbs); err != nil {
 		return nil, fmt.Errorf("listing PodDisruptionBudgets: %w", err)
 	}
-	return drain.NewPlan(pods.Items, pdbs.Items, r.Opts.DaemonSets)
+	return drain.NewPlan(pods.Items, pdbs.Items, drain.PlanOptions{
+		DaemonSets:   r.Opts.DaemonSets,
+		Now:          r.Clock.Now(),
+		NodeDeleted:  node.DeletionTimestamp.Time,
+		StuckMargin:  r.Opts.StuckPodMargin,
+		Unreachable:  unreachable(node),
+		PastDeadline: pastDeadline,
+	})
+}
+
+// unreachable reports whether no kubelet will confirm pod deletions on the
+// node: its Ready condition is Unknown (the node lifecycle controller's mark
+// of a silent kubelet); or it is not Ready and the cloud says its VM is shut
+// down (the cloud node lifecycle controller's shutdown taint), so the kubelet
+// stopped with it; or it carries the out-of-service taint (an administrator's
+// word for the same).
+func unreachable(node *corev1.Node) bool {
+	var shutDown bool
+	for _, t := range node.Spec.Taints {
+		switch t.Key {
+		case ngv1alpha1.OutOfServiceTaintKey:
+			return true
+		case ngv1alpha1.CloudShutdownTaintKey:
+			shutDown = true
+		}
+	}
+	for _, c := range node.Status.Conditions {
+		if c.Type == corev1.NodeReady {
+			return c.Status == corev1.ConditionUnknown || shutDown && c.Status == corev1.ConditionFalse
+		}
+	}
+	return false
+}
+
+// reportGivenUp names, once each, the terminating pods the drain stopped
+// waiting for. Once the node is gone, the pod garbage collector finishes them,
+// as after a plain kubectl delete node.
+func (r *Reconciler) reportGivenUp(node *corev1.Node, plan *drain.Plan) {
+	for _, g := range plan.GivenUp {
+		if r.once(node.UID, "given-up/"+string(g.Pod.UID)) {
+			podsGivenUp.WithLabelValues(g.Cause).Inc()
+			r.event(node, corev1.EventTypeWarning, ReasonPodGivenUp,
+				"no longer waiting for pod %s/%s: %s; once the node is gone, the pod garbage collector removes it", g.Pod.Namespace, g.Pod.Name, g.Reason)
+		}
+	}
+}
+
+// warnBeforeEvicting tells, once per pod, about evictions a user may regret:
+// a pod no controller will recreate, and a pod whose emptyDir data goes with it.
+func (r *Reconciler) warnBeforeEvicting(node *corev1.Node, plan *drain.Plan) {
+	pods := append([]*corev1.Pod{}, plan.Unprotected...)
+	for _, g := range plan.Groups {
+		if !g.Blocked {
+			pods = append(pods, g.Pods...)
+		}
+	}
+	for _, pod := range pods {
+		if metav1.GetControllerOf(pod) == nil && r.once(node.UID, "bare/"+string(pod.UID)) {
+			r.event(node, corev1.EventTypeWarning, ReasonEvictingBarePod,
+				"evicting pod %s/%s, which no controller manages: nothing will recreate it", pod.Namespace, pod.Name)
+		}
+		if hasEmptyDir(pod) && r.once(node.UID, "emptydir/"+string(pod.UID)) {
+			r.event(node, corev1.EventTypeWarning, ReasonEvictingLocalData,
+				"evicting pod %s/%s: the data in its emptyDir volumes is lost", pod.Namespace, pod.Name)
+		}
+	}
+}
+
+func hasEmptyDir(pod *corev1.Pod) bool {
+	for _, v := range pod.Spec.Volumes {
+		if v.EmptyDir != nil {
+			return true
+		}
+	}
+	return false
 }
 
 // nextDrainPass is when to look again: soon while pods are going away, with a
@@ -76,10 +159,10 @@ func (r *Reconciler) nextDrainPass(uid types.UID, plan *drain.Plan, out drain.Ou
 	return next
 }
 
-// reportBlockers emits, once each, an event per pod the drain cannot evict and
+// reportBlockers returns what the drain waits for and emits, once each, an event per pod the drain cannot evict and
 // an event whenever what the drain waits for changes, so that kubectl describe
 // node tells the story.
-func (r *Reconciler) reportBlockers(node *corev1.Node, plan *drain.Plan, out drain.Outcome) {
+func (r *Reconciler) reportBlockers(node *corev1.Node, plan *drain.Plan, out drain.Outcome) string {
 	for _, pod := range append(plan.MultiplePDBs, out.MultiplePDBs...) {
 		if r.once(node.UID, "multi/"+string(pod.UID)) {
 			r.event(node, corev1.EventTypeWarning, ReasonPodUnderMultiplePDBs,
@@ -103,6 +186,7 @@ func (r *Reconciler) reportBlockers(node *corev1.Node, plan *drain.Plan, out dra
 	if changed {
 		r.event(node, corev1.EventTypeNormal, ReasonDrainWaiting, "%s", msg)
 	}
+	return msg
 }
 
 // waitingMessage says what the drain waits for, e.g. "waiting for 5 pods: 3
@@ -114,9 +198,9 @@ func waitingMessage(plan *drain.Plan, out drain.Outcome) string {
 		blocked[b] = true
 	}
 	for _, g := range plan.Groups {
-		state := "evicting"
+		state := fmt.Sprintf("allows %d disruptions", g.Allowed)
 		if blocked[g.PDB] {
-			state = "eviction refused by the PDB, waiting for its status to change"
+			state += "; eviction refused, waiting for its status to change"
 		}
 		parts = append(parts, fmt.Sprintf("%d under PDB %s (%s)", len(g.Pods), g.PDB, state))
 	}
@@ -127,10 +211,12 @@ func waitingMessage(plan *drain.Plan, out drain.Outcome) string {
 	}
 	add(len(plan.Unprotected), "without PDB")
 	add(len(plan.Terminating), "terminating")
-	add(len(plan.DoNotEvict), "do-not-evict")
+	add(len(plan.DoNotEvict), "annotated do-not-evict")
 	add(len(plan.MultiplePDBs)+len(out.MultiplePDBs), "under several PDBs")
-	add(len(plan.DaemonSets), "DaemonSet (evicted last)")
-	return fmt.Sprintf("waiting for %d pods: %s", plan.Remaining(), strings.Join(parts, ", "))
+	if len(plan.Later) > 0 {
+		parts = append(parts, fmt.Sprintf("%d in later tiers (system-critical, then DaemonSet)", len(plan.Later)))
+	}
+	return fmt.Sprintf("waiting for %s (evicting %s pods): %s", pods(plan.Remaining()), plan.Tier, strings.Join(parts, ", "))
 }
 
 // drainDeadline is deletion time plus the node's drain timeout (annotation,
@@ -157,7 +243,7 @@ func (r *Reconciler) drainDeadline(node *corev1.Node) (time.Time, bool) {
 // deleteRemaining is the deadline's policy: the pods still on the node are
 // deleted (not evicted), PDBs and do-not-evict notwithstanding.
 func (r *Reconciler) deleteRemaining(ctx context.Context, node *corev1.Node, plan *drain.Plan, deadline time.Time) (reconcile.Result, error) {
-	pods := append(append(append(append([]*corev1.Pod{}, plan.Unprotected...), plan.MultiplePDBs...), plan.DoNotEvict...), plan.DaemonSets...)
+	pods := append(append(append(append([]*corev1.Pod{}, plan.Unprotected...), plan.MultiplePDBs...), plan.DoNotEvict...), plan.Later...)
 	for _, g := range plan.Groups {
 		pods = append(pods, g.Pods...)
 	}
@@ -170,4 +256,21 @@ func (r *Reconciler) deleteRemaining(ctx context.Context, node *corev1.Node, pla
 		return reconcile.Result{}, err
 	}
 	return reconcile.Result{RequeueAfter: podsGonePoll}, nil
+}
+
+// pods counts pods in words: "1 pod", "3 pods".
+func pods(n int) string {
+	if n == 1 {
+		return "1 pod"
+	}
+	return fmt.Sprintf("%d pods", n)
+}
+
+// roughly rounds a duration for messages that should not change every pass:
+// to the minute, or to the second in the last minute.
+func roughly(d time.Duration) string {
+	if d > time.Minute {
+		return d.Round(time.Minute).String()
+	}
+	return d.Round(time.Second).String()
 }

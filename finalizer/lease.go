@@ -37,6 +37,7 @@ func (r *Reconciler) holdMaintenanceLease(ctx context.Context, node *corev1.Node
 		return reconcile.Result{}, fmt.Errorf("reading maintenance Lease: %w", err)
 	}
 	if hold := maintenance.HeldAt(&lease, now); hold != nil && !maintenance.IsNodeguard(hold.Holder) {
+		r.waitFor(node.UID, "waiting for maintenance Lease %s/%s: %s", lease.Namespace, lease.Name, hold)
 		if r.once(node.UID, "hold/"+hold.Holder) {
 			r.event(node, corev1.EventTypeWarning, ReasonWaitingForMaintenanceHold,
 				"waiting to drain: maintenance Lease %s/%s is %s", lease.Namespace, lease.Name, hold)
@@ -46,7 +47,7 @@ func (r *Reconciler) holdMaintenanceLease(ctx context.Context, node *corev1.Node
 	holder := maintenance.HolderIdentity(r.Opts.Identity)
 	current := ptr.Deref(lease.Spec.HolderIdentity, "")
 	renewed := lease.Spec.RenewTime != nil && now.Sub(lease.Spec.RenewTime.Time) < maintenanceLeaseSeconds*time.Second/3
-	if current == holder && renewed && ptr.Deref(lease.Spec.LeaseDurationSeconds, 0) > 0 {
+	if current == holder && renewed && ptr.Deref(lease.Spec.LeaseDurationSeconds, 0) > 0 && isOwnedBy(&lease, node) {
 		return reconcile.Result{}, nil
 	}
 	if current != holder {
@@ -56,6 +57,7 @@ func (r *Reconciler) holdMaintenanceLease(ctx context.Context, node *corev1.Node
 	lease.Spec.HolderIdentity = ptr.To(holder)
 	lease.Spec.LeaseDurationSeconds = ptr.To[int32](maintenanceLeaseSeconds)
 	lease.Spec.RenewTime = ptr.To(metav1.NewMicroTime(now))
+	ownedByNode(&lease, node)
 	if err := r.Client.Update(ctx, &lease); err != nil {
 		return reconcile.Result{}, fmt.Errorf("taking maintenance Lease: %w", err)
 	}
@@ -80,6 +82,7 @@ func (r *Reconciler) createLease(ctx context.Context, node *corev1.Node, now tim
 			RenewTime:            ptr.To(metav1.NewMicroTime(now)),
 		},
 	}
+	ownedByNode(lease, node)
 	if err := r.Client.Create(ctx, lease); err != nil {
 		return fmt.Errorf("creating maintenance Lease: %w", err)
 	}
@@ -101,7 +104,31 @@ func (r *Reconciler) releaseMaintenanceLease(ctx context.Context, node *corev1.N
 	lease.Spec.HolderIdentity = nil
 	lease.Spec.LeaseDurationSeconds = ptr.To[int32](1)
 	lease.Spec.RenewTime = ptr.To(metav1.NewMicroTime(r.Clock.Now()))
-	if err := r.Client.Update(ctx, &lease); err != nil {
+	err = r.Client.Update(ctx, &lease)
+	switch {
+	case apierrors.IsNotFound(err), apierrors.IsConflict(err):
+		// The garbage collector deletes the Lease with its node: already gone.
+	case err != nil:
 		logf.FromContext(ctx).Error(err, "Releasing maintenance Lease", "lease", client.ObjectKeyFromObject(&lease))
 	}
+}
+
+// ownedByNode makes the node the Lease's owner, so that the garbage collector
+// deletes the Lease with the node: no maintenance Lease outlives its node.
+func ownedByNode(lease *coordinationv1.Lease, node *corev1.Node) {
+	if isOwnedBy(lease, node) {
+		return
+	}
+	lease.OwnerReferences = append(lease.OwnerReferences, metav1.OwnerReference{
+		APIVersion: "v1", Kind: "Node", Name: node.Name, UID: node.UID,
+	})
+}
+
+func isOwnedBy(lease *coordinationv1.Lease, node *corev1.Node) bool {
+	for _, o := range lease.OwnerReferences {
+		if o.Kind == "Node" && o.UID == node.UID {
+			return true
+		}
+	}
+	return false
 }

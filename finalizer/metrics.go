@@ -6,6 +6,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/metrics"
+
+	"github.com/nodeguard/nodeguard/finalizer/drain"
 )
 
 // Termination phases, as metric label values.
@@ -18,6 +20,7 @@ const (
 	phaseRelease = "release"
 	labelPhase   = "phase"
 	labelResult  = "result"
+	labelCause   = "cause"
 )
 
 var (
@@ -29,6 +32,10 @@ var (
 		Name: "nodeguard_evictions_total",
 		Help: "Eviction requests by result: evicted, blocked_by_pdb (429), multiple_pdbs (500), already_gone, error, deleted_past_deadline.",
 	}, []string{labelResult})
+	podsGivenUp = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "nodeguard_drain_pods_given_up_total",
+		Help: "Terminating pods a drain stopped waiting for, by cause: stuck (past grace period plus --stuck-pod-margin), unreachable (the node's kubelet is gone), deadline (past the drain deadline).",
+	}, []string{labelCause})
 	drainDuration = prometheus.NewHistogram(prometheus.HistogramOpts{
 		Name:    "nodeguard_drain_duration_seconds",
 		Help:    "Time from the start of a node's termination (cordon) until its pods are gone.",
@@ -42,7 +49,10 @@ var (
 )
 
 func init() {
-	metrics.Registry.MustRegister(nodesInPhase, evictions, drainDuration, terminationDuration)
+	metrics.Registry.MustRegister(nodesInPhase, evictions, podsGivenUp, drainDuration, terminationDuration)
+	for _, c := range []string{drain.GiveUpStuck, drain.GiveUpUnreachable, drain.GiveUpDeadline} {
+		podsGivenUp.WithLabelValues(c)
+	}
 	for _, p := range []string{phaseLease, phaseCordon, phaseTraffic, phaseDrain, phaseVolumes, phaseRelease} {
 		nodesInPhase.WithLabelValues(p)
 	}

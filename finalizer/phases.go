@@ -66,6 +66,7 @@ func (r *Reconciler) cutTraffic(ctx context.Context, node *corev1.Node) (reconci
 	}
 	if cutAt, ok := annotationTime(node, ngv1alpha1.TrafficCutAtAnnotation); ok {
 		if wait := cutAt.Add(r.Opts.CutoverPause).Sub(r.Clock.Now()); wait > 0 {
+			r.waitFor(node.UID, "traffic cut; pausing %s (--cutover-pause) before the drain", wait.Round(time.Second))
 			return reconcile.Result{RequeueAfter: wait}, nil
 		}
 		return reconcile.Result{}, nil
@@ -83,6 +84,8 @@ func (r *Reconciler) cutTraffic(ctx context.Context, node *corev1.Node) (reconci
 	case waitCtx.Err() != nil && ctx.Err() == nil:
 		deadline := terminationStarted(node).Add(r.Opts.AdminStateTimeout)
 		if r.Clock.Now().Before(deadline) {
+			r.waitFor(node.UID, "waiting for Azure to confirm load-balancer AdminState Down; draining anyway in %s (--admin-state-timeout)",
+				deadline.Sub(r.Clock.Now()).Round(time.Second))
 			return reconcile.Result{RequeueAfter: trafficPoll}, nil
 		}
 		r.event(node, corev1.EventTypeWarning, ReasonTrafficCutTimedOut,
@@ -94,6 +97,7 @@ func (r *Reconciler) cutTraffic(ctx context.Context, node *corev1.Node) (reconci
 		return reconcile.Result{}, err
 	}
 	if r.Opts.CutoverPause > 0 {
+		r.waitFor(node.UID, "traffic cut; pausing %s (--cutover-pause) before the drain", r.Opts.CutoverPause)
 		return reconcile.Result{RequeueAfter: r.Opts.CutoverPause}, nil
 	}
 	return reconcile.Result{}, nil
@@ -126,6 +130,8 @@ func (r *Reconciler) waitForVolumes(ctx context.Context, node *corev1.Node) (rec
 		}
 		return reconcile.Result{}, nil
 	}
+	r.waitFor(node.UID, "waiting for %d VolumeAttachment(s) to go: %v; releasing anyway in %s (--volume-detach-timeout)",
+		len(attached), attached, drainedAt.Add(r.Opts.VolumeDetachTimeout).Sub(r.Clock.Now()).Round(time.Second))
 	if r.once(node.UID, "volume-wait") {
 		r.event(node, corev1.EventTypeNormal, ReasonWaitingForVolumeDetach, "waiting for %d volume attachment(s) to go: %v", len(attached), attached)
 	}
@@ -136,6 +142,9 @@ func (r *Reconciler) waitForVolumes(ctx context.Context, node *corev1.Node) (rec
 // lets the API server delete the node, and gives up the maintenance Lease.
 func (r *Reconciler) release(ctx context.Context, node *corev1.Node) (reconcile.Result, error) {
 	r.event(node, corev1.EventTypeNormal, ReasonReleased, "traffic cut and pods drained: releasing the node")
+	if err := r.removeCondition(ctx, node); err != nil {
+		return reconcile.Result{}, err
+	}
 	patch := client.MergeFromWithOptions(node.DeepCopy(), client.MergeFromWithOptimisticLock{})
 	node.Finalizers = slices.DeleteFunc(slices.Clone(node.Finalizers), func(f string) bool { return f == ngv1alpha1.TerminationFinalizer })
 	if err := r.Client.Patch(ctx, node, patch); client.IgnoreNotFound(err) != nil {

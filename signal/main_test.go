@@ -23,6 +23,7 @@ import (
 
 	"github.com/nodeguard/nodeguard/azure"
 	azureconfig "github.com/nodeguard/nodeguard/azure/config"
+	"github.com/nodeguard/nodeguard/cmd/nodeguard/recorder"
 	"github.com/nodeguard/nodeguard/test/armemulator"
 	"github.com/nodeguard/nodeguard/test/builder"
 	"github.com/nodeguard/nodeguard/test/harness"
@@ -41,13 +42,6 @@ const (
 	// waitTimeout bounds every wait for the cluster or Azure to converge.
 	waitTimeout = 20 * time.Second
 )
-
-func needEnv(t *testing.T) {
-	t.Helper()
-	if env == nil {
-		t.Skip("needs a control plane (not with -short)")
-	}
-}
 
 // testNode is a node in the API server and in the emulated pools.
 type testNode struct {
@@ -173,6 +167,11 @@ func startNodeguard(t *testing.T, emu *armemulator.Server, o nodeguardOptions) (
 	if err != nil {
 		t.Fatal(err)
 	}
+	// As cmd/nodeguard does: events queued at the stop are still written.
+	mgr, events, err := recorder.ForManager(mgr)
+	if err != nil {
+		t.Fatal(err)
+	}
 	var adminState *azure.Manager
 	if emu != nil {
 		ao := azure.NewOptions()
@@ -209,6 +208,11 @@ func startNodeguard(t *testing.T, emu *armemulator.Server, o nodeguardOptions) (
 			cancel()
 			if err := <-done; err != nil {
 				t.Errorf("nodeguard stopped with error: %v", err)
+			}
+			flushCtx, cancelFlush := context.WithTimeout(context.Background(), waitTimeout)
+			defer cancelFlush()
+			if err := events.Flush(flushCtx); err != nil {
+				t.Errorf("flushing events: %v", err)
 			}
 		})
 	}

@@ -27,7 +27,7 @@ var (
 )
 
 func TestSignalTaintsSetDownAndRestoreNone(t *testing.T) {
-	needEnv(t)
+	harness.SkipWithoutEnv(t, env)
 	nodes := []testNode{
 		vmssNode("sig-oos", 0), vmasNode("sig-shutdown", 1), vmssNode("sig-spot", 2),
 		vmssNode("sig-two", 3), vmasNode("sig-bystander", 4),
@@ -102,7 +102,7 @@ func TestSignalTaintsSetDownAndRestoreNone(t *testing.T) {
 // A node nodeguard never took Down is not touched, even when another tool set
 // its entries Down: nodeguard does not fight other writers.
 func TestLeavesOtherToolsDownAlone(t *testing.T) {
-	needEnv(t)
+	harness.SkipWithoutEnv(t, env)
 	other := vmssNode("foreign-down", 0)
 	emu := startEmulator(t, other)
 	for _, pool := range []string{"kubernetes", "kubernetes-IPv6"} {
@@ -136,7 +136,7 @@ func setAdminState(emu *armemulator.Server, lb, pool, state string) {
 }
 
 func TestDeletedNodeCausesNoWriteAndReplacementIsNotDown(t *testing.T) {
-	needEnv(t)
+	harness.SkipWithoutEnv(t, env)
 	gone, stays := vmssNode("del-a", 0), vmssNode("del-b", 1)
 	emu := startEmulator(t, gone, stays)
 	old := createNode(t, gone)
@@ -191,7 +191,7 @@ func resetEntries(emu *armemulator.Server, lb, pool, node string) {
 }
 
 func TestOutageConvergesAfterRecovery(t *testing.T) {
-	needEnv(t)
+	harness.SkipWithoutEnv(t, env)
 	n := vmssNode("outage", 0)
 	emu := startEmulator(t, n)
 	createNode(t, n)

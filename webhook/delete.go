@@ -30,10 +30,13 @@ import (
 const DeletePath = "/validate-node-delete"
 
 // DefaultDeleteTimeout is the time budget of one DELETE decision, below the
-// webhook's 10 s timeout so that nodeguard answers "retry" itself.
-const DefaultDeleteTimeout = 7 * time.Second
+// webhook's 5 s timeout so that nodeguard answers "retry" itself.
+const DefaultDeleteTimeout = 4 * time.Second
 
-// +kubebuilder:webhook:path=/validate-node-delete,mutating=false,failurePolicy=fail,sideEffects=NoneOnDryRun,groups="",resources=nodes,verbs=delete,versions=v1,name=delete.nodeguard.io,admissionReviewVersions=v1,timeoutSeconds=10
+// The DELETE webhook is not called for a node already being deleted (a DELETE
+// has no object: the condition reads oldObject): such a delete changes nothing
+// and is allowed anyway, so it must not fail while nodeguard is down.
+// +kubebuilder:webhook:path=/validate-node-delete,mutating=false,failurePolicy=fail,sideEffects=NoneOnDryRun,groups="",resources=nodes,verbs=delete,versions=v1,name=delete.nodeguard.io,admissionReviewVersions=v1,timeoutSeconds=5,patch=`{"matchConditions":[{"name":"not-deleting","expression":"!has(oldObject.metadata.deletionTimestamp)"}]}`
 // +kubebuilder:rbac:groups="",resources=nodes,verbs=get;list;watch;patch
 // +kubebuilder:rbac:groups=coordination.k8s.io,resources=leases,verbs=get;list;watch
 // +kubebuilder:rbac:groups=nodeguard.io,resources=nodedisruptionbudgets,verbs=get;list;watch
@@ -120,7 +123,7 @@ func (h *DeleteHandler) decide(ctx context.Context, node *corev1.Node, dryRun bo
 			"nodeguard added its finalizer to node %s at %s, while a delete may have been in flight: retry the delete in a few seconds",
 			node.Name, addedAt.UTC().Format(time.RFC3339))}, nil
 	}
-	return h.claimBudgets(ctx, node.Name, labels.Set(node.Labels), dryRun)
+	return h.claimBudgets(ctx, node, dryRun)
 }
 
 // checkMaintenanceHold denies while someone other than nodeguard holds the
@@ -161,8 +164,8 @@ func (h *DeleteHandler) addFinalizer(ctx context.Context, node *corev1.Node) (de
 
 // claimBudgets charges one disruption to every budget selecting the node, in
 // name order; when one denies, it gives back what it charged before.
-func (h *DeleteHandler) claimBudgets(ctx context.Context, node string, nodeLabels labels.Set, dryRun bool) (decision, error) {
-	budgets, err := h.matchingBudgets(ctx, nodeLabels)
+func (h *DeleteHandler) claimBudgets(ctx context.Context, node *corev1.Node, dryRun bool) (decision, error) {
+	budgets, err := h.matchingBudgets(ctx, labels.Set(node.Labels))
 	if err != nil {
 		return decision{}, err
 	}
@@ -172,11 +175,11 @@ func (h *DeleteHandler) claimBudgets(ctx context.Context, node string, nodeLabel
 		names = append(names, b.Name)
 		newly, err := h.Claimer.Claim(ctx, b.Name, node, dryRun)
 		if err != nil {
-			h.release(ctx, node, claimed)
+			h.release(ctx, node.Name, claimed)
 			var denial *budget.Denial
 			if errors.As(err, &denial) {
 				return decision{code: denial.Code, reason: reasonBudget, denier: b,
-					message: fmt.Sprintf("deleting node %s: %s", node, denial.Message)}, nil
+					message: fmt.Sprintf("deleting node %s: %s", node.Name, denial.Message)}, nil
 			}
 			return decision{}, err
 		}
@@ -188,7 +191,15 @@ func (h *DeleteHandler) claimBudgets(ctx context.Context, node string, nodeLabel
 	if len(names) > 0 {
 		msg += ": " + strings.Join(names, ", ")
 	}
-	return decision{allowed: true, message: msg, claimed: claimed}, nil
+	d := decision{allowed: true, message: msg, claimed: claimed}
+	if unavailable, why := budget.Unavailable(node); unavailable && len(names) > 0 {
+		// The claims charged nothing: the budgets count this node unavailable
+		// already (their unhealthyNodeDeletionPolicy let it go).
+		d.reason = reasonUnavailableNode
+		d.message = fmt.Sprintf("node %s is already unavailable (%s): its deletion consumes no disruption of %s",
+			node.Name, why, strings.Join(names, ", "))
+	}
+	return d, nil
 }
 
 // matchingBudgets returns the budgets selecting the node, sorted by name.
@@ -231,6 +242,8 @@ func (h *DeleteHandler) record(node *corev1.Node, d decision) {
 			h.Recorder.Eventf(d.denier, node, corev1.EventTypeWarning, ReasonDisruptionDenied, actionAdmit, "%s", d.message)
 		}
 		h.Recorder.Eventf(node, nil, corev1.EventTypeWarning, ReasonDeletionDenied, actionAdmit, "%s", d.message)
+	case d.reason == reasonUnavailableNode:
+		h.Recorder.Eventf(node, nil, corev1.EventTypeNormal, ReasonDeletionAdmitted, actionAdmit, "deletion admitted: %s", d.message)
 	case len(d.claimed) > 0:
 		for _, b := range d.claimed {
 			h.Recorder.Eventf(b, node, corev1.EventTypeNormal, ReasonDisruptionClaimed, actionAdmit, "charged the deletion of node %s", node.Name)

@@ -14,5 +14,10 @@ const (
 	// ReasonDisruptionDenied (NodeDisruptionBudget, Warning): the budget refused one.
 	ReasonDisruptionDenied = "DisruptionDenied"
 
-	actionAdmit = "AdmitNodeDeletion"
+	// ReasonWebhookScopeMismatch (webhook configuration, Warning): a webhook's
+	// objectSelector does not select the nodes of --node-selector.
+	ReasonWebhookScopeMismatch = "WebhookScopeMismatch"
+
+	actionAdmit      = "AdmitNodeDeletion"
+	actionCheckScope = "CheckWebhookScope"
 )

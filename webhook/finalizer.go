@@ -17,7 +17,10 @@ import (
 // FinalizerPath serves the mutating webhook for Node CREATE and UPDATE.
 const FinalizerPath = "/mutate-node-finalizer"
 
-// +kubebuilder:webhook:path=/mutate-node-finalizer,mutating=true,failurePolicy=ignore,sideEffects=None,groups="",resources=nodes,verbs=create;update,versions=v1,name=finalizer.nodeguard.io,admissionReviewVersions=v1,timeoutSeconds=10,reinvocationPolicy=IfNeeded
+// The finalizer webhook is called only for nodes that lack the finalizer and
+// are not being deleted (matchConditions): not for every heartbeat-free label,
+// taint or annotation change of every node.
+// +kubebuilder:webhook:path=/mutate-node-finalizer,mutating=true,failurePolicy=ignore,sideEffects=None,groups="",resources=nodes,verbs=create;update,versions=v1,name=finalizer.nodeguard.io,admissionReviewVersions=v1,timeoutSeconds=3,reinvocationPolicy=IfNeeded,patch=`{"matchConditions":[{"name":"lacks-finalizer","expression":"!has(object.metadata.finalizers) || !object.metadata.finalizers.exists(f, f == 'nodeguard.io/termination')"},{"name":"not-deleting","expression":"!has(object.metadata.deletionTimestamp)"}]}`
 
 // The finalizer webhook fails open (Ignore): node registration must never depend
 // on nodeguard being up, and the backfill controller adds what it missed.

@@ -10,6 +10,7 @@ const (
 	labelOperation = "operation"
 	labelResult    = "result"
 	labelReason    = "reason"
+	labelWebhook   = "webhook"
 )
 
 // Admission results and denial reasons (metric label values).
@@ -25,20 +26,28 @@ const (
 	reasonFinalizerAdded  = "finalizer_added"
 	reasonInvalidRequest  = "invalid_request"
 	reasonInternal        = "internal"
+	// reasonUnavailableNode (allowed): a node the budgets count unavailable
+	// already, deleted without consuming a disruption.
+	reasonUnavailableNode = "unavailable_node"
 )
 
 var (
 	decisions = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "nodeguard_admission_requests_total",
-		Help: "Node admission decisions by operation (CREATE, UPDATE, DELETE), result (allowed, patched, denied, error) and denial reason.",
+		Help: "Node admission decisions by operation (CREATE, UPDATE, DELETE), result (allowed, patched, denied, error) and reason (why denied; unavailable_node: an unavailable node's deletion admitted without a disruption).",
 	}, []string{labelOperation, labelResult, labelReason})
 	latency = prometheus.NewHistogramVec(prometheus.HistogramOpts{
 		Name:    "nodeguard_admission_duration_seconds",
 		Help:    "Time to decide a Node admission request, including budget claims.",
 		Buckets: prometheus.ExponentialBuckets(0.001, 2, 14),
 	}, []string{labelOperation})
+
+	scopeMismatches = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Name: "nodeguard_webhook_scope_mismatch",
+		Help: "1 for each of nodeguard's webhooks whose objectSelector does not select the nodes of --node-selector (checked at start-up).",
+	}, []string{labelWebhook})
 )
 
 func init() {
-	metrics.Registry.MustRegister(decisions, latency)
+	metrics.Registry.MustRegister(decisions, latency, scopeMismatches)
 }

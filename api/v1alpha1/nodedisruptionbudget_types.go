@@ -16,6 +16,7 @@ import (
 // +kubebuilder:printcolumn:name="Min Available",type=string,JSONPath=`.spec.minAvailable`
 // +kubebuilder:printcolumn:name="Max Unavailable",type=string,JSONPath=`.spec.maxUnavailable`
 // +kubebuilder:printcolumn:name="Allowed Disruptions",type=integer,JSONPath=`.status.disruptionsAllowed`
+// +kubebuilder:printcolumn:name="Unhealthy Node Deletion",type=string,JSONPath=`.spec.unhealthyNodeDeletionPolicy`,priority=1
 // +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`
 type NodeDisruptionBudget struct {
 	metav1.TypeMeta   `json:",inline"`
@@ -53,6 +54,16 @@ type NodeDisruptionBudgetSpec struct {
 	// +kubebuilder:validation:XValidation:rule="type(self) == int ? self >= 0 : self.matches('^(100|[1-9]?[0-9])%$')",message="must be a non-negative integer or a percentage from 0% to 100%"
 	MaxUnavailable *intstr.IntOrString `json:"maxUnavailable,omitempty"`
 
+	// UnhealthyNodeDeletionPolicy says when a node the budget already counts
+	// unavailable (NotReady, or carrying a signal taint) may be deleted, as
+	// unhealthyPodEvictionPolicy does for PodDisruptionBudgets. AlwaysAllow (the
+	// default): at once, without consuming a disruption, since deleting a node
+	// that serves nothing cannot lower availability. IfHealthyBudget: only while
+	// the budget has its desired available nodes.
+	// +optional
+	// +kubebuilder:default=AlwaysAllow
+	UnhealthyNodeDeletionPolicy UnhealthyNodeDeletionPolicy `json:"unhealthyNodeDeletionPolicy,omitempty"`
+
 	// Windows are recurring periods in which the budget is tighter: while a
 	// window is active, at most its maxUnavailable nodes (default 0: none) may be
 	// unavailable, whatever the budget allows otherwise.
@@ -61,6 +72,19 @@ type NodeDisruptionBudgetSpec struct {
 	// +kubebuilder:validation:MaxItems=10
 	Windows []DisruptionWindow `json:"windows,omitempty"`
 }
+
+// UnhealthyNodeDeletionPolicy is when an unavailable node may be deleted.
+// +kubebuilder:validation:Enum=AlwaysAllow;IfHealthyBudget
+type UnhealthyNodeDeletionPolicy string
+
+const (
+	// AlwaysAllowUnhealthy admits the deletion of an unavailable node without
+	// consuming a disruption.
+	AlwaysAllowUnhealthy UnhealthyNodeDeletionPolicy = "AlwaysAllow"
+	// IfHealthyBudget admits it, without consuming a disruption, only while the
+	// budget has at least its desired available nodes.
+	IfHealthyBudget UnhealthyNodeDeletionPolicy = "IfHealthyBudget"
+)
 
 // DisruptionWindow is a recurring period, in UTC, during which a budget allows
 // fewer disruptions (none by default).

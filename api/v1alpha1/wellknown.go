@@ -1,5 +1,7 @@
 package v1alpha1
 
+import corev1 "k8s.io/api/core/v1"
+
 // Well-known names nodeguard puts on or reads from core objects. They are API:
 // users and other tools rely on them, so they never change.
 const (
@@ -42,6 +44,11 @@ const (
 	// spot-eviction taint. Events created at or before it are never acted on
 	// again, so a taint an operator removed stays removed across restarts.
 	SpotEventHandledAnnotation = "nodeguard.io/spot-eviction-event-at"
+
+	// TerminatingCondition is the node condition nodeguard writes while it
+	// terminates a node: its reason is the phase, its message what the phase
+	// waits for.
+	TerminatingCondition corev1.NodeConditionType = "nodeguard.io/Terminating"
 
 	// DoNotEvictAnnotation ("true") on a pod makes the drain wait for the pod to
 	// go on its own instead of evicting it.

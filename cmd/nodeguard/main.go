@@ -4,6 +4,7 @@
 package main
 
 import (
+	"context"
 	"flag"
 	"fmt"
 	"os"
@@ -13,7 +14,8 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/healthz"
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
 
-	"github.com/nodeguard/nodeguard/leader"
+	"github.com/nodeguard/nodeguard/cmd/nodeguard/leader"
+	"github.com/nodeguard/nodeguard/cmd/nodeguard/recorder"
 )
 
 func main() {
@@ -60,6 +62,10 @@ func run(opts options) error {
 	if err != nil {
 		return fmt.Errorf("creating manager: %w", err)
 	}
+	mgr, events, err := recorder.ForManager(mgr)
+	if err != nil {
+		return err
+	}
 	if err := leader.Setup(mgr, leaseKey); err != nil {
 		return err
 	}
@@ -79,5 +85,12 @@ func run(opts options) error {
 	if err := mgr.AddReadyzCheck("webhook", readyz); err != nil {
 		return err
 	}
-	return mgr.Start(ctrl.SetupSignalHandler())
+	err = mgr.Start(ctrl.SetupSignalHandler())
+	// Events recorded just before the stop are still written.
+	flushCtx, cancel := context.WithTimeout(context.Background(), opts.gracefulShutdown)
+	defer cancel()
+	if ferr := events.Flush(flushCtx); ferr != nil {
+		ctrl.Log.Error(ferr, "Some events were not written before nodeguard stopped")
+	}
+	return err
 }

@@ -18,7 +18,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
@@ -28,34 +27,18 @@ import (
 	"github.com/nodeguard/nodeguard/test/harness"
 )
 
-var (
-	env       *harness.Env
-	nodeguard string // the binary under test
-)
+var env *harness.Env
 
-var binDir string
-
-func TestMain(m *testing.M) {
-	var err error
-	if binDir, err = os.MkdirTemp("", "nodeguard-bin-"); err != nil {
-		panic(err)
-	}
-	code := harness.Run(m, harness.Options{}, &env)
-	os.RemoveAll(binDir)
-	os.Exit(code)
-}
+func TestMain(m *testing.M) { harness.Main(m, harness.Options{}, &env) }
 
 // build builds the binary under test once per test run.
 func build(t *testing.T) string {
 	t.Helper()
-	if nodeguard == "" {
-		out := filepath.Join(binDir, "nodeguard")
-		if b, err := exec.Command("go", "build", "-o", out, ".").CombinedOutput(); err != nil {
-			t.Fatalf("go build: %v\n%s", err, b)
-		}
-		nodeguard = out
+	binary, err := harness.NodeguardBinary()
+	if err != nil {
+		t.Fatal(err)
 	}
-	return nodeguard
+	return binary
 }
 
 func TestHelpExplainsFlags(t *testing.T) {
@@ -89,39 +72,20 @@ func TestInvalidFlagsFailWithAClearMessage(t *testing.T) {
 
 // replica is one nodeguard process.
 type replica struct {
-	cmd            *exec.Cmd
+	*harness.Nodeguard
 	metrics, probe string // host:port
-	done           chan error
-	log            string
 }
 
-func startReplica(t *testing.T, name string, extra ...string) *replica {
+func startReplica(t *testing.T, extra ...string) *replica {
 	t.Helper()
-	r := &replica{metrics: freeAddr(t), probe: freeAddr(t), done: make(chan error, 1), log: filepath.Join(t.TempDir(), name+".log")}
+	r := &replica{metrics: freeAddr(t), probe: freeAddr(t)}
 	args := append([]string{
 		"--kubeconfig=" + env.Kubeconfig,
 		"--metrics-bind-address=" + r.metrics, "--metrics-secure=false",
 		"--health-probe-bind-address=" + r.probe,
 		"--leader-election-namespace=nodeguard-system",
 	}, extra...)
-	logFile, err := os.Create(r.log)
-	if err != nil {
-		t.Fatal(err)
-	}
-	r.cmd = exec.Command(build(t), args...)
-	r.cmd.Stdout, r.cmd.Stderr = logFile, logFile
-	r.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-	if err := r.cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	go func() { r.done <- r.cmd.Wait(); logFile.Close() }()
-	t.Cleanup(func() {
-		_ = r.cmd.Process.Kill()
-		if t.Failed() {
-			b, _ := os.ReadFile(r.log)
-			t.Logf("%s log:\n%s", name, b)
-		}
-	})
+	r.Nodeguard = harness.StartNodeguard(t, nil, args...)
 	return r
 }
 
@@ -168,23 +132,15 @@ func TestLeaderHandsOverAtOnceOnSIGTERM(t *testing.T) {
 	_ = env.Client.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "nodeguard-system"}})
 	lease := []string{"--webhook-port=-1", "--leader-elect-lease-duration=60s", "--leader-elect-renew-deadline=40s"}
 
-	a := startReplica(t, "a", lease...)
+	a := startReplica(t, lease...)
 	a.waitLeading(t, 30*time.Second)
-	b := startReplica(t, "b", lease...)
+	b := startReplica(t, lease...)
 	harness.Eventually(t, 30*time.Second, func(context.Context) (bool, error) {
 		return b.probeOK("/healthz") && b.probeOK("/readyz") && b.metric("nodeguard_leader_is_leader") == "0", nil
 	}, "the standby is healthy, ready and not leading")
 
-	if err := a.cmd.Process.Signal(syscall.SIGTERM); err != nil {
-		t.Fatal(err)
-	}
-	select {
-	case err := <-a.done:
-		if err != nil {
-			t.Fatalf("leader did not exit cleanly on SIGTERM: %v", err)
-		}
-	case <-time.After(30 * time.Second):
-		t.Fatal("leader did not exit within 30s of SIGTERM")
+	if err := a.Stop(30 * time.Second); err != nil {
+		t.Fatalf("leader did not exit cleanly on SIGTERM: %v", err)
 	}
 	b.waitLeading(t, 30*time.Second)
 	if got := b.metric("nodeguard_leader_changes_total"); got != "1" {
@@ -202,7 +158,7 @@ func TestWebhookServerReloadsRotatedCertificate(t *testing.T) {
 	certDir := t.TempDir()
 	first := writeCert(t, certDir, "first")
 	port := harness.FreePort(t)
-	startReplica(t, "webhook", "--leader-elect=false", fmt.Sprintf("--webhook-port=%d", port), "--webhook-cert-dir="+certDir)
+	startReplica(t, "--leader-elect=false", fmt.Sprintf("--webhook-port=%d", port), "--webhook-cert-dir="+certDir)
 	addr := fmt.Sprintf("127.0.0.1:%d", port)
 	harness.Eventually(t, 30*time.Second, func(context.Context) (bool, error) {
 		serial, err := servedSerial(addr)

@@ -114,9 +114,9 @@ func TestDashboardAndAlertsUseOnlyExportedMetrics(t *testing.T) {
 	}
 	root := filepath.Join("..", "..")
 	exprs := map[string][]string{} // source -> expressions
-	dashboards, _ := filepath.Glob(filepath.Join(root, "dashboards", "*.json"))
+	dashboards, _ := filepath.Glob(filepath.Join(root, "manifests", "prometheus", "*.json"))
 	if len(dashboards) == 0 {
-		t.Fatal("no dashboard under dashboards/")
+		t.Fatal("no dashboard under manifests/prometheus/")
 	}
 	for _, path := range dashboards {
 		data, err := os.ReadFile(path)

@@ -38,6 +38,7 @@ type options struct {
 	daemonSets          string
 	drainTimeout        time.Duration
 	volumeDetachTimeout time.Duration
+	stuckPodMargin      time.Duration
 	maxConcurrentDrains int
 	parallelEvictions   int
 	azure               azure.Options
@@ -79,7 +80,7 @@ func (o *options) bind(fs *flag.FlagSet) {
 	fs.StringVar(&o.nodeSelector, "node-selector", "",
 		"Label selector of the nodes nodeguard manages (finalizer, budgets, drain), e.g. 'kubernetes.azure.com/mode=user'. Empty manages every node.")
 	fs.DurationVar(&o.deleteTimeout, "delete-admission-timeout", webhook.DefaultDeleteTimeout,
-		"Time budget of one node DELETE decision, including retries of conflicting budget claims; past it the delete is denied with 429 'retry'. Keep it below the webhook's timeoutSeconds (10s).")
+		"Time budget of one node DELETE decision, including retries of conflicting budget claims; past it the delete is denied with 429 'retry'. Keep it below the webhook's timeoutSeconds (5s).")
 	fs.DurationVar(&o.claimTimeout, "disruption-claim-timeout", budget.DefaultClaimTimeout,
 		"How long a NodeDisruptionBudget keeps charging an admitted deletion whose node has not started deleting (a later admission step denied it) before giving it back.")
 	fs.DurationVar(&o.adminStateTimeout, "admin-state-timeout", finalizer.DefaultAdminStateTimeout,
@@ -87,9 +88,11 @@ func (o *options) bind(fs *flag.FlagSet) {
 	fs.DurationVar(&o.cutoverPause, "cutover-pause", 0,
 		"Pause between the confirmed traffic cut and the first eviction, for in-flight requests to finish.")
 	fs.StringVar(&o.daemonSets, "daemonset-pods", string(drain.DaemonSetsLast),
-		"What a drain does with DaemonSet pods: 'last' evicts them once every other pod is gone, 'skip' leaves them.")
+		"What a drain does with DaemonSet pods: 'last' evicts each once, after every other pod is gone (the replacements its DaemonSet puts back are ignored), 'skip' leaves them. Pods that tolerate the draining and unschedulable taints are likewise evicted once, last.")
 	fs.DurationVar(&o.drainTimeout, "drain-timeout", 0,
 		"Deadline of a drain, counted from the node's deletion; 0 means none. Past it the remaining pods are deleted without regard to PodDisruptionBudgets or do-not-evict (Warning event DrainDeadlineExceeded). A node annotation nodeguard.io/drain-timeout overrides it.")
+	fs.DurationVar(&o.stuckPodMargin, "stuck-pod-margin", finalizer.DefaultStuckPodMargin,
+		"How long past its grace period a terminating pod holds its node; then the drain stops waiting for it (Warning event DrainGaveUpOnPod) and the pod garbage collector finishes it once the node is gone. 0 waits forever. On an unreachable node (Ready Unknown; not Ready with the cloud shutdown taint; or the out-of-service taint) terminating pods are waited for only 5s.")
 	fs.DurationVar(&o.volumeDetachTimeout, "volume-detach-timeout", finalizer.DefaultVolumeDetachTimeout,
 		"After the drain, how long to wait for the node's VolumeAttachments to go before releasing it; 0 does not wait.")
 	fs.IntVar(&o.maxConcurrentDrains, "max-concurrent-drains", finalizer.DefaultMaxConcurrentNodes,
@@ -108,14 +111,14 @@ func (o *options) validate() error {
 	if _, err := labels.Parse(o.nodeSelector); err != nil {
 		return fmt.Errorf("--node-selector %q: %w", o.nodeSelector, err)
 	}
-	if o.deleteTimeout <= 0 || o.deleteTimeout >= 10*time.Second {
-		return fmt.Errorf("--delete-admission-timeout (%s) must be positive and below the webhook timeout of 10s", o.deleteTimeout)
+	if o.deleteTimeout <= 0 || o.deleteTimeout >= 5*time.Second {
+		return fmt.Errorf("--delete-admission-timeout (%s) must be positive and below the webhook timeout of 5s", o.deleteTimeout)
 	}
 	if o.daemonSets != string(drain.DaemonSetsLast) && o.daemonSets != string(drain.DaemonSetsSkip) {
 		return fmt.Errorf("--daemonset-pods %q: must be 'last' or 'skip'", o.daemonSets)
 	}
-	if o.adminStateTimeout <= 0 || o.drainTimeout < 0 || o.volumeDetachTimeout < 0 || o.cutoverPause < 0 {
-		return fmt.Errorf("--admin-state-timeout must be positive; --drain-timeout, --volume-detach-timeout and --cutover-pause must not be negative")
+	if o.adminStateTimeout <= 0 || o.drainTimeout < 0 || o.volumeDetachTimeout < 0 || o.cutoverPause < 0 || o.stuckPodMargin < 0 {
+		return fmt.Errorf("--admin-state-timeout must be positive; --drain-timeout, --volume-detach-timeout, --stuck-pod-margin and --cutover-pause must not be negative")
 	}
 	if o.maxConcurrentDrains < 1 || o.parallelEvictions < 1 {
 		return fmt.Errorf("--max-concurrent-drains and --parallel-evictions must be at least 1")

@@ -49,6 +49,7 @@ func setupTermination(mgr ctrl.Manager, opts options) error {
 			DaemonSets:          drain.DaemonSetPolicy(opts.daemonSets),
 			DrainTimeout:        opts.drainTimeout,
 			VolumeDetachTimeout: opts.volumeDetachTimeout,
+			StuckPodMargin:      opts.stuckPodMargin,
 			MaxConcurrentNodes:  opts.maxConcurrentDrains,
 		},
 	}
@@ -83,6 +84,10 @@ func setupGuard(mgr ctrl.Manager, opts options) error {
 		ngwebhook.Register(mgr, ngwebhook.Options{Managed: managed, DeleteTimeout: opts.deleteTimeout})
 	}
 	if err := ngwebhook.SetupBackfill(mgr, managed); err != nil {
+		return err
+	}
+	if err := mgr.Add(&ngwebhook.ScopeCheck{Reader: mgr.GetAPIReader(), Managed: managed,
+		Recorder: mgr.GetEventRecorder("nodeguard-webhook")}); err != nil {
 		return err
 	}
 	return (&budget.StatusReconciler{Client: mgr.GetClient(), Clock: clock.RealClock{}, ClaimTimeout: opts.claimTimeout}).SetupWithManager(mgr)

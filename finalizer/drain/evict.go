@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"strings"
 	"sync"
 
 	corev1 "k8s.io/api/core/v1"
@@ -126,8 +127,13 @@ func (e *Evictor) evict(ctx context.Context, pod *corev1.Pod) error {
 	return err
 }
 
+// multiplePDBsMessage is in the Eviction API's 500 answer for a pod that more
+// than one PDB selects; any other 500 is an ordinary server error.
+const multiplePDBsMessage = "more than one PodDisruptionBudget"
+
 // classify maps an Eviction API answer to a result: 200 evicted, 429 blocked
-// by a PDB, 500 more than one PDB, 404/409 (UID changed) gone.
+// by a PDB, 500 saying "more than one PodDisruptionBudget" (only that one),
+// 404/409 (UID changed) gone; everything else is an error, retried.
 func classify(err error) string {
 	var status apierrors.APIStatus
 	switch {
@@ -137,7 +143,8 @@ func classify(err error) string {
 		return ResultGone
 	case apierrors.IsTooManyRequests(err):
 		return ResultBlocked
-	case errors.As(err, &status) && status.Status().Code == http.StatusInternalServerError:
+	case errors.As(err, &status) && status.Status().Code == http.StatusInternalServerError &&
+		strings.Contains(status.Status().Message, multiplePDBsMessage):
 		return ResultMultiplePDBs
 	default:
 		return ResultError

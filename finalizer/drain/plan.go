@@ -9,6 +9,7 @@ package drain
 import (
 	"fmt"
 	"sort"
+	"time"
 
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
@@ -16,6 +17,8 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/klog/v2"
+	"k8s.io/utils/ptr"
 
 	ngv1alpha1 "github.com/nodeguard/nodeguard/api/v1alpha1"
 )
@@ -27,17 +30,65 @@ const mirrorPodAnnotation = "kubernetes.io/config.mirror"
 type DaemonSetPolicy string
 
 const (
-	// DaemonSetsLast evicts DaemonSet pods once every other pod is gone.
+	// DaemonSetsLast evicts DaemonSet pods once, after every other pod is
+	// gone; the replacements their controller puts back are ignored.
 	DaemonSetsLast DaemonSetPolicy = "last"
 	// DaemonSetsSkip leaves DaemonSet pods on the node.
 	DaemonSetsSkip DaemonSetPolicy = "skip"
 )
 
+// PlanOptions are what, besides the pods and PDBs, decides a drain pass.
+type PlanOptions struct {
+	DaemonSets DaemonSetPolicy
+	// Now is the time of the pass.
+	Now time.Time
+	// NodeDeleted is when the node's deletion began: pods that would come
+	// straight back and were created after it are replacements, never evicted.
+	NodeDeleted time.Time
+	// StuckMargin is how long past its grace period a terminating pod is
+	// waited for.
+	StuckMargin time.Duration
+	// Unreachable means no kubelet will confirm a pod's deletion (the node's
+	// Ready condition is Unknown, or it carries the out-of-service taint):
+	// terminating pods are waited for only UnreachableMargin.
+	Unreachable bool
+	// PastDeadline means the drain deadline has passed: terminating pods are
+	// no longer waited for.
+	PastDeadline bool
+}
+
+// UnreachableMargin is how long a terminating pod of an unreachable node is
+// waited for: long enough for a deletion the API server finishes by itself
+// (a pod never started), not for a kubelet that is gone.
+const UnreachableMargin = 5 * time.Second
+
+// Tier orders evictions: each tier is finished before the next starts, so
+// that the node's system services (logs, metrics, network) outlive the
+// workloads (Karpenter's order).
+type Tier int
+
+const (
+	// TierOrdinary is every pod not in a later tier.
+	TierOrdinary Tier = iota
+	// TierCritical is system-cluster-critical and system-node-critical pods.
+	TierCritical
+	// TierReturning is DaemonSet pods and pods that tolerate the draining and
+	// unschedulable taints: evicted, they would come straight back, so they go
+	// once, last, and their replacements are ignored.
+	TierReturning
+)
+
+func (t Tier) String() string {
+	return [...]string{"ordinary", "system-critical", "DaemonSet or returning"}[t]
+}
+
 // Plan sorts a node's pods for one drain pass.
 type Plan struct {
-	// Groups are the evictable pods under exactly one PDB, per PDB.
+	// Tier is the tier this pass evicts.
+	Tier Tier
+	// Groups are the tier's evictable pods under exactly one PDB, per PDB.
 	Groups []Group
-	// Unprotected are evictable pods under no PDB.
+	// Unprotected are the tier's evictable pods under no PDB.
 	Unprotected []*corev1.Pod
 	// MultiplePDBs are pods under more than one PDB: the Eviction API refuses them.
 	MultiplePDBs []*corev1.Pod
@@ -45,10 +96,27 @@ type Plan struct {
 	DoNotEvict []*corev1.Pod
 	// Terminating are pods already being deleted: the drain waits for them to go.
 	Terminating []*corev1.Pod
-	// DaemonSets are DaemonSet pods held back until everything else is gone
-	// (with DaemonSetsLast); they are in the groups once that is the case.
-	DaemonSets []*corev1.Pod
+	// Later are pods of later tiers, evicted once this tier is done.
+	Later []*corev1.Pod
+	// GivenUp are terminating pods the drain no longer waits for, with why.
+	GivenUp []GivenUp
 }
+
+// GivenUp is a terminating pod that no longer holds the node.
+type GivenUp struct {
+	Pod *corev1.Pod
+	// Cause is GiveUpStuck, GiveUpUnreachable or GiveUpDeadline (a metric label).
+	Cause string
+	// Reason says why in words.
+	Reason string
+}
+
+// Causes of giving up on a terminating pod, as metric label values.
+const (
+	GiveUpStuck       = "stuck"
+	GiveUpUnreachable = "unreachable"
+	GiveUpDeadline    = "deadline"
+)
 
 // Group is the evictable pods under one PDB, those not Ready first: the
 // Eviction API may let them go even when the PDB allows no disruption.
@@ -60,46 +128,125 @@ type Group struct {
 	// every pod is Ready: an eviction now would certainly be refused (429),
 	// so the queue waits for the PDB's status to change without sending one.
 	Blocked bool
+	// Allowed is the PDB's disruptionsAllowed as last computed.
+	Allowed int32
 }
 
 // Remaining counts the pods the drain still waits for.
 func (p *Plan) Remaining() int {
-	n := len(p.Unprotected) + len(p.MultiplePDBs) + len(p.DoNotEvict) + len(p.Terminating) + len(p.DaemonSets)
+	n := len(p.Unprotected) + len(p.MultiplePDBs) + len(p.DoNotEvict) + len(p.Terminating) + len(p.Later)
 	for _, g := range p.Groups {
 		n += len(g.Pods)
 	}
 	return n
 }
 
-// NewPlan sorts pods: mirror pods and finished pods are ignored; DaemonSet pods
-// are skipped or held back; the rest are grouped by the PDB that selects them.
-func NewPlan(pods []corev1.Pod, pdbs []policyv1.PodDisruptionBudget, daemonSets DaemonSetPolicy) (*Plan, error) {
-	plan := &Plan{}
-	var evictable, daemonSetPods []*corev1.Pod
+// NewPlan sorts pods: mirror pods, finished pods and replacements are ignored;
+// terminating pods stuck past their grace period are given up on; the rest
+// are sorted into tiers, and only the first tier with pods left is worked on,
+// its evictable pods grouped by the PDB that selects them.
+func NewPlan(pods []corev1.Pod, pdbs []policyv1.PodDisruptionBudget, o PlanOptions) (*Plan, error) {
+	plan := &Plan{Tier: TierReturning}
+	pending := map[Tier][]*corev1.Pod{}
 	for i := range pods {
 		pod := &pods[i]
-		switch {
-		case pod.Annotations[mirrorPodAnnotation] != "", isFinished(pod):
+		if ignored(pod, o) {
 			continue
-		case pod.DeletionTimestamp != nil:
-			plan.Terminating = append(plan.Terminating, pod)
-		case pod.Annotations[ngv1alpha1.DoNotEvictAnnotation] == "true":
-			plan.DoNotEvict = append(plan.DoNotEvict, pod)
-		case isDaemonSetPod(pod):
-			if daemonSets != DaemonSetsSkip {
-				daemonSetPods = append(daemonSetPods, pod)
+		}
+		if pod.DeletionTimestamp != nil {
+			if cause, why := giveUpReason(pod, o); cause != "" {
+				plan.GivenUp = append(plan.GivenUp, GivenUp{Pod: pod, Cause: cause, Reason: why})
+				continue
 			}
-		default:
-			evictable = append(evictable, pod)
+		}
+		pending[tierOf(pod)] = append(pending[tierOf(pod)], pod)
+	}
+	for _, t := range []Tier{TierOrdinary, TierCritical, TierReturning} {
+		if len(pending[t]) > 0 {
+			plan.Tier = t
+			break
 		}
 	}
-	// DaemonSet pods go last: only once nothing else is left to wait for.
-	if len(evictable) == 0 && len(plan.Terminating) == 0 && len(plan.DoNotEvict) == 0 {
-		evictable = daemonSetPods
-	} else {
-		plan.DaemonSets = daemonSetPods
+	var evictable []*corev1.Pod
+	for t, tierPods := range pending {
+		if t != plan.Tier {
+			plan.Later = append(plan.Later, tierPods...)
+			continue
+		}
+		for _, pod := range tierPods {
+			switch {
+			case pod.DeletionTimestamp != nil:
+				plan.Terminating = append(plan.Terminating, pod)
+			case pod.Annotations[ngv1alpha1.DoNotEvictAnnotation] == "true":
+				plan.DoNotEvict = append(plan.DoNotEvict, pod)
+			default:
+				evictable = append(evictable, pod)
+			}
+		}
 	}
 	return plan, plan.group(evictable, pdbs)
+}
+
+// ignored are the pods a drain never touches: mirror pods, finished pods,
+// DaemonSet pods under DaemonSetsSkip, and replacements of returning pods.
+func ignored(pod *corev1.Pod, o PlanOptions) bool {
+	switch {
+	case pod.Annotations[mirrorPodAnnotation] != "", isFinished(pod):
+		return true
+	case isDaemonSetPod(pod) && o.DaemonSets == DaemonSetsSkip:
+		return true
+	case tierOf(pod) == TierReturning && metav1.GetControllerOf(pod) != nil &&
+		!o.NodeDeleted.IsZero() && !pod.CreationTimestamp.Time.Before(o.NodeDeleted):
+		// Its controller put it back once the node was deleting: evicting it
+		// again would loop. Both times have whole seconds, so the same second
+		// counts as after. A pod no controller manages is never a replacement.
+		return true
+	}
+	return false
+}
+
+// giveUpReason says why a terminating pod no longer holds the node, or "".
+func giveUpReason(pod *corev1.Pod, o PlanOptions) (cause, why string) {
+	// The API server sets deletionTimestamp to when the grace period ends.
+	grace := time.Duration(ptr.Deref(pod.DeletionGracePeriodSeconds, 0)) * time.Second
+	terminating := o.Now.Sub(pod.DeletionTimestamp.Add(-grace))
+	switch {
+	case o.PastDeadline:
+		return GiveUpDeadline, "the drain deadline passed"
+	case o.Unreachable && terminating >= UnreachableMargin:
+		return GiveUpUnreachable, "the node is unreachable, so no kubelet will confirm the deletion"
+	case o.StuckMargin > 0 && terminating >= grace+o.StuckMargin:
+		return GiveUpStuck, fmt.Sprintf("terminating for %s, past its grace period (%s) plus %s", terminating.Round(time.Second), grace, o.StuckMargin)
+	}
+	return "", ""
+}
+
+// tierOf puts a pod in its eviction tier.
+func tierOf(pod *corev1.Pod) Tier {
+	switch {
+	case isDaemonSetPod(pod) || comesBack(pod):
+		return TierReturning
+	case pod.Spec.PriorityClassName == "system-cluster-critical" || pod.Spec.PriorityClassName == "system-node-critical":
+		return TierCritical
+	}
+	return TierOrdinary
+}
+
+// comesBack reports whether the pod tolerates both the draining taint and the
+// unschedulable taint: the scheduler would put its replacement right back.
+func comesBack(pod *corev1.Pod) bool {
+	draining := corev1.Taint{Key: ngv1alpha1.DrainingTaintKey, Value: ngv1alpha1.DrainingTaintValue, Effect: corev1.TaintEffectNoSchedule}
+	cordoned := corev1.Taint{Key: corev1.TaintNodeUnschedulable, Effect: corev1.TaintEffectNoSchedule}
+	return tolerates(pod, &draining) && tolerates(pod, &cordoned)
+}
+
+func tolerates(pod *corev1.Pod, taint *corev1.Taint) bool {
+	for i := range pod.Spec.Tolerations {
+		if pod.Spec.Tolerations[i].ToleratesTaint(klog.Background(), taint, false) {
+			return true
+		}
+	}
+	return false
 }
 
 func (p *Plan) group(pods []*corev1.Pod, pdbs []policyv1.PodDisruptionBudget) error {
@@ -126,7 +273,11 @@ func (p *Plan) group(pods []*corev1.Pod, pdbs []policyv1.PodDisruptionBudget) er
 	}
 	for _, g := range groups {
 		sort.SliceStable(g.Pods, func(i, j int) bool { return !podReady(g.Pods[i]) && podReady(g.Pods[j]) })
-		g.Blocked = blocked(pdbByUID(pdbs, g.UID), g.Pods)
+		pdb := pdbByUID(pdbs, g.UID)
+		g.Blocked = blocked(pdb, g.Pods)
+		if pdb != nil {
+			g.Allowed = pdb.Status.DisruptionsAllowed
+		}
 		p.Groups = append(p.Groups, *g)
 	}
 	sort.Slice(p.Groups, func(i, j int) bool { return p.Groups[i].PDB.String() < p.Groups[j].PDB.String() })

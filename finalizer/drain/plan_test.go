@@ -4,6 +4,7 @@ import (
 	"context"
 	"slices"
 	"testing"
+	"time"
 
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
@@ -28,9 +29,28 @@ func annotated(k, v string) func(*corev1.Pod) {
 	return func(p *corev1.Pod) { p.Annotations = map[string]string{k: v} }
 }
 func phase(ph corev1.PodPhase) func(*corev1.Pod) { return func(p *corev1.Pod) { p.Status.Phase = ph } }
-func deleting(p *corev1.Pod)                     { p.DeletionTimestamp = ptr.To(metav1.Now()) }
+func deleting(p *corev1.Pod)                     { p.DeletionTimestamp = ptr.To(metav1.NewTime(now)) }
 func daemon(p *corev1.Pod) {
 	p.OwnerReferences = []metav1.OwnerReference{{APIVersion: appsv1.SchemeGroupVersion.String(), Kind: "DaemonSet", Name: "ds", Controller: ptr.To(true)}}
+}
+
+var (
+	now  = time.Date(2026, 11, 23, 6, 0, 0, 0, time.UTC)
+	last = PlanOptions{DaemonSets: DaemonSetsLast, Now: now, StuckMargin: time.Minute}
+)
+
+func created(t time.Time) func(*corev1.Pod) {
+	return func(p *corev1.Pod) { p.CreationTimestamp = metav1.NewTime(t) }
+}
+
+func ownedBy(kind string) func(*corev1.Pod) {
+	return func(p *corev1.Pod) {
+		p.OwnerReferences = []metav1.OwnerReference{{APIVersion: "apps/v1", Kind: kind, Name: "owner", Controller: ptr.To(true)}}
+	}
+}
+
+func toleratesAll(p *corev1.Pod) {
+	p.Spec.Tolerations = []corev1.Toleration{{Operator: corev1.TolerationOpExists}}
 }
 
 func pdb(name string, selector *metav1.LabelSelector) policyv1.PodDisruptionBudget {
@@ -67,7 +87,7 @@ func TestNewPlan(t *testing.T) {
 		pod("going", "web", deleting),
 		pod("agent", "agent", daemon),
 	}
-	plan, err := NewPlan(pods, pdbs, DaemonSetsLast)
+	plan, err := NewPlan(pods, pdbs, last)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -85,7 +105,7 @@ func TestNewPlan(t *testing.T) {
 		{"multiple PDBs", names(plan.MultiplePDBs), []string{"dual-1"}},
 		{"do-not-evict", names(plan.DoNotEvict), []string{"keep"}},
 		{"terminating", names(plan.Terminating), []string{"going"}},
-		{"DaemonSet pods held back", names(plan.DaemonSets), []string{"agent"}},
+		{"DaemonSet pods held back", names(plan.Later), []string{"agent"}},
 	} {
 		if !slices.Equal(c.got, c.want) {
 			t.Errorf("%s = %v, want %v", c.what, c.got, c.want)
@@ -99,17 +119,123 @@ func TestNewPlan(t *testing.T) {
 
 func TestDaemonSetPodsGoLastOrStay(t *testing.T) {
 	agent := pod("agent", "agent", daemon)
-	last, _ := NewPlan([]corev1.Pod{agent}, nil, DaemonSetsLast)
-	if got := names(last.Unprotected); !slices.Equal(got, []string{"agent"}) || len(last.DaemonSets) != 0 {
-		t.Errorf("with nothing else left, the DaemonSet pod should be evicted: %+v", last)
+	lastPlan, _ := NewPlan([]corev1.Pod{agent}, nil, last)
+	if got := names(lastPlan.Unprotected); !slices.Equal(got, []string{"agent"}) || len(lastPlan.Later) != 0 || lastPlan.Tier != TierReturning {
+		t.Errorf("with nothing else left, the DaemonSet pod should be evicted: %+v", lastPlan)
 	}
-	skip, _ := NewPlan([]corev1.Pod{agent, pod("web-1", "web")}, nil, DaemonSetsSkip)
-	if skip.Remaining() != 1 || len(skip.DaemonSets) != 0 {
+	skip, _ := NewPlan([]corev1.Pod{agent, pod("web-1", "web")}, nil, PlanOptions{DaemonSets: DaemonSetsSkip, Now: now})
+	if skip.Remaining() != 1 || len(skip.Later) != 0 {
 		t.Errorf("with skip, DaemonSet pods are not waited for: %+v", skip)
 	}
-	blocked, _ := NewPlan([]corev1.Pod{agent, pod("keep", "x", annotated(ngv1alpha1.DoNotEvictAnnotation, "true"))}, nil, DaemonSetsLast)
-	if len(blocked.DaemonSets) != 1 || len(blocked.Unprotected) != 0 {
+	blocked, _ := NewPlan([]corev1.Pod{agent, pod("keep", "x", annotated(ngv1alpha1.DoNotEvictAnnotation, "true"))}, nil, last)
+	if len(blocked.Later) != 1 || len(blocked.Unprotected) != 0 {
 		t.Errorf("a do-not-evict pod still running keeps the DaemonSet pod: %+v", blocked)
+	}
+}
+
+// Pods that would come straight back (a DaemonSet's, or any tolerating the
+// draining and unschedulable taints) are evicted once: those created after
+// the node began deleting are their replacements and are not waited for.
+func TestReturningPodsAreEvictedOnceAndTheirReplacementsIgnored(t *testing.T) {
+	deleted := now.Add(-time.Minute)
+	o := PlanOptions{DaemonSets: DaemonSetsLast, Now: now, NodeDeleted: deleted}
+	original := pod("proxy-a", "proxy", daemon, created(deleted.Add(-time.Hour)))
+	replacement := pod("proxy-b", "proxy", daemon, created(deleted)) // the same second: times are whole seconds
+	tolerant := pod("agent-a", "agent", toleratesAll, ownedBy("ReplicaSet"), created(deleted.Add(-time.Hour)))
+	tolerantAgain := pod("agent-b", "agent", toleratesAll, ownedBy("ReplicaSet"), created(deleted.Add(time.Second)))
+	plan, err := NewPlan([]corev1.Pod{original, replacement, tolerant, tolerantAgain}, nil, o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := names(plan.Unprotected); !slices.Equal(got, []string{"agent-a", "proxy-a"}) || plan.Remaining() != 2 {
+		t.Errorf("evicting %v (remaining %d), want only the originals", got, plan.Remaining())
+	}
+	plan, _ = NewPlan([]corev1.Pod{replacement, tolerantAgain}, nil, o)
+	if plan.Remaining() != 0 {
+		t.Errorf("only replacements left: remaining %d, want 0", plan.Remaining())
+	}
+	// A bare pod has no controller to put it back: created in the second of
+	// the node's deletion, it is still evicted.
+	bare := pod("debug", "debug", toleratesAll, created(deleted))
+	if plan, _ := NewPlan([]corev1.Pod{bare}, nil, o); plan.Remaining() != 1 {
+		t.Errorf("a bare tolerating pod is ignored as a replacement: remaining %d, want 1", plan.Remaining())
+	}
+	// A pod tolerating only the draining taint is scheduled elsewhere: ordinary.
+	partial := pod("half", "x", func(p *corev1.Pod) {
+		p.Spec.Tolerations = []corev1.Toleration{{Key: ngv1alpha1.DrainingTaintKey, Operator: corev1.TolerationOpExists}}
+	})
+	if tierOf(&partial) != TierOrdinary {
+		t.Errorf("a pod tolerating only the draining taint is in tier %s", tierOf(&partial))
+	}
+}
+
+func TestTiersFinishInOrder(t *testing.T) {
+	critical := func(p *corev1.Pod) { p.Spec.PriorityClassName = "system-node-critical" }
+	web := pod("web-1", "web")
+	csi := pod("csi-1", "csi", critical)
+	proxy := pod("proxy-1", "proxy", daemon)
+	tests := []struct {
+		name      string
+		pods      []corev1.Pod
+		wantTier  Tier
+		wantEvict []string
+	}{
+		{"ordinary first", []corev1.Pod{web, csi, proxy}, TierOrdinary, []string{"web-1"}},
+		{"a terminating ordinary pod holds the critical tier", []corev1.Pod{pod("web-2", "web", deleting), csi, proxy}, TierOrdinary, nil},
+		{"then system-critical", []corev1.Pod{csi, proxy}, TierCritical, []string{"csi-1"}},
+		{"DaemonSet pods last", []corev1.Pod{proxy}, TierReturning, []string{"proxy-1"}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			plan, err := NewPlan(tt.pods, nil, last)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if plan.Tier != tt.wantTier || !slices.Equal(names(plan.Unprotected), tt.wantEvict) {
+				t.Errorf("tier %s evicting %v, want tier %s evicting %v", plan.Tier, names(plan.Unprotected), tt.wantTier, tt.wantEvict)
+			}
+			if plan.Remaining() != len(tt.pods) {
+				t.Errorf("remaining %d, want %d", plan.Remaining(), len(tt.pods))
+			}
+		})
+	}
+}
+
+func TestTerminatingPodsAreGivenUpOn(t *testing.T) {
+	since := func(d time.Duration, grace int64) func(*corev1.Pod) {
+		return func(p *corev1.Pod) {
+			// deleted d ago: the API server set deletionTimestamp to the end of its grace period
+			p.DeletionTimestamp = ptr.To(metav1.NewTime(now.Add(-d + time.Duration(grace)*time.Second)))
+			p.DeletionGracePeriodSeconds = ptr.To(grace)
+		}
+	}
+	tests := []struct {
+		name      string
+		pod       corev1.Pod
+		opts      PlanOptions
+		wantCause string // "": still waited for
+	}{
+		{"within grace and margin", pod("a", "x", since(80*time.Second, 30)), last, ""},
+		{"past grace and margin", pod("a", "x", since(91*time.Second, 30)), last, GiveUpStuck},
+		{"unreachable node, past its margin", pod("a", "x", since(UnreachableMargin, 30)), PlanOptions{Now: now, StuckMargin: time.Minute, Unreachable: true}, GiveUpUnreachable},
+		{"unreachable node, just deleted", pod("a", "x", since(time.Second, 30)), PlanOptions{Now: now, StuckMargin: time.Minute, Unreachable: true}, ""},
+		{"past the drain deadline", pod("a", "x", since(time.Second, 30)), PlanOptions{Now: now, PastDeadline: true}, GiveUpDeadline},
+		{"no margin waits forever", pod("a", "x", since(time.Hour, 30)), PlanOptions{Now: now}, ""},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			plan, err := NewPlan([]corev1.Pod{tt.pod}, nil, tt.opts)
+			if err != nil {
+				t.Fatal(err)
+			}
+			cause := ""
+			if len(plan.GivenUp) == 1 {
+				cause = plan.GivenUp[0].Cause
+			}
+			if wantRemaining := map[bool]int{true: 1, false: 0}[tt.wantCause == ""]; cause != tt.wantCause || plan.Remaining() != wantRemaining {
+				t.Errorf("given up %+v (remaining %d), want cause %q", plan.GivenUp, plan.Remaining(), tt.wantCause)
+			}
+		})
 	}
 }
 
@@ -117,7 +243,7 @@ func TestEmptySelectorPDBCoversEveryPodOfItsNamespace(t *testing.T) {
 	all := pdb("all", &metav1.LabelSelector{})
 	other := pdb("elsewhere", &metav1.LabelSelector{})
 	other.Namespace = "other"
-	plan, err := NewPlan([]corev1.Pod{pod("a", "x"), pod("b", "y")}, []policyv1.PodDisruptionBudget{all, other}, DaemonSetsLast)
+	plan, err := NewPlan([]corev1.Pod{pod("a", "x"), pod("b", "y")}, []policyv1.PodDisruptionBudget{all, other}, last)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -155,7 +281,7 @@ func TestBlockedQueuesSendNothing(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			plan, err := NewPlan(tt.pods, []policyv1.PodDisruptionBudget{tt.pdb}, DaemonSetsLast)
+			plan, err := NewPlan(tt.pods, []policyv1.PodDisruptionBudget{tt.pdb}, last)
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -76,6 +76,24 @@ func Ready() NodeOption {
 	}
 }
 
+// WithoutKubelet leaves the node out of kwok: nothing plays its kubelet, as
+// on a node whose VM is gone.
+func WithoutKubelet() NodeOption {
+	return func(n *corev1.Node) { delete(n.Annotations, KwokAnnotation) }
+}
+
+// Unreachable sets the node's Ready condition to Unknown, as the node lifecycle
+// controller does when the kubelet stops posting status.
+func Unreachable() NodeOption {
+	return func(n *corev1.Node) {
+		now := metav1.Now()
+		n.Status.Conditions = append(n.Status.Conditions, corev1.NodeCondition{
+			Type: corev1.NodeReady, Status: corev1.ConditionUnknown, Reason: "NodeStatusUnknown",
+			Message: "Kubelet stopped posting node status.", LastHeartbeatTime: now, LastTransitionTime: now,
+		})
+	}
+}
+
 // WithFinalizers adds finalizers.
 func WithFinalizers(finalizers ...string) NodeOption {
 	return func(n *corev1.Node) { n.Finalizers = append(n.Finalizers, finalizers...) }
@@ -182,6 +200,11 @@ func NDBSelecting(kv ...string) NDBOption {
 // NDBMaxUnavailable sets maxUnavailable ("1", "25%").
 func NDBMaxUnavailable(v string) NDBOption {
 	return func(b *ngv1alpha1.NodeDisruptionBudget) { b.Spec.MaxUnavailable = ptr.To(intstr.Parse(v)) }
+}
+
+// NDBUnhealthyNodeDeletion sets unhealthyNodeDeletionPolicy.
+func NDBUnhealthyNodeDeletion(p ngv1alpha1.UnhealthyNodeDeletionPolicy) NDBOption {
+	return func(b *ngv1alpha1.NodeDisruptionBudget) { b.Spec.UnhealthyNodeDeletionPolicy = p }
 }
 
 // NDBMinAvailable sets minAvailable ("3", "75%").

@@ -11,6 +11,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"reflect"
+	"regexp"
 	"slices"
 	"strings"
 	"testing"
@@ -20,6 +21,8 @@ import (
 	chartv2 "helm.sh/helm/v4/pkg/chart/v2"
 	"helm.sh/helm/v4/pkg/chart/v2/loader"
 	"helm.sh/helm/v4/pkg/engine"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
 	"sigs.k8s.io/yaml"
 )
 
@@ -53,6 +56,21 @@ func splitDocs(t *testing.T, src, text string) []object {
 	return out
 }
 
+// renderErr renders the chart's files with values.
+func renderErr(t *testing.T, values string) (map[string]string, error) {
+	t.Helper()
+	c := loadChart(t)
+	var vals map[string]any
+	if err := yaml.Unmarshal([]byte(values), &vals); err != nil {
+		t.Fatal(err)
+	}
+	rv, err := util.ToRenderValues(c, vals, common.ReleaseOptions{Name: release, Namespace: namespace, IsInstall: true}, common.DefaultCapabilities)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return engine.Render(c, rv)
+}
+
 func loadChart(t *testing.T) *chartv2.Chart {
 	t.Helper()
 	c, err := loader.Load(filepath.Join(root, "charts", "nodeguard"))
@@ -66,16 +84,7 @@ func loadChart(t *testing.T) *chartv2.Chart {
 // install would, and returns the objects by key.
 func render(t *testing.T, values string) map[string]object {
 	t.Helper()
-	c := loadChart(t)
-	var vals map[string]any
-	if err := yaml.Unmarshal([]byte(values), &vals); err != nil {
-		t.Fatal(err)
-	}
-	rv, err := util.ToRenderValues(c, vals, common.ReleaseOptions{Name: release, Namespace: namespace, IsInstall: true}, common.DefaultCapabilities)
-	if err != nil {
-		t.Fatal(err)
-	}
-	files, err := engine.Render(c, rv)
+	files, err := renderErr(t, values)
 	if err != nil {
 		t.Fatalf("rendering the chart: %v", err)
 	}
@@ -208,7 +217,7 @@ resources: {requests: {cpu: 50m, memory: 100Mi}, limits: {memory: 300Mi}}
 nodeSelector: {kubernetes.azure.com/mode: system}
 webhook: {failurePolicy: Ignore}
 nodeguard:
-  nodeSelector: kubernetes.azure.com/mode=user
+  managedNodes: {matchLabels: {kubernetes.azure.com/mode: user}}
   drainTimeout: 1h
   daemonSetPods: skip
   extraArgs: [--max-concurrent-drains=5]
@@ -259,6 +268,12 @@ fullnameOverride: guard
 	if got := dig(v, "webhooks", 0, "failurePolicy"); got != "Ignore" {
 		t.Errorf("delete webhook failurePolicy %v, want Ignore", got)
 	}
+	m := objs["MutatingWebhookConfiguration /guard-mutating-webhook-configuration"]
+	for what, wh := range map[string]any{"delete": dig(v, "webhooks", 0), "finalizer": dig(m, "webhooks", 0)} {
+		if got := dig(wh, "objectSelector", "matchLabels", "kubernetes.azure.com/mode"); got != "user" {
+			t.Errorf("%s webhook objectSelector %v, want the nodes of nodeguard.managedNodes", what, dig(wh, "objectSelector"))
+		}
+	}
 	if got := dig(v, "metadata", "annotations"); got != nil {
 		t.Errorf("without cert-manager the webhooks carry no inject-ca-from: %v", got)
 	}
@@ -271,12 +286,12 @@ fullnameOverride: guard
 		}
 	}
 	cm := objs["ConfigMap "+namespace+"/guard-dashboard"]
-	dashboard, err := os.ReadFile(filepath.Join(root, "dashboards", "nodeguard.json"))
+	dashboard, err := os.ReadFile(filepath.Join(root, "manifests", "prometheus", "dashboard.json"))
 	if err != nil {
 		t.Fatal(err)
 	}
 	if got := dig(cm, "data", "nodeguard.json"); got != strings.TrimRight(string(dashboard), "\n") {
-		t.Errorf("the dashboard ConfigMap does not hold dashboards/nodeguard.json")
+		t.Errorf("the dashboard ConfigMap does not hold manifests/prometheus/dashboard.json")
 	}
 	job := objs["Job "+namespace+"/guard-uninstall"]
 	if got := fmt.Sprint(dig(job, "spec", "template", "spec", "containers", 0, "args")); !strings.Contains(got, "--deployment=guard") ||
@@ -295,7 +310,7 @@ func TestChartCopiesAreInSync(t *testing.T) {
 		"crds/nodeguard.io_nodedisruptionbudgets.yaml": "manifests/crd/nodeguard.io_nodedisruptionbudgets.yaml",
 		"files/role.yaml":             "manifests/rbac/role.yaml",
 		"files/prometheus-rules.yaml": "manifests/prometheus/rules.yaml",
-		"files/dashboard.json":        "dashboards/nodeguard.json",
+		"files/dashboard.json":        "manifests/prometheus/dashboard.json",
 	} {
 		got, err := os.ReadFile(filepath.Join(root, "charts", "nodeguard", copy))
 		if err != nil {
@@ -307,6 +322,114 @@ func TestChartCopiesAreInSync(t *testing.T) {
 		}
 		if !bytes.Equal(got, want) {
 			t.Errorf("charts/nodeguard/%s differs from %s: run make chart", copy, source)
+		}
+	}
+}
+
+// kustomizeWith builds manifests/default with the given components (dirs under
+// manifests/components) from a kustomization of its own.
+func kustomizeWith(t *testing.T, components ...string) map[string]object {
+	t.Helper()
+	dir := t.TempDir()
+	manifests, err := filepath.Abs(filepath.Join(root, "manifests"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	rel, err := filepath.Rel(dir, manifests) // kustomize refuses absolute paths
+	if err != nil {
+		t.Fatal(err)
+	}
+	k := "resources:\n- " + filepath.Join(rel, "default") + "\ncomponents:\n"
+	for _, c := range components {
+		k += "- " + filepath.Join(rel, "components", c) + "\n"
+	}
+	if err := os.WriteFile(filepath.Join(dir, "kustomization.yaml"), []byte(k), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	out, err := exec.Command("kubectl", "kustomize", dir).Output()
+	if err != nil {
+		t.Fatalf("kubectl kustomize with %v: %v", components, err)
+	}
+	objs := map[string]object{}
+	for _, o := range splitDocs(t, "components", string(out)) {
+		objs[key(o)] = o
+	}
+	return objs
+}
+
+// nodeguard.managedNodes renders what the kustomize component managed-nodes
+// adds: --node-selector and the objectSelector of both webhooks.
+func TestManagedNodesRenderTheManagedNodesComponent(t *testing.T) {
+	compare(t, render(t, `
+uninstallHook: {enabled: false}
+nodeguard: {managedNodes: {matchLabels: {nodeguard.io/managed: "true"}}}
+`), kustomizeWith(t, "managed-nodes"))
+}
+
+// The chart writes nodeguard.managedNodes once as the webhooks' objectSelector
+// and once as --node-selector: both must select exactly the same nodes.
+func TestManagedNodesFlagSelectsTheWebhooksNodes(t *testing.T) {
+	objs := render(t, `
+nodeguard:
+  managedNodes:
+    matchLabels: {pool: web, kubernetes.azure.com/mode: user}
+    matchExpressions:
+    - {key: zone, operator: In, values: [a, b]}
+    - {key: tier, operator: NotIn, values: [batch]}
+    - {key: gpu, operator: DoesNotExist}
+    - {key: kubernetes.azure.com/agentpool, operator: Exists}
+`)
+	args := fmt.Sprint(dig(deployment(t, objs), "spec", "template", "spec", "containers", 0, "args"))
+	flag := regexp.MustCompile(`--node-selector=([^\]]*?)(?: --|\]$)`).FindStringSubmatch(args)
+	if flag == nil {
+		t.Fatalf("no --node-selector in %s", args)
+	}
+	fromFlag, err := labels.Parse(flag[1])
+	if err != nil {
+		t.Fatalf("--node-selector=%s does not parse: %v", flag[1], err)
+	}
+	for _, wh := range []any{
+		dig(objs["ValidatingWebhookConfiguration /nodeguard-validating-webhook-configuration"], "webhooks", 0, "objectSelector"),
+		dig(objs["MutatingWebhookConfiguration /nodeguard-mutating-webhook-configuration"], "webhooks", 0, "objectSelector"),
+	} {
+		b, _ := json.Marshal(wh)
+		var ls metav1.LabelSelector
+		if err := json.Unmarshal(b, &ls); err != nil {
+			t.Fatal(err)
+		}
+		fromWebhook, err := metav1.LabelSelectorAsSelector(&ls)
+		if err != nil {
+			t.Fatalf("objectSelector %s: %v", b, err)
+		}
+		for _, node := range []labels.Set{
+			{"pool": "web", "kubernetes.azure.com/mode": "user", "zone": "a", "kubernetes.azure.com/agentpool": "u1"},
+			{"pool": "web", "kubernetes.azure.com/mode": "user", "zone": "b", "tier": "web", "kubernetes.azure.com/agentpool": "u1"},
+			{"pool": "web", "kubernetes.azure.com/mode": "user", "zone": "c", "kubernetes.azure.com/agentpool": "u1"},
+			{"pool": "web", "kubernetes.azure.com/mode": "user", "zone": "a", "tier": "batch", "kubernetes.azure.com/agentpool": "u1"},
+			{"pool": "web", "kubernetes.azure.com/mode": "user", "zone": "a", "gpu": "1", "kubernetes.azure.com/agentpool": "u1"},
+			{"pool": "web", "kubernetes.azure.com/mode": "user", "zone": "a"},
+			{"pool": "db", "kubernetes.azure.com/mode": "user", "zone": "a", "kubernetes.azure.com/agentpool": "u1"},
+		} {
+			if fromFlag.Matches(node) != fromWebhook.Matches(node) {
+				t.Errorf("node %v: --node-selector=%s matches %v, objectSelector %s matches %v",
+					node, flag[1], fromFlag.Matches(node), b, fromWebhook.Matches(node))
+			}
+		}
+	}
+}
+
+// Values that would split what nodeguard manages from what its webhooks cover
+// are refused with a message saying what to set instead.
+func TestManagedNodesRefusesSelectorsThatCannotMirror(t *testing.T) {
+	for values, want := range map[string]string{
+		"nodeguard: {nodeSelector: pool=web}\n":                                     "nodeguard.managedNodes",
+		"webhook: {objectSelector: {matchLabels: {pool: web}}}\n":                   "nodeguard.managedNodes",
+		"nodeguard: {managedNodes: {matchLabels: {managed: true}}}\n":               "quote the value",
+		"nodeguard: {managedNodes: {matchExpressions: [{key: a, operator: Gt}]}}\n": "operator Gt",
+		"nodeguard: {managedNodes: {matchLabel: {pool: web}}}\n":                    "only matchLabels and matchExpressions",
+	} {
+		if _, err := renderErr(t, values); err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("rendering %q: %v, want an error with %q", values, err, want)
 		}
 	}
 }

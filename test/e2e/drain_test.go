@@ -3,7 +3,6 @@ package e2e
 import (
 	"context"
 	"net/http"
-	"os/exec"
 	"slices"
 	"strings"
 	"sync"
@@ -18,22 +17,6 @@ import (
 	ngv1alpha1 "github.com/nodeguard/nodeguard/api/v1alpha1"
 	"github.com/nodeguard/nodeguard/test/harness"
 )
-
-func needsEnv(t *testing.T) {
-	t.Helper()
-	if env == nil {
-		t.Skip("needs the local cluster (not with -short)")
-	}
-}
-
-func kubectl(t *testing.T, args ...string) string {
-	t.Helper()
-	out, err := exec.Command("kubectl", append([]string{"--kubeconfig", env.Kubeconfig}, args...)...).CombinedOutput()
-	if err != nil {
-		t.Fatalf("kubectl %v: %v\n%s", args, err, out)
-	}
-	return string(out)
-}
 
 // targetStates returns the target node's entries' admin states in the emulator.
 func (top *topology) targetStates() []string {
@@ -56,25 +39,25 @@ func (top *topology) targetStates() []string {
 // pod, a completed pod and a do-not-evict pod with kubectl, and checks what the
 // user relies on.
 func TestDeleteNodeCutsTrafficThenDrainsWithinBudgets(t *testing.T) {
-	needsEnv(t)
+	harness.SkipWithoutEnv(t, env)
 	ctx := context.Background()
 	top := newTopology(t, "drain", true)
 	proxy := startAPIProxy(t)
 	var downAtFirstEviction []string
 	var once sync.Once
-	proxy.onFirstEviction = func() { once.Do(func() { downAtFirstEviction = top.targetStates() }) }
-	startNodeguard(t, proxy.kubeconfig, top.emulator)
+	proxy.OnFirstEviction(func() { once.Do(func() { downAtFirstEviction = top.targetStates() }) })
+	startNodeguard(t, proxy.Kubeconfig, top.emulator)
 	harness.WaitForTerminationFinalizer(t, env.Client, top.target)
 	monitor := watchBudgets(t, top.ns)
 
-	kubectl(t, "delete", "node", top.target, "--wait=false")
+	harness.MustKubectl(t, env.Kubeconfig, "", "delete", "node", top.target, "--wait=false")
 
 	t.Cleanup(func() {
 		if t.Failed() {
 			for _, b := range budgets {
 				var pdb policyv1.PodDisruptionBudget
 				_ = env.Client.Get(ctx, client.ObjectKey{Namespace: top.ns, Name: b.app}, &pdb)
-				t.Logf("PDB %s status %+v; eviction answers %v", b.app, pdb.Status, proxy.evictionAnswers(b.app))
+				t.Logf("PDB %s status %+v; eviction answers %v", b.app, pdb.Status, proxy.Answers(top.ns, b.app))
 			}
 		}
 	})
@@ -89,10 +72,15 @@ func TestDeleteNodeCutsTrafficThenDrainsWithinBudgets(t *testing.T) {
 		slices.Sort(apps)
 		return err == nil && slices.Equal(apps, []string{"daemon", "keep"}), err
 	}, "only the do-not-evict pod and the DaemonSet pod are left on the node")
-	if gone, _ := nodeGone(ctx, top.target); gone {
+	if gone, _ := harness.NodeGone(ctx, env.Client, top.target); gone {
 		t.Fatal("the node was released while a do-not-evict pod was still on it")
 	}
 	harness.WaitForEvent(t, env.Client, top.target, "DoNotEvictPodBlocking")
+	// kubectl describe node says why the node is still there.
+	harness.Eventually(t, 30*time.Second, func(ctx context.Context) (bool, error) {
+		c, err := nodeCondition(ctx, top.target)
+		return c != nil && c.Reason == "Draining" && strings.Contains(c.Message, "1 annotated do-not-evict"), err
+	}, "node %s carries the %s condition naming the do-not-evict pod", top.target, ngv1alpha1.TerminatingCondition)
 	var lease coordinationv1.Lease
 	if err := env.Client.Get(ctx, client.ObjectKey{Namespace: ngv1alpha1.MaintenanceLeaseNamespace, Name: top.target}, &lease); err != nil ||
 		!strings.HasPrefix(ptr.Deref(lease.Spec.HolderIdentity, ""), "nodeguard/") || ptr.Deref(lease.Spec.LeaseDurationSeconds, 0) == 0 {
@@ -108,16 +96,16 @@ func TestDeleteNodeCutsTrafficThenDrainsWithinBudgets(t *testing.T) {
 		}
 	}
 	harness.Eventually(t, time.Minute, func(ctx context.Context) (bool, error) {
-		return nodeGone(ctx, top.target)
+		return harness.NodeGone(ctx, env.Client, top.target)
 	}, "the node is released once the do-not-evict pod is gone")
 
 	monitor.check(t)
 	for _, b := range budgets {
-		if got := proxy.maxInFlight(b.app); got != 1 {
+		if got := proxy.MaxInFlight(top.ns, b.app); got != 1 {
 			t.Errorf("%s: at most %d eviction requests in flight at once, want exactly 1", b.app, got)
 		}
 	}
-	if answers := proxy.evictionAnswers("two"); len(answers) < 2 || answers[0] != http.StatusCreated || answers[1] != http.StatusCreated {
+	if answers := proxy.Answers(top.ns, "two"); len(answers) < 2 || answers[0] != http.StatusCreated || answers[1] != http.StatusCreated {
 		t.Errorf("under maxUnavailable 2 the first two evictions should both succeed back to back, got %v", answers)
 	}
 	if len(downAtFirstEviction) == 0 {
@@ -129,8 +117,5 @@ func TestDeleteNodeCutsTrafficThenDrainsWithinBudgets(t *testing.T) {
 			break
 		}
 	}
-	harness.Eventually(t, 10*time.Second, func(ctx context.Context) (bool, error) {
-		err := env.Client.Get(ctx, client.ObjectKey{Namespace: ngv1alpha1.MaintenanceLeaseNamespace, Name: top.target}, &lease)
-		return err == nil && lease.Spec.HolderIdentity == nil, err
-	}, "the maintenance Lease is released (no holder): %+v", &lease)
+	waitLeaseGone(t, top.target)
 }

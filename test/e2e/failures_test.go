@@ -24,14 +24,14 @@ import (
 // reported once and not evicted over and over; once it is gone, the node is
 // released.
 func TestUnreachableARMAndAPodUnderTwoPDBs(t *testing.T) {
-	needsEnv(t)
+	harness.SkipWithoutEnv(t, env)
 	ctx := context.Background()
 	top := newTopology(t, "arm", false)
-	mustCreate(t, builder.Deployment(top.ns, "dual", 1, builder.OnNodes(corev1.LabelHostname, top.target)))
+	harness.MustCreate(t, env.Client, builder.Deployment(top.ns, "dual", 1, builder.OnNodes(corev1.LabelHostname, top.target)))
 	for _, name := range []string{"dual-a", "dual-b"} {
 		pdb := builder.PDB(top.ns, "dual", builder.MaxUnavailable("1"))
 		pdb.Name = name
-		mustCreate(t, pdb)
+		harness.MustCreate(t, env.Client, pdb)
 	}
 	harness.Eventually(t, time.Minute, func(ctx context.Context) (bool, error) {
 		pods, err := evictablePodsOn(ctx, top.ns, top.target)
@@ -44,10 +44,10 @@ func TestUnreachableARMAndAPodUnderTwoPDBs(t *testing.T) {
 	}, "the pod under two PDBs runs on the target")
 	top.emulator.Close() // ARM unreachable
 	proxy := startAPIProxy(t)
-	startNodeguard(t, proxy.kubeconfig, top.emulator, "--admin-state-timeout=3s")
+	startNodeguard(t, proxy.Kubeconfig, top.emulator, "--admin-state-timeout=3s")
 	harness.WaitForTerminationFinalizer(t, env.Client, top.target)
 
-	kubectl(t, "delete", "node", top.target, "--wait=false")
+	harness.MustKubectl(t, env.Kubeconfig, "", "delete", "node", top.target, "--wait=false")
 	harness.WaitForEvent(t, env.Client, top.target, "TrafficCutTimedOut")
 	harness.WaitForEvent(t, env.Client, top.target, "PodUnderMultiplePDBs")
 	harness.Eventually(t, time.Minute, func(ctx context.Context) (bool, error) {
@@ -60,18 +60,18 @@ func TestUnreachableARMAndAPodUnderTwoPDBs(t *testing.T) {
 		return err == nil && slices.Equal(apps, []string{"daemon", "dual"}), err
 	}, "everything but the pod under two PDBs (and the DaemonSet pod, last) is drained")
 	// Several more drain passes happen while the pod stays (PDB changes, backstop).
-	before := len(proxy.evictionAnswers("dual"))
-	passes := proxy.podListsOf(top.target)
+	before := len(proxy.Answers(top.ns, "dual"))
+	passes := proxy.PodListsOf(top.target)
 	harness.Eventually(t, 30*time.Second, func(ctx context.Context) (bool, error) {
-		return proxy.podListsOf(top.target) >= passes+3, nil
+		return proxy.PodListsOf(top.target) >= passes+3, nil
 	}, "three more drain passes happen")
 	if n, _ := harness.CountEvents(ctx, env.Client, top.target, "PodUnderMultiplePDBs"); n != 1 {
 		t.Errorf("%d PodUnderMultiplePDBs events, want exactly 1", n)
 	}
-	if after := len(proxy.evictionAnswers("dual")); after > 1 {
+	if after := len(proxy.Answers(top.ns, "dual")); after > 1 {
 		t.Errorf("the pod under two PDBs got %d eviction requests (%d before the last passes), want at most 1: no hot loop", after, before)
 	}
-	if gone, _ := nodeGone(ctx, top.target); gone {
+	if gone, _ := harness.NodeGone(ctx, env.Client, top.target); gone {
 		t.Fatal("the node was released with a pod still on it")
 	}
 
@@ -84,24 +84,28 @@ func TestUnreachableARMAndAPodUnderTwoPDBs(t *testing.T) {
 		}
 	}
 	harness.Eventually(t, time.Minute, func(ctx context.Context) (bool, error) {
-		return nodeGone(ctx, top.target)
+		return harness.NodeGone(ctx, env.Client, top.target)
 	}, "the node is released")
 }
+
+// killPointTimeout bounds the wait for the drain to reach the next kill point,
+// a restart of nodeguard included.
+const killPointTimeout = 90 * time.Second
 
 // TestKilledAtEveryPhaseStillReleasesWithinBudgets kills nodeguard (SIGKILL)
 // at ten points of a node's termination, from the Lease to the release, and
 // restarts it each time: the node is still released, no PDB is violated and no
 // finalizer or maintenance hold is left behind.
 func TestKilledAtEveryPhaseStillReleasesWithinBudgets(t *testing.T) {
-	needsEnv(t)
+	harness.SkipWithoutEnv(t, env)
 	ctx := context.Background()
 	top := newTopology(t, "kill", false)
 	proxy := startAPIProxy(t)
 	monitor := watchBudgets(t, top.ns)
-	start := func() *process { return startNodeguard(t, proxy.kubeconfig, top.emulator) }
+	start := func() *harness.Nodeguard { return startNodeguard(t, proxy.Kubeconfig, top.emulator) }
 	ng := start()
 	harness.WaitForTerminationFinalizer(t, env.Client, top.target)
-	kubectl(t, "delete", "node", top.target, "--wait=false")
+	harness.MustKubectl(t, env.Kubeconfig, "", "delete", "node", top.target, "--wait=false")
 
 	var node corev1.Node
 	getNode := func(ctx context.Context) (bool, error) {
@@ -113,6 +117,9 @@ func TestKilledAtEveryPhaseStillReleasesWithinBudgets(t *testing.T) {
 		return len(pods)
 	}
 	initial := podsLeft(ctx)
+	if last := 14; initial <= last {
+		t.Fatalf("%d evictable pods on the target: the last kill point (%d evicted) must leave some", initial, last)
+	}
 	killPoints := []struct {
 		name    string
 		reached func(ctx context.Context) bool
@@ -135,30 +142,25 @@ func TestKilledAtEveryPhaseStillReleasesWithinBudgets(t *testing.T) {
 			reached func(ctx context.Context) bool
 		}{fmt.Sprintf("%d pods evicted", left), func(ctx context.Context) bool { return podsLeft(ctx) <= initial-left }})
 	}
-	kills := 0
+	// Every kill point comes before the release (the last leaves pods on the
+	// node), so each one is waited for and each kill happens.
 	for _, kp := range killPoints {
-		if ok, _ := getNode(ctx); !ok {
-			break // released already: the remaining points were passed
-		}
 		began := time.Now()
-		_ = harness.Poll(ctx, 30*time.Second, func(ctx context.Context) (bool, error) { return kp.reached(ctx), nil })
-		ng.kill()
-		kills++
+		if err := harness.Poll(ctx, killPointTimeout, func(ctx context.Context) (bool, error) { return kp.reached(ctx), nil }); err != nil {
+			t.Fatalf("kill point %q not reached within %s: %v", kp.name, killPointTimeout, err)
+		}
+		if ok, _ := getNode(ctx); !ok {
+			t.Fatalf("the node was released before kill point %q", kp.name)
+		}
+		ng.Kill()
 		t.Logf("killed nodeguard: %s (after %s)", kp.name, time.Since(began).Round(time.Millisecond))
 		ng = start()
 	}
 	harness.Eventually(t, 2*time.Minute, func(ctx context.Context) (bool, error) {
-		return nodeGone(ctx, top.target)
-	}, "the node is released after %d kills", kills)
-	if kills < 8 {
-		t.Errorf("only %d kills happened before the release; the test needs a slower drain", kills)
-	}
+		return harness.NodeGone(ctx, env.Client, top.target)
+	}, "the node is released after %d kills", len(killPoints))
 	monitor.check(t)
-	var lease coordinationv1.Lease
-	harness.Eventually(t, 10*time.Second, func(ctx context.Context) (bool, error) {
-		err := env.Client.Get(ctx, client.ObjectKey{Namespace: ngv1alpha1.MaintenanceLeaseNamespace, Name: top.target}, &lease)
-		return err == nil && lease.Spec.HolderIdentity == nil, err
-	}, "the maintenance Lease is released")
+	waitLeaseGone(t, top.target)
 	// In-flight evictions are not checked here: a request of a killed process
 	// may still be on its way when the restarted one sends the next.
 }
@@ -167,34 +169,34 @@ func TestKilledAtEveryPhaseStillReleasesWithinBudgets(t *testing.T) {
 // do-not-evict one) are deleted with a Warning event; then the node waits for
 // its VolumeAttachments to go before it is released.
 func TestDrainDeadlineThenVolumeDetach(t *testing.T) {
-	needsEnv(t)
+	harness.SkipWithoutEnv(t, env)
 	ctx := context.Background()
 	top := newTopology(t, "deadline", true)
 	attachment := &storagev1.VolumeAttachment{
-		ObjectMeta: metav1.ObjectMeta{Name: "deadline-disk"},
+		ObjectMeta: metav1.ObjectMeta{Name: top.ns + "-disk"},
 		Spec: storagev1.VolumeAttachmentSpec{
 			Attacher: "disk.csi.azure.com", NodeName: top.target,
 			Source: storagev1.VolumeAttachmentSource{PersistentVolumeName: ptr.To("pv-deadline")},
 		},
 	}
-	mustCreate(t, attachment)
+	harness.MustCreate(t, env.Client, attachment)
 	startNodeguard(t, env.Kubeconfig, top.emulator, "--drain-timeout=5s", "--volume-detach-timeout=5m")
 	harness.WaitForTerminationFinalizer(t, env.Client, top.target)
 
-	kubectl(t, "delete", "node", top.target, "--wait=false")
+	harness.MustKubectl(t, env.Kubeconfig, "", "delete", "node", top.target, "--wait=false")
 	harness.WaitForEvent(t, env.Client, top.target, "DrainDeadlineExceeded")
 	harness.WaitForEvent(t, env.Client, top.target, "WaitingForVolumeDetach")
 	harness.Eventually(t, time.Minute, func(ctx context.Context) (bool, error) {
 		pods, err := evictablePodsOn(ctx, top.ns, top.target)
 		return err == nil && len(pods) == 0, err
 	}, "the do-not-evict pod was deleted past the deadline")
-	if gone, _ := nodeGone(ctx, top.target); gone {
+	if gone, _ := harness.NodeGone(ctx, env.Client, top.target); gone {
 		t.Fatal("the node was released while a VolumeAttachment still referred to it")
 	}
 	if err := env.Client.Delete(ctx, attachment); err != nil {
 		t.Fatal(err)
 	}
 	harness.Eventually(t, time.Minute, func(ctx context.Context) (bool, error) {
-		return nodeGone(ctx, top.target)
+		return harness.NodeGone(ctx, env.Client, top.target)
 	}, "the node is released once its volume is detached")
 }

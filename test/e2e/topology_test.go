@@ -9,8 +9,10 @@ import (
 
 	appsv1 "k8s.io/api/apps/v1"
 	batchv1 "k8s.io/api/batch/v1"
+	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
 	policyv1 "k8s.io/api/policy/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/utils/ptr"
@@ -47,11 +49,25 @@ func vmssProviderID(index int) string {
 		subscription, resourceGroup, index)
 }
 
+// topologies counts the topologies made under each name in this process.
+var topologies = map[string]int{}
+
+// freshName is name the first time, then name2, name3...: -count=N runs a test
+// N times on one cluster, and each run gets fresh names.
+func freshName(name string) string {
+	topologies[name]++
+	if n := topologies[name]; n > 1 {
+		return fmt.Sprintf("%s%d", name, n)
+	}
+	return name
+}
+
 // newTopology creates the target node and its pods, then the spare nodes,
 // and an ARM emulator whose load balancers hold all of them. With doNotEvict,
 // one of the pods is annotated nodeguard.io/do-not-evict.
 func newTopology(t *testing.T, name string, doNotEvict bool) *topology {
 	t.Helper()
+	name = freshName(name)
 	c := env.Client
 	top := &topology{ns: name, target: name + "-target"}
 	var emuNodes []armemulator.Node
@@ -60,27 +76,27 @@ func newTopology(t *testing.T, name string, doNotEvict bool) *topology {
 		emuNodes = append(emuNodes, armemulator.Node{Name: nodeName, IPs: []string{ip}, ProviderID: vmssProviderID(index)})
 		return builder.Node(nodeName, builder.WithLabels("pool", name), builder.WithProviderID(vmssProviderID(index)), builder.WithInternalIP(ip))
 	}
-	mustCreate(t, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: name}})
-	mustCreate(t, node(top.target, 0))
+	harness.MustCreate(t, env.Client, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: name}})
+	harness.MustCreate(t, env.Client, node(top.target, 0))
 	onPool := builder.OnNodes("pool", name)
 	for _, b := range budgets {
-		mustCreate(t, builder.Deployment(name, b.app, 4, onPool))
-		mustCreate(t, builder.PDB(name, b.app, b.pdb))
+		harness.MustCreate(t, env.Client, builder.Deployment(name, b.app, 4, onPool))
+		harness.MustCreate(t, env.Client, builder.PDB(name, b.app, b.pdb))
 	}
-	mustCreate(t, builder.Deployment(name, "free", 3, onPool))
+	harness.MustCreate(t, env.Client, builder.Deployment(name, "free", 3, onPool))
 	keep := builder.WithPodAnnotations("example.com/role", "keep")
 	if doNotEvict {
 		keep = builder.WithPodAnnotations(ngv1alpha1.DoNotEvictAnnotation, "true")
 	}
-	mustCreate(t, builder.Deployment(name, "keep", 1, onPool, keep))
-	mustCreate(t, daemonSet(name))
-	mustCreate(t, completedJob(name, top.target))
-	mustCreate(t, mirrorPod(name, top.target))
+	harness.MustCreate(t, env.Client, builder.Deployment(name, "keep", 1, onPool, keep))
+	harness.MustCreate(t, env.Client, daemonSet(name))
+	harness.MustCreate(t, env.Client, completedJob(name, top.target))
+	harness.MustCreate(t, env.Client, mirrorPod(name, top.target))
 	waitForPods(t, name, top.target, 4*len(budgets)+3+1+1+1) // + free, keep, daemon, mirror
 	for i := range 3 {
 		spare := fmt.Sprintf("%s-spare-%d", name, i)
 		top.spares = append(top.spares, spare)
-		mustCreate(t, node(spare, i+1))
+		harness.MustCreate(t, env.Client, node(spare, i+1))
 	}
 	emu, err := armemulator.Start("127.0.0.1:0",
 		armemulator.SeedForNodes(subscription, resourceGroup, emuNodes, armemulator.Topology{NICBased: true, Internal: true}),
@@ -100,13 +116,6 @@ func newTopology(t *testing.T, name string, doNotEvict bool) *topology {
 		return true, nil
 	}, "every PDB sees its 4 pods healthy")
 	return top
-}
-
-func mustCreate(t *testing.T, obj client.Object) {
-	t.Helper()
-	if err := env.Client.Create(context.Background(), obj); err != nil {
-		t.Fatalf("creating %T %s: %v", obj, obj.GetName(), err)
-	}
 }
 
 func daemonSet(ns string) *appsv1.DaemonSet {
@@ -265,11 +274,12 @@ func (m *budgetMonitor) check(t *testing.T) {
 	}
 }
 
-// nodeGone reports whether the node no longer exists.
-func nodeGone(ctx context.Context, name string) (bool, error) {
-	err := env.Client.Get(ctx, client.ObjectKey{Name: name}, &corev1.Node{})
-	if client.IgnoreNotFound(err) != nil {
-		return false, err
-	}
-	return err != nil, nil
+// waitLeaseGone waits until the node's maintenance Lease is gone: it is owned
+// by its node, so the garbage collector deletes it with the node.
+func waitLeaseGone(t *testing.T, node string) {
+	t.Helper()
+	harness.Eventually(t, time.Minute, func(ctx context.Context) (bool, error) {
+		err := env.Client.Get(ctx, client.ObjectKey{Namespace: ngv1alpha1.MaintenanceLeaseNamespace, Name: node}, &coordinationv1.Lease{})
+		return apierrors.IsNotFound(err), client.IgnoreNotFound(err)
+	}, "the maintenance Lease of node %s goes with the node", node)
 }

@@ -78,10 +78,11 @@ type Env struct {
 	// AuditLog is the path of kube-apiserver's audit log (Options.AuditPolicy).
 	AuditLog string
 
-	testEnv    *envtest.Environment
-	processes  []*process
-	removeDir  bool
-	apiLogPath string
+	testEnv            *envtest.Environment
+	releaseWebhookPort func()
+	processes          []*process
+	removeDir          bool
+	apiLogPath         string
 }
 
 // NewScheme returns a scheme with the core Kubernetes and nodeguard types.
@@ -147,13 +148,22 @@ func (e *Env) startAPIServer(opts Options) error {
 		e.AuditLog = filepath.Join(e.Dir, "audit.log")
 		apiServer.Configure().Set("audit-policy-file", policy).Set("audit-log-path", e.AuditLog).Set("audit-log-format", "json")
 	}
+	webhooks := envtest.WebhookInstallOptions{Paths: opts.WebhookManifests}
+	if len(opts.WebhookManifests) > 0 {
+		// The webhook server starts later, in a test: reserve its port.
+		port, release, err := reservePort()
+		if err != nil {
+			return err
+		}
+		webhooks.LocalServingHost, webhooks.LocalServingPort, e.releaseWebhookPort = "127.0.0.1", port, release
+	}
 	e.testEnv = &envtest.Environment{
 		Scheme:                   e.Scheme,
 		CRDDirectoryPaths:        []string{CRDDir()},
 		ErrorIfCRDPathMissing:    true,
 		ControlPlaneStopTimeout:  stopGrace,
 		ControlPlaneStartTimeout: 90 * time.Second,
-		WebhookInstallOptions:    envtest.WebhookInstallOptions{Paths: opts.WebhookManifests},
+		WebhookInstallOptions:    webhooks,
 		ControlPlane: envtest.ControlPlane{
 			APIServer: apiServer,
 			Etcd:      &envtest.Etcd{Path: etcd, Out: etcdLog, Err: etcdLog},
@@ -209,7 +219,9 @@ func (e *Env) startCluster(ctx context.Context, opts Options) error {
 	if err != nil {
 		return err
 	}
-	if err := e.start("kwok", kc, "--manage-all-nodes=true", "--server-address=127.0.0.1:0",
+	// kwok plays the kubelet of annotated nodes only (builder.Node annotates),
+	// so that a test can have a node whose kubelet is dead.
+	if err := e.start("kwok", kc, "--manage-nodes-with-annotation-selector=kwok.x-k8s.io/node=fake", "--server-address=127.0.0.1:0",
 		"--config="+stages, "--node-lease-duration-seconds="+nodeLeaseDurationSeconds,
 		// Room for tens of thousands of pod IPs (the default /24 has 254).
 		"--cidr=10.128.0.1/9",
@@ -307,6 +319,9 @@ func (e *Env) Stop() error {
 		if err := e.testEnv.Stop(); err != nil {
 			errs = append(errs, err)
 		}
+	}
+	if e.releaseWebhookPort != nil {
+		e.releaseWebhookPort()
 	}
 	if e.removeDir {
 		errs = append(errs, os.RemoveAll(e.Dir))

@@ -20,6 +20,7 @@ func Main(m *testing.M, opts Options, env **Env) {
 // Run is Main without the exit: it returns the exit code, for a TestMain with
 // cleanup of its own.
 func Run(m *testing.M, opts Options, env **Env) int {
+	defer removeNodeguardBinary()
 	if !flag.Parsed() {
 		flag.Parse()
 	}

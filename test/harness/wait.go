@@ -2,7 +2,6 @@ package harness
 
 import (
 	"context"
-	"net"
 	"slices"
 	"testing"
 	"time"
@@ -27,7 +26,8 @@ func WaitForEvent(t testing.TB, c client.Reader, regarding, reason string) {
 	}, "an event %s about %s", reason, regarding)
 }
 
-// CountEvents counts the events with the reason about the named object.
+// CountEvents counts the events with the reason about the named object: each
+// event once, or as often as its series says it happened.
 func CountEvents(ctx context.Context, c client.Reader, regarding, reason string) (int, error) {
 	var list eventsv1.EventList
 	if err := c.List(ctx, &list); err != nil {
@@ -36,21 +36,18 @@ func CountEvents(ctx context.Context, c client.Reader, regarding, reason string)
 	n := 0
 	for _, e := range list.Items {
 		if e.Regarding.Name == regarding && e.Reason == reason {
-			n++
+			n += EventOccurrences(e)
 		}
 	}
 	return n, nil
 }
 
-// FreePort returns a TCP port on 127.0.0.1 that was free a moment ago.
-func FreePort(t testing.TB) int {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
+// EventOccurrences is how many times an event happened: 1, or its series' count.
+func EventOccurrences(e eventsv1.Event) int {
+	if e.Series != nil && e.Series.Count > 1 {
+		return int(e.Series.Count)
 	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port
+	return 1
 }
 
 // WaitForTerminationFinalizer waits until the node carries nodeguard's
@@ -74,4 +71,30 @@ func PodReady(p *corev1.Pod) bool {
 		}
 	}
 	return false
+}
+
+// SkipWithoutEnv skips a test that needs the control plane when there is none
+// (go test -short).
+func SkipWithoutEnv(t testing.TB, env *Env) {
+	t.Helper()
+	if env == nil {
+		t.Skip("needs a control plane (not with -short)")
+	}
+}
+
+// MustCreate creates obj or fails the test.
+func MustCreate(t testing.TB, c client.Client, obj client.Object) {
+	t.Helper()
+	if err := c.Create(context.Background(), obj); err != nil {
+		t.Fatalf("creating %T %s: %v", obj, obj.GetName(), err)
+	}
+}
+
+// NodeGone reports whether the node no longer exists.
+func NodeGone(ctx context.Context, c client.Reader, name string) (bool, error) {
+	err := c.Get(ctx, client.ObjectKey{Name: name}, &corev1.Node{})
+	if client.IgnoreNotFound(err) != nil {
+		return false, err
+	}
+	return err != nil, nil
 }

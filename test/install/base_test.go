@@ -54,10 +54,10 @@ spec:
 // (every component) with a server-side dry-run: the API server validates
 // every object, the CRD and the webhook configurations included.
 func TestKustomizeIsValidOnTheServer(t *testing.T) {
-	needsEnv(t)
+	harness.SkipWithoutEnv(t, env)
 	applyRBAC(t) // the namespace must exist for a dry-run of namespaced objects
-	kubectl(t, stubCRDs, "apply", "-f", "-")
-	kubectl(t, "", "wait", "--for=condition=Established", "--timeout=60s",
+	harness.MustKubectl(t, env.Kubeconfig, stubCRDs, "apply", "-f", "-")
+	harness.MustKubectl(t, env.Kubeconfig, "", "wait", "--for=condition=Established", "--timeout=60s",
 		"crd/issuers.cert-manager.io", "crd/certificates.cert-manager.io",
 		"crd/servicemonitors.monitoring.coreos.com", "crd/prometheusrules.monitoring.coreos.com")
 	for _, dir := range []string{"default", "overlays/aks"} {
@@ -70,7 +70,7 @@ func TestKustomizeIsValidOnTheServer(t *testing.T) {
 			// them pointing at the local server (a URL, not the Service):
 			// dry-run them under other names, as new objects.
 			manifests := strings.ReplaceAll(string(out), "-webhook-configuration\n", "-webhook-configuration-dryrun\n")
-			got := kubectl(t, manifests, "apply", "--server-side", "--dry-run=server", "-f", "-")
+			got := harness.MustKubectl(t, env.Kubeconfig, manifests, "apply", "--server-side", "--dry-run=server", "-f", "-")
 			objects := strings.Count(string(out), "\nkind: ")
 			if lines := strings.Count(strings.TrimSpace(got), "\n") + 1; lines != objects {
 				t.Errorf("dry-run applied %d objects of %d:\n%s", lines, objects, got)

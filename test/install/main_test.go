@@ -14,7 +14,6 @@
 package install
 
 import (
-	"bytes"
 	"flag"
 	"os"
 	"os/exec"
@@ -26,9 +25,8 @@ import (
 )
 
 var (
-	env       *harness.Env
-	nodeguard string // the binary under test
-	baseYAML  string // kubectl kustomize manifests/default
+	env      *harness.Env
+	baseYAML string // kubectl kustomize manifests/default
 )
 
 // auditPolicy records every request's metadata: the least-privilege test reads
@@ -55,11 +53,6 @@ func run(m *testing.M, dir string) int {
 	if testing.Short() {
 		return m.Run() // every test here needs the cluster
 	}
-	nodeguard = filepath.Join(dir, "nodeguard")
-	if out, err := exec.Command("go", "build", "-o", nodeguard, "github.com/nodeguard/nodeguard/cmd/nodeguard").CombinedOutput(); err != nil {
-		os.Stderr.Write(out)
-		return 1
-	}
 	out, err := exec.Command("kubectl", "kustomize", filepath.Join(harness.RepoRoot(), "manifests", "default")).Output()
 	if err != nil {
 		os.Stderr.WriteString("kubectl kustomize manifests/default: " + err.Error() + "\n")
@@ -82,24 +75,4 @@ func run(m *testing.M, dir string) int {
 		panic(err)
 	}
 	return harness.Run(m, harness.Options{Cluster: true, WebhookManifests: []string{webhookDir}, AuditPolicy: auditPolicy}, &env)
-}
-
-func needsEnv(t *testing.T) {
-	t.Helper()
-	if env == nil {
-		t.Skip("needs the local cluster (not with -short)")
-	}
-}
-
-// kubectl runs kubectl as the cluster admin, with stdin.
-func kubectl(t *testing.T, stdin string, args ...string) string {
-	t.Helper()
-	cmd := exec.Command("kubectl", append([]string{"--kubeconfig", env.Kubeconfig}, args...)...)
-	cmd.Stdin = strings.NewReader(stdin)
-	var out bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &out, &out
-	if err := cmd.Run(); err != nil {
-		t.Fatalf("kubectl %v: %v\n%s", args, err, out.String())
-	}
-	return out.String()
 }

@@ -8,7 +8,6 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
-	"syscall"
 	"testing"
 	"time"
 
@@ -74,65 +73,21 @@ func serviceAccountKubeconfig(t *testing.T) string {
 	return path
 }
 
-type process struct {
-	cmd     *exec.Cmd
-	done    chan struct{}
-	logPath string
-}
-
 // startNodeguard runs the binary as nodeguard's ServiceAccount with leader
 // election in nodeguard-system, against the ARM emulator through an azure.json.
-func startNodeguard(t *testing.T, emu *armemulator.Server, azureJSON string, extra ...string) *process {
+func startNodeguard(t *testing.T, emu *armemulator.Server, azureJSON string, extra ...string) *harness.Nodeguard {
 	t.Helper()
-	dir := t.TempDir()
-	azureConfig := filepath.Join(dir, "azure.json")
+	azureConfig := filepath.Join(t.TempDir(), "azure.json")
 	if err := os.WriteFile(azureConfig, []byte(azureJSON), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	args := append([]string{
 		"--kubeconfig=" + serviceAccountKubeconfig(t),
 		"--health-probe-bind-address=0",
-		fmt.Sprintf("--webhook-port=%d", env.Webhook.LocalServingPort),
-		"--webhook-cert-dir=" + env.Webhook.LocalServingCertDir,
 		"--leader-elect=true", "--leader-election-namespace=" + namespace, "--leader-election-id=" + strings.ToLower(t.Name()),
 		"--azure-config=" + azureConfig, "--azure-arm-endpoint=" + emu.URL(), "--azure-credential=none",
-	}, extra...)
-	p := &process{logPath: filepath.Join(dir, "nodeguard.log"), done: make(chan struct{})}
-	logFile, err := os.Create(p.logPath)
-	if err != nil {
-		t.Fatal(err)
-	}
-	p.cmd = exec.Command(nodeguard, args...)
-	p.cmd.Stdout, p.cmd.Stderr = logFile, logFile
-	p.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-	if err := p.cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	go func() { _ = p.cmd.Wait(); logFile.Close(); close(p.done) }()
-	t.Cleanup(func() {
-		p.kill()
-		if t.Failed() {
-			b, _ := os.ReadFile(p.logPath)
-			lines := strings.Split(string(b), "\n")
-			t.Logf("nodeguard log (tail):\n%s", strings.Join(lines[max(0, len(lines)-60):], "\n"))
-		}
-	})
-	return p
-}
-
-// kill stops nodeguard at once.
-func (p *process) kill() {
-	_ = p.cmd.Process.Kill()
-	<-p.done
-}
-
-func (p *process) log(t *testing.T) string {
-	t.Helper()
-	b, err := os.ReadFile(p.logPath)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return string(b)
+	}, env.WebhookArgs()...)
+	return harness.StartNodeguard(t, env.Client, append(args, extra...)...)
 }
 
 // azureJSON is an azure.json for the emulator's subscription and resource
@@ -141,22 +96,6 @@ func azureJSON(secret string) string {
 	return fmt.Sprintf(`{"cloud": "AzurePublicCloud", "tenantId": "11111111-1111-1111-1111-111111111111",
   "subscriptionId": %q, "resourceGroup": %q, "aadClientId": "22222222-2222-2222-2222-222222222222",
   "aadClientSecret": %q, "loadBalancerSku": "standard", "vmType": "vmss"}`, subscription, resourceGroup, secret)
-}
-
-func mustCreate(t *testing.T, obj client.Object) {
-	t.Helper()
-	if err := env.Client.Create(context.Background(), obj); err != nil {
-		t.Fatalf("creating %T %s: %v", obj, obj.GetName(), err)
-	}
-}
-
-// nodeGone reports whether the node no longer exists.
-func nodeGone(ctx context.Context, name string) (bool, error) {
-	err := env.Client.Get(ctx, client.ObjectKey{Name: name}, &corev1.Node{})
-	if client.IgnoreNotFound(err) != nil {
-		return false, err
-	}
-	return err != nil, nil
 }
 
 // barePod is a pod bound to a node, with no controller.

@@ -6,10 +6,10 @@ import (
 	"os/exec"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
-	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -53,21 +53,21 @@ func baseDeployment(t *testing.T) *appsv1.Deployment {
 // is left with the finalizer, the draining taint or a bookkeeping mark. Then
 // kubectl delete node works without nodeguard.
 func TestUninstallReleasesEveryNode(t *testing.T) {
-	needsEnv(t)
+	harness.SkipWithoutEnv(t, env)
 	applyRBAC(t)
 	ctx := context.Background()
 	const ns = "uninstall"
-	mustCreate(t, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}})
+	harness.MustCreate(t, env.Client, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}})
 	nodes := []string{"un-infra", "un-finishes", "un-stuck", "un-idle", "un-marked"}
 	for _, n := range nodes {
-		mustCreate(t, builder.Node(n, builder.WithLabels("pool", "uninstall")))
+		harness.MustCreate(t, env.Client, builder.Node(n, builder.WithLabels("pool", "uninstall")))
 	}
 	d := baseDeployment(t)
 	d.Spec.Template.Finalizers = []string{processFinalizer}
 	d.Spec.Template.Spec.NodeSelector = map[string]string{corev1.LabelHostname: "un-infra"}
 	d.Spec.Template.Spec.TopologySpreadConstraints = nil
 	d.Spec.Template.Spec.PriorityClassName = ""
-	mustCreate(t, d)
+	harness.MustCreate(t, env.Client, d)
 	emu, err := armemulator.Start("127.0.0.1:0", armemulator.Seed{Subscription: subscription, ResourceGroup: resourceGroup}, armemulator.Options{})
 	if err != nil {
 		t.Fatal(err)
@@ -84,9 +84,9 @@ func TestUninstallReleasesEveryNode(t *testing.T) {
 	// Two drains in progress, each held by a do-not-evict pod: one is let go
 	// during the uninstall, the other never.
 	for _, n := range []string{"un-finishes", "un-stuck"} {
-		mustCreate(t, barePod(ns, n, n, map[string]string{ngv1alpha1.DoNotEvictAnnotation: "true"}))
+		harness.MustCreate(t, env.Client, barePod(ns, n, n, map[string]string{ngv1alpha1.DoNotEvictAnnotation: "true"}))
 		waitRunning(t, ns, n)
-		kubectl(t, "", "delete", "node", n, "--wait=false")
+		harness.MustKubectl(t, env.Kubeconfig, "", "delete", "node", n, "--wait=false")
 	}
 	harness.Eventually(t, 30*time.Second, func(ctx context.Context) (bool, error) {
 		var n corev1.Node
@@ -116,7 +116,7 @@ func TestUninstallReleasesEveryNode(t *testing.T) {
 			err := env.Client.Get(ctx, client.ObjectKeyFromObject(d), &cur)
 			return err == nil && ptr.Deref(cur.Spec.Replicas, 1) == 0, nil
 		})
-		ng.kill()
+		ng.Kill()
 		_ = harness.Poll(ctx, 90*time.Second, func(ctx context.Context) (bool, error) {
 			var pods corev1.PodList
 			if err := env.Client.List(ctx, &pods, client.InNamespace(namespace)); err != nil {
@@ -128,20 +128,17 @@ func TestUninstallReleasesEveryNode(t *testing.T) {
 			return len(pods.Items) == 0, nil
 		})
 	}()
-	// Let the first drain finish once the webhooks are gone.
+	// Let the first drain finish once the uninstall waits for the drains in
+	// progress (not before: it would be over before the uninstall looked).
+	var out syncBuffer
 	go func() {
-		_ = harness.Poll(ctx, time.Minute, func(ctx context.Context) (bool, error) {
-			var list admissionregistrationv1.ValidatingWebhookConfigurationList
-			err := env.Client.List(ctx, &list)
-			return err == nil && !slices.ContainsFunc(list.Items, func(c admissionregistrationv1.ValidatingWebhookConfiguration) bool {
-				return c.Name == "nodeguard-validating-webhook-configuration"
-			}), nil
+		_ = harness.Poll(ctx, time.Minute, func(context.Context) (bool, error) {
+			return strings.Contains(out.String(), "waiting up to"), nil
 		})
 		_ = env.Client.Delete(ctx, barePod(ns, "un-finishes", "un-finishes", nil))
 	}()
 
-	cmd := exec.Command(nodeguard, "uninstall", "--kubeconfig="+env.Kubeconfig, "--drain-wait=25s", "--stop-wait=60s")
-	var out bytes.Buffer
+	cmd := exec.Command(nodeguardBinary(t), "uninstall", "--kubeconfig="+env.Kubeconfig, "--drain-wait=25s", "--stop-wait=60s")
 	cmd.Stdout, cmd.Stderr = &out, &out
 	err = cmd.Run()
 	<-stopped
@@ -184,18 +181,45 @@ func TestUninstallReleasesEveryNode(t *testing.T) {
 		t.Errorf("uninstall must leave the user's %s annotation: %v %v", ngv1alpha1.DrainTimeoutAnnotation, marked.Annotations, err)
 	}
 	for _, n := range []string{"un-finishes", "un-stuck"} {
-		harness.Eventually(t, 30*time.Second, func(ctx context.Context) (bool, error) { return nodeGone(ctx, n) }, "%s is gone", n)
+		harness.Eventually(t, 30*time.Second, func(ctx context.Context) (bool, error) { return harness.NodeGone(ctx, env.Client, n) }, "%s is gone", n)
 	}
 	// Without nodeguard, deleting a node just works.
-	kubectl(t, "", "delete", "node", "un-idle", "un-marked", "--timeout=30s")
+	harness.MustKubectl(t, env.Kubeconfig, "", "delete", "node", "un-idle", "un-marked", "--timeout=30s")
 	for _, n := range []string{"un-idle", "un-marked"} {
-		if gone, err := nodeGone(ctx, n); !gone {
+		if gone, err := harness.NodeGone(ctx, env.Client, n); !gone {
 			t.Errorf("node %s is not gone after kubectl delete node: %v", n, err)
 		}
 	}
 	// A second run finds nothing to do.
-	again, err := exec.Command(nodeguard, "uninstall", "--kubeconfig="+env.Kubeconfig, "--drain-wait=0").CombinedOutput()
+	again, err := exec.Command(nodeguardBinary(t), "uninstall", "--kubeconfig="+env.Kubeconfig, "--drain-wait=0").CombinedOutput()
 	if err != nil || !strings.Contains(string(again), "none found") {
 		t.Errorf("a second uninstall: %v\n%s", err, again)
 	}
+}
+
+func nodeguardBinary(t *testing.T) string {
+	t.Helper()
+	binary, err := harness.NodeguardBinary()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return binary
+}
+
+// syncBuffer is a bytes.Buffer a process writes while a test reads it.
+type syncBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *syncBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
 }

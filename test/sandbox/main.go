@@ -9,7 +9,6 @@ import (
 	"flag"
 	"fmt"
 	"os"
-	"os/exec"
 	"os/signal"
 	"path/filepath"
 	"syscall"
@@ -70,65 +69,28 @@ func run(binDir, dir, pods string) error {
 	printWelcome(env, emulator.URL())
 	select {
 	case <-ctx.Done():
-	case <-nodeguard.done:
-		fmt.Fprintf(os.Stderr, "nodeguard exited (%v); its log is %s\n", nodeguard.err, nodeguard.log)
+	case <-nodeguard.Done():
+		fmt.Fprintf(os.Stderr, "nodeguard exited (%v); its log is %s\n", nodeguard.Err(), nodeguard.LogPath)
 	}
-	nodeguard.stop()
+	_ = nodeguard.Stop(10 * time.Second)
 	return nil
 }
 
-// child is nodeguard running as a subprocess of the sandbox.
-type child struct {
-	cmd  *exec.Cmd
-	log  string
-	done chan struct{}
-	err  error
-}
-
-func startNodeguard(binDir string, env *harness.Env, armURL string) (*child, error) {
-	logPath := filepath.Join(env.Dir, "nodeguard.log")
-	logFile, err := os.Create(logPath)
+func startNodeguard(binDir string, env *harness.Env, armURL string) (*harness.Nodeguard, error) {
+	ng, err := harness.StartNodeguardProcess(filepath.Join(binDir, "nodeguard"), filepath.Join(env.Dir, "nodeguard.log"), nodeguardArgs(env, armURL)...)
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("%w (make build)", err)
 	}
-	cmd := exec.Command(filepath.Join(binDir, "nodeguard"), nodeguardArgs(env, armURL)...)
-	cmd.Stdout, cmd.Stderr = logFile, logFile
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
-	if err := cmd.Start(); err != nil {
-		return nil, fmt.Errorf("starting nodeguard (make build): %w", err)
-	}
-	c := &child{cmd: cmd, log: logPath, done: make(chan struct{})}
-	go func() { c.err = cmd.Wait(); logFile.Close(); close(c.done) }()
-	return c, nil
+	return ng, nil
 }
 
 func nodeguardArgs(env *harness.Env, armURL string) []string {
-	return []string{
-		// Azure: the ARM emulator, with no credentials.
-		"--azure-config=", "--azure-arm-endpoint=" + armURL, "--azure-credential=none",
-		"--azure-subscription-id=" + demoSubscription, "--azure-resource-group=" + demoResourceGroup,
+	return append([]string{
 		"--kubeconfig=" + env.Kubeconfig,
 		"--metrics-bind-address=127.0.0.1:8080", "--metrics-secure=false",
 		"--health-probe-bind-address=127.0.0.1:8081",
-		fmt.Sprintf("--webhook-port=%d", env.Webhook.LocalServingPort),
-		"--webhook-cert-dir=" + env.Webhook.LocalServingCertDir,
 		"--leader-election-namespace=" + demoNamespaceSystem,
-	}
-}
-
-func (c *child) stop() {
-	select {
-	case <-c.done:
-		return
-	default:
-	}
-	_ = c.cmd.Process.Signal(syscall.SIGTERM)
-	select {
-	case <-c.done:
-	case <-time.After(10 * time.Second):
-		_ = c.cmd.Process.Kill()
-		<-c.done
-	}
+	}, append(env.WebhookArgs(), harness.EmulatorArgs(armURL, demoSubscription, demoResourceGroup)...)...)
 }
 
 func printWelcome(env *harness.Env, armURL string) {

@@ -17,8 +17,8 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
-	"github.com/nodeguard/nodeguard/bench"
 	"github.com/nodeguard/nodeguard/test/armemulator"
+	"github.com/nodeguard/nodeguard/test/bench"
 	"github.com/nodeguard/nodeguard/test/builder"
 	"github.com/nodeguard/nodeguard/test/harness"
 )

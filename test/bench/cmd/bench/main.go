@@ -36,7 +36,7 @@ import (
 
 	"go.uber.org/zap/zapcore"
 
-	"github.com/nodeguard/nodeguard/bench"
+	"github.com/nodeguard/nodeguard/test/bench"
 	"github.com/nodeguard/nodeguard/test/harness"
 )
 

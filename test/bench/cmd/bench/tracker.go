@@ -12,7 +12,7 @@ import (
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/cache"
 
-	"github.com/nodeguard/nodeguard/bench"
+	"github.com/nodeguard/nodeguard/test/bench"
 )
 
 // podTracker watches the benchmark's pods (one informer, a label selector)

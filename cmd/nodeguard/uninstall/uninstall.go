@@ -190,7 +190,7 @@ func (u *uninstaller) deletingNodes(ctx context.Context) ([]string, error) {
 	}
 	var names []string
 	for _, n := range nodes.Items {
-		if n.DeletionTimestamp != nil && slices.Contains(n.Finalizers, ngv1alpha1.TerminationFinalizer) {
+		if ngv1alpha1.TerminatingUnderFinalizer(&n) {
 			names = append(names, n.Name)
 		}
 	}

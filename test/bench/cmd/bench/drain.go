@@ -16,8 +16,8 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	ngv1alpha1 "github.com/nodeguard/nodeguard/api/v1alpha1"
-	"github.com/nodeguard/nodeguard/bench"
 	"github.com/nodeguard/nodeguard/test/armemulator"
+	"github.com/nodeguard/nodeguard/test/bench"
 	"github.com/nodeguard/nodeguard/test/builder"
 	"github.com/nodeguard/nodeguard/test/harness"
 )
@@ -50,7 +50,7 @@ type drainResult struct {
 	MaxInFlight     [2]int                   `json:"maxEvictionsInFlightPerPDB"`
 	Budget          int                      `json:"budget"`
 	FirstEviction   [2]time.Duration         `json:"firstEviction"`
-	Evicts          [2][]evictionRecord      `json:"evictionLog"`
+	Evicts          [2][]harness.Eviction    `json:"evictionLog"`
 	OwnChain        [2]time.Duration         `json:"longestPDBSumOfCycles"`
 	Healthy         map[string][]bench.Point `json:"healthyTimelines"`
 	KubectlTimeline []bench.Point            `json:"kubectlTimeline"`
@@ -141,8 +141,8 @@ func runDrain(ctx context.Context, c config, env *harness.Env, profile string) (
 	if err != nil {
 		return nil, err
 	}
-	defer proxy.close()
-	ng, err := startNodeguard(c.nodeguard, env, proxy.kubeconfig, emu.URL(), filepath.Join(env.Dir, "nodeguard-drain.log"))
+	defer proxy.Close()
+	ng, err := startNodeguard(c.nodeguard, env, proxy.Kubeconfig, emu.URL(), filepath.Join(env.Dir, "nodeguard-drain.log"))
 	if err != nil {
 		return nil, err
 	}
@@ -165,7 +165,7 @@ func runDrain(ctx context.Context, c config, env *harness.Env, profile string) (
 	wg.Add(2)
 	go func() {
 		defer wg.Done()
-		cmd := exec.CommandContext(ctx, "kubectl", "--kubeconfig", proxy.kubeconfig, "drain", kubectlNS+"-target",
+		cmd := exec.CommandContext(ctx, "kubectl", "--kubeconfig", proxy.Kubeconfig, "drain", kubectlNS+"-target",
 			"--ignore-daemonsets", "--delete-emptydir-data", "--timeout=15m")
 		kubectlOut, kubectlErr = cmd.CombinedOutput()
 		kubectlExit = time.Since(start)
@@ -215,7 +215,7 @@ func runDrain(ctx context.Context, c config, env *harness.Env, profile string) (
 	r.LowerBound = bench.LowerBound(chains, r.Cycle)
 	r.Healthy = map[string][]bench.Point{}
 	for i, ns := range []string{kubectlNS, nodeguardNS} {
-		if t := proxy.firstEviction(ns); !t.IsZero() {
+		if t := firstEviction(proxy, ns); !t.IsZero() {
 			r.FirstEviction[i] = t.Sub(start)
 		}
 		for _, app := range apps {
@@ -227,10 +227,10 @@ func runDrain(ctx context.Context, c config, env *harness.Env, profile string) (
 			}
 			r.OwnChain[i] = max(r.OwnChain[i], sum)
 		}
-		r.Evicts[i] = proxy.evictionLog(ns)
-		r.Evictions[i] = proxy.evictions(ns, 0)
-		r.TooMany[i] = proxy.evictions(ns, 429)
-		r.MaxInFlight[i] = proxy.maxInFlight(ns, apps)
+		r.Evicts[i] = proxy.Evictions(ns)
+		r.Evictions[i] = evictionsAnswered(proxy, ns, 0)
+		r.TooMany[i] = evictionsAnswered(proxy, ns, 429)
+		r.MaxInFlight[i] = maxInFlight(proxy, ns, apps)
 		for _, app := range apps {
 			r.MaxUnavailable[i] = max(r.MaxUnavailable[i], tr.maxUnavailable(ns+"/"+app))
 		}

@@ -1,0 +1,119 @@
+package finalizer
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"slices"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	logf "sigs.k8s.io/controller-runtime/pkg/log"
+
+	ngv1alpha1 "github.com/nodeguard/nodeguard/api/v1alpha1"
+)
+
+// conditionMinInterval spaces the condition's writes for one node: a drain
+// pass can run every half second, kubectl describe need not change that often.
+const conditionMinInterval = 3 * time.Second
+
+// conditionReasons name the phases in the condition (CamelCase, as reasons are).
+var conditionReasons = map[string]string{
+	phaseLease:   "WaitingForMaintenanceLease",
+	phaseCordon:  "Cordoning",
+	phaseTraffic: "CuttingTraffic",
+	phaseDrain:   "Draining",
+	phaseVolumes: "WaitingForVolumeDetach",
+	phaseRelease: "Releasing",
+}
+
+// waitFor records what the node's current phase waits for, for the condition.
+func (r *Reconciler) waitFor(uid types.UID, format string, args ...any) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.waitingFor == nil {
+		r.waitingFor = map[types.UID]string{}
+	}
+	r.waitingFor[uid] = fmt.Sprintf(format, args...)
+}
+
+// reportCondition sets the node condition nodeguard.io/Terminating: its reason
+// is the phase, its message what the phase waits for. It answers "why is my
+// node still here?" in kubectl describe node. Only that condition is written
+// (a strategic merge keyed by type), never the kubelet's.
+func (r *Reconciler) reportCondition(ctx context.Context, node *corev1.Node, phase string) {
+	r.mu.Lock()
+	message := r.waitingFor[node.UID]
+	if message == "" {
+		message = "waiting in phase " + phase
+	}
+	reason := conditionReasons[phase]
+	last := r.conditions[node.UID]
+	now := r.Clock.Now()
+	due := last.reason != reason || last.message != message
+	if due && now.Sub(last.at) < conditionMinInterval && last.reason == reason {
+		due = false // same phase, new detail: wait for the interval
+	}
+	if due {
+		if r.conditions == nil {
+			r.conditions = map[types.UID]writtenCondition{}
+		}
+		r.conditions[node.UID] = writtenCondition{reason: reason, message: message, at: now}
+	}
+	r.mu.Unlock()
+	if !due {
+		return
+	}
+	if err := r.patchCondition(ctx, node, reason, message, now); err != nil {
+		logf.FromContext(ctx).Error(err, "Updating the node's termination condition", "node", node.Name)
+		r.mu.Lock()
+		delete(r.conditions, node.UID) // try again next pass
+		r.mu.Unlock()
+	}
+}
+
+type writtenCondition struct {
+	reason, message string
+	at              time.Time
+}
+
+func (r *Reconciler) patchCondition(ctx context.Context, node *corev1.Node, reason, message string, now time.Time) error {
+	transition := metav1.NewTime(now)
+	for _, c := range node.Status.Conditions {
+		if c.Type == ngv1alpha1.TerminatingCondition && c.Status == corev1.ConditionTrue {
+			transition = c.LastTransitionTime
+		}
+	}
+	patch, err := json.Marshal(map[string]any{"status": map[string]any{"conditions": []corev1.NodeCondition{{
+		Type: ngv1alpha1.TerminatingCondition, Status: corev1.ConditionTrue, Reason: reason, Message: message,
+		LastHeartbeatTime: metav1.NewTime(now), LastTransitionTime: transition,
+	}}}})
+	if err != nil {
+		return err
+	}
+	return r.Client.Status().Patch(ctx, node, client.RawPatch(types.StrategicMergePatchType, patch))
+}
+
+// removeCondition takes the Terminating condition off a node that another
+// finalizer keeps after nodeguard releases it; when nodeguard's finalizer is
+// the last, the node goes and the condition with it.
+func (r *Reconciler) removeCondition(ctx context.Context, node *corev1.Node) error {
+	others := slices.ContainsFunc(node.Finalizers, func(f string) bool { return f != ngv1alpha1.TerminationFinalizer })
+	has := slices.ContainsFunc(node.Status.Conditions, func(c corev1.NodeCondition) bool { return c.Type == ngv1alpha1.TerminatingCondition })
+	if !others || !has {
+		return nil
+	}
+	patch, err := json.Marshal(map[string]any{"status": map[string]any{"conditions": []map[string]any{
+		{"$patch": "delete", "type": ngv1alpha1.TerminatingCondition},
+	}}})
+	if err != nil {
+		return err
+	}
+	if err := r.Client.Status().Patch(ctx, node, client.RawPatch(types.StrategicMergePatchType, patch)); client.IgnoreNotFound(err) != nil {
+		return fmt.Errorf("removing the %s condition: %w", ngv1alpha1.TerminatingCondition, err)
+	}
+	return nil
+}

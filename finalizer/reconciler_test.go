@@ -1,0 +1,476 @@
+package finalizer
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	appsv1 "k8s.io/api/apps/v1"
+	coordinationv1 "k8s.io/api/coordination/v1"
+	corev1 "k8s.io/api/core/v1"
+	apiequality "k8s.io/apimachinery/pkg/api/equality"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/types"
+	clocktesting "k8s.io/utils/clock/testing"
+	"k8s.io/utils/ptr"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+
+	ngv1alpha1 "github.com/nodeguard/nodeguard/api/v1alpha1"
+	"github.com/nodeguard/nodeguard/finalizer/drain"
+	"github.com/nodeguard/nodeguard/test/builder"
+	"github.com/nodeguard/nodeguard/test/harness"
+)
+
+// These tests run the termination phases against a real API server (envtest)
+// with a fake clock. There is no kubelet: an evicted pod stays Terminating
+// until the test deletes it, which is exactly a stuck or unreachable pod.
+
+var env *harness.Env
+
+func TestMain(m *testing.M) {
+	harness.Main(m, harness.Options{}, &env)
+}
+
+// recorder keeps the events of a test.
+type recorder struct {
+	mu     sync.Mutex
+	events []string // "Reason note"
+}
+
+func (r *recorder) Eventf(_ runtime.Object, _ runtime.Object, _, reason, _, note string, args ...any) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.events = append(r.events, reason+" "+fmt.Sprintf(note, args...))
+}
+
+// with returns the events with the reason.
+func (r *recorder) with(reason string) []string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	var out []string
+	for _, e := range r.events {
+		if strings.HasPrefix(e, reason+" ") {
+			out = append(out, e)
+		}
+	}
+	return out
+}
+
+type fixture struct {
+	r      *Reconciler
+	clock  *clocktesting.FakeClock
+	events *recorder
+	ns     string
+	// evictions counts eviction requests by result.
+	mu        sync.Mutex
+	evictions map[string]int
+}
+
+// runs counts the fixtures made under each name, so that -count=N gets
+// fresh names on one API server.
+var runs = map[string]int{}
+
+func newFixture(t *testing.T, ns string) *fixture {
+	t.Helper()
+	harness.SkipWithoutEnv(t, env)
+	if runs[ns]++; runs[ns] > 1 {
+		ns = fmt.Sprintf("%s%d", ns, runs[ns])
+	}
+	f := &fixture{clock: clocktesting.NewFakeClock(time.Now()), events: &recorder{}, ns: ns, evictions: map[string]int{}}
+	f.r = &Reconciler{
+		Client: env.Client, Reader: env.Client,
+		Evictor: &drain.Evictor{Client: env.Client, Parallel: 4, Observe: func(result string) {
+			f.mu.Lock()
+			defer f.mu.Unlock()
+			f.evictions[result]++
+		}},
+		Recorder: f.events,
+		Clock:    f.clock,
+		Opts:     Options{Identity: "test", DaemonSets: drain.DaemonSetsLast, StuckPodMargin: DefaultStuckPodMargin},
+	}
+	harness.MustCreate(t, env.Client, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}})
+	return f
+}
+
+// node creates a node carrying the termination finalizer (and any others).
+func (f *fixture) node(t *testing.T, name string, opts ...builder.NodeOption) {
+	t.Helper()
+	opts = append([]builder.NodeOption{builder.WithFinalizers(ngv1alpha1.TerminationFinalizer)}, opts...)
+	harness.MustCreate(t, env.Client, builder.Node(name, opts...))
+	t.Cleanup(func() {
+		// Let go of whatever the test left on the node.
+		var n corev1.Node
+		if env.Client.Get(context.Background(), client.ObjectKey{Name: name}, &n) == nil {
+			n.Finalizers = nil
+			_ = env.Client.Update(context.Background(), &n)
+		}
+	})
+}
+
+// deleteNode deletes the node in a later second than its pods were created:
+// creation and deletion times have whole seconds, and a returning pod created
+// in the second of the deletion counts as a replacement.
+func (f *fixture) deleteNode(t *testing.T, name string) {
+	t.Helper()
+	time.Sleep(time.Until(time.Now().Truncate(time.Second).Add(time.Second)))
+	if err := env.Client.Delete(context.Background(), &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: name}}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+type podOption func(*corev1.Pod)
+
+// pod creates a pod bound to the node (no scheduler: nodeName is set).
+func (f *fixture) pod(t *testing.T, name, node string, opts ...podOption) *corev1.Pod {
+	t.Helper()
+	p := &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Namespace: f.ns, Name: name, Labels: map[string]string{"app": name}},
+		Spec: corev1.PodSpec{
+			NodeName:                      node,
+			TerminationGracePeriodSeconds: ptr.To[int64](30),
+			Containers:                    []corev1.Container{{Name: "c", Image: "registry.k8s.io/pause:3.10"}},
+		},
+	}
+	for _, o := range opts {
+		o(p)
+	}
+	harness.MustCreate(t, env.Client, p)
+	return p
+}
+
+func controlledBy(kind string) podOption {
+	return func(p *corev1.Pod) {
+		p.OwnerReferences = []metav1.OwnerReference{{APIVersion: appsv1.SchemeGroupVersion.String(), Kind: kind, Name: "owner",
+			UID: types.UID("uid-owner-" + p.Name), Controller: ptr.To(true)}}
+	}
+}
+
+func priority(class string) podOption {
+	return func(p *corev1.Pod) { p.Spec.PriorityClassName = class }
+}
+
+func withEmptyDir(p *corev1.Pod) {
+	p.Spec.Volumes = []corev1.Volume{{Name: "scratch", VolumeSource: corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{}}}}
+}
+
+// pass runs one reconcile of the node.
+func (f *fixture) pass(t *testing.T, node string) reconcile.Result {
+	t.Helper()
+	res, err := f.r.Reconcile(context.Background(), reconcile.Request{NamespacedName: types.NamespacedName{Name: node}})
+	if err != nil {
+		t.Fatalf("reconcile: %v", err)
+	}
+	return res
+}
+
+// podState is "running", "terminating" or "gone".
+func (f *fixture) podState(t *testing.T, name string) string {
+	t.Helper()
+	var p corev1.Pod
+	err := env.Client.Get(context.Background(), client.ObjectKey{Namespace: f.ns, Name: name}, &p)
+	switch {
+	case client.IgnoreNotFound(err) != nil:
+		t.Fatal(err)
+	case err != nil:
+		return "gone"
+	case p.DeletionTimestamp != nil:
+		return "terminating"
+	}
+	return "running"
+}
+
+// finish plays the kubelet confirming a pod's termination.
+func (f *fixture) finish(t *testing.T, name string) {
+	t.Helper()
+	err := env.Client.Delete(context.Background(), &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: f.ns, Name: name}}, client.GracePeriodSeconds(0))
+	if client.IgnoreNotFound(err) != nil {
+		t.Fatal(err)
+	}
+}
+
+func getNode(t *testing.T, name string) *corev1.Node {
+	t.Helper()
+	var n corev1.Node
+	if err := env.Client.Get(context.Background(), client.ObjectKey{Name: name}, &n); err != nil {
+		t.Fatal(err)
+	}
+	return &n
+}
+
+func condition(n *corev1.Node, typ corev1.NodeConditionType) *corev1.NodeCondition {
+	for i := range n.Status.Conditions {
+		if n.Status.Conditions[i].Type == typ {
+			return &n.Status.Conditions[i]
+		}
+	}
+	return nil
+}
+
+// TestStuckPodNoLongerHoldsTheNode: an evicted pod whose termination nobody
+// confirms holds the node for its grace period plus --stuck-pod-margin, and
+// not a moment longer. Along the way the node condition says what the drain
+// waits for without touching the kubelet's conditions, the bare pod with
+// emptyDir data is announced, the maintenance Lease is owned by the node, and
+// the condition goes with nodeguard's finalizer while another finalizer keeps
+// the node.
+func TestStuckPodNoLongerHoldsTheNode(t *testing.T) {
+	f := newFixture(t, "stuck")
+	node := f.ns + "-node"
+	f.node(t, node, builder.Ready(), builder.WithFinalizers("example.com/keep"))
+	readyBefore := *condition(getNode(t, node), corev1.NodeReady)
+	f.pod(t, "bare", node, withEmptyDir)
+	f.deleteNode(t, node)
+
+	f.pass(t, node)
+	if got := f.podState(t, "bare"); got != "terminating" {
+		t.Fatalf("after the first pass the pod is %s, want terminating (evicted)", got)
+	}
+	if n := len(f.events.with(ReasonEvictingBarePod)); n != 1 {
+		t.Errorf("%d %s events, want 1", n, ReasonEvictingBarePod)
+	}
+	if n := len(f.events.with(ReasonEvictingLocalData)); n != 1 {
+		t.Errorf("%d %s events, want 1", n, ReasonEvictingLocalData)
+	}
+	var lease coordinationv1.Lease
+	if err := env.Client.Get(context.Background(), client.ObjectKey{Namespace: ngv1alpha1.MaintenanceLeaseNamespace, Name: node}, &lease); err != nil {
+		t.Fatal(err)
+	}
+	n := getNode(t, node)
+	if !slices.ContainsFunc(lease.OwnerReferences, func(o metav1.OwnerReference) bool { return o.Kind == "Node" && o.UID == n.UID }) {
+		t.Errorf("maintenance Lease owners %+v, want the node %s", lease.OwnerReferences, n.UID)
+	}
+
+	// Within grace (30s) plus margin (1m) the pod holds the node, and the
+	// condition says so.
+	f.clock.Step(80 * time.Second)
+	if res := f.pass(t, node); res.IsZero() {
+		t.Fatal("the node was released while its pod was terminating within grace and margin")
+	}
+	n = getNode(t, node)
+	c := condition(n, ngv1alpha1.TerminatingCondition)
+	if c == nil || c.Status != corev1.ConditionTrue || c.Reason != "Draining" || !strings.Contains(c.Message, "waiting for 1 pod ") || !strings.Contains(c.Message, "1 terminating") {
+		t.Errorf("condition %+v, want Draining naming the 1 terminating pod", c)
+	}
+	if got := condition(n, corev1.NodeReady); got == nil || !apiequality.Semantic.DeepEqual(*got, readyBefore) {
+		t.Errorf("the kubelet's Ready condition changed: %+v, was %+v", got, readyBefore)
+	}
+	if len(f.events.with(ReasonPodGivenUp)) != 0 {
+		t.Errorf("gave up on a pod within its grace period and margin: %v", f.events.with(ReasonPodGivenUp))
+	}
+
+	stuckBefore := testutil.ToFloat64(podsGivenUp.WithLabelValues(drain.GiveUpStuck))
+	f.clock.Step(15 * time.Second)
+	f.pass(t, node)
+	if got := testutil.ToFloat64(podsGivenUp.WithLabelValues(drain.GiveUpStuck)) - stuckBefore; got != 1 {
+		t.Errorf("nodeguard_drain_pods_given_up_total{cause=stuck} grew by %v, want 1", got)
+	}
+	if got := f.events.with(ReasonPodGivenUp); len(got) != 1 || !strings.Contains(got[0], f.ns+"/bare") || !strings.Contains(got[0], "past its grace period") {
+		t.Errorf("%s events %v, want one naming stuck/bare and why", ReasonPodGivenUp, got)
+	}
+	n = getNode(t, node)
+	if slices.Contains(n.Finalizers, ngv1alpha1.TerminationFinalizer) {
+		t.Fatal("the node is not released past grace and margin")
+	}
+	if c := condition(n, ngv1alpha1.TerminatingCondition); c != nil {
+		t.Errorf("the %s condition stayed after release: %+v", ngv1alpha1.TerminatingCondition, c)
+	}
+	if got := condition(n, corev1.NodeReady); got == nil || !apiequality.Semantic.DeepEqual(*got, readyBefore) {
+		t.Errorf("the kubelet's Ready condition changed: %+v, was %+v", got, readyBefore)
+	}
+	if got := f.podState(t, "bare"); got != "terminating" {
+		t.Errorf("the stuck pod is %s; nodeguard should leave it to the pod garbage collector", got)
+	}
+}
+
+// TestUnreachableNodeWaitsOnlyAShortMargin: on a node whose Ready condition is
+// Unknown, evicted pods are waited for UnreachableMargin, not their grace
+// period; an event names each pod given up on. A Lease left from an earlier
+// holder gets the node as owner when nodeguard takes it.
+func TestUnreachableNodeWaitsOnlyAShortMargin(t *testing.T) {
+	f := newFixture(t, "unreachable")
+	node := f.ns + "-node"
+	old := &coordinationv1.Lease{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ngv1alpha1.MaintenanceLeaseNamespace, Name: node},
+		Spec: coordinationv1.LeaseSpec{HolderIdentity: ptr.To("someone"), LeaseDurationSeconds: ptr.To[int32](1),
+			RenewTime: ptr.To(metav1.NewMicroTime(time.Now().Add(-time.Hour)))},
+	}
+	_ = env.Client.Create(context.Background(), &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ngv1alpha1.MaintenanceLeaseNamespace}})
+	harness.MustCreate(t, env.Client, old)
+	f.node(t, node, builder.Unreachable())
+	for i := range 3 {
+		f.pod(t, fmt.Sprintf("web-%d", i), node, controlledBy("ReplicaSet"))
+	}
+	f.deleteNode(t, node)
+
+	f.pass(t, node)
+	for i := range 3 {
+		if got := f.podState(t, fmt.Sprintf("web-%d", i)); got != "terminating" {
+			t.Fatalf("web-%d is %s after the first pass, want terminating", i, got)
+		}
+	}
+	if res := f.pass(t, node); res.IsZero() {
+		t.Fatal("released before the unreachable margin")
+	}
+	if len(f.events.with(ReasonEvictingBarePod)) != 0 {
+		t.Errorf("pods with a controller announced as bare: %v", f.events.with(ReasonEvictingBarePod))
+	}
+
+	f.clock.Step(drain.UnreachableMargin + time.Second)
+	f.pass(t, node)
+	if gone, err := harness.NodeGone(context.Background(), env.Client, node); err != nil || !gone {
+		t.Fatalf("the unreachable node is not released %s after its pods' eviction (%v)", drain.UnreachableMargin, err)
+	}
+	given := f.events.with(ReasonPodGivenUp)
+	for i := range 3 {
+		name := fmt.Sprintf("%s/web-%d", f.ns, i)
+		if !slices.ContainsFunc(given, func(e string) bool { return strings.Contains(e, name) && strings.Contains(e, "unreachable") }) {
+			t.Errorf("no %s event names %s and why: %v", ReasonPodGivenUp, name, given)
+		}
+	}
+	var lease coordinationv1.Lease
+	if err := env.Client.Get(context.Background(), client.ObjectKeyFromObject(old), &lease); err != nil {
+		t.Fatal(err)
+	}
+	if !slices.ContainsFunc(lease.OwnerReferences, func(o metav1.OwnerReference) bool { return o.Kind == "Node" && o.Name == node }) {
+		t.Errorf("the taken-over Lease is not owned by its node: %+v", lease.OwnerReferences)
+	}
+}
+
+// TestTiersAndReturningPods: ordinary pods go first, system-critical pods
+// only once no ordinary pod is left (terminating ones included), DaemonSet
+// pods last; the DaemonSet pod is evicted once and the replacement its
+// controller puts back is ignored.
+func TestTiersAndReturningPods(t *testing.T) {
+	f := newFixture(t, "tiers")
+	node := f.ns + "-node"
+	f.node(t, node, builder.Ready())
+	f.pod(t, "app", node, controlledBy("ReplicaSet"))
+	f.pod(t, "dns", node, controlledBy("ReplicaSet"), priority("system-cluster-critical"))
+	f.pod(t, "proxy", node, controlledBy("DaemonSet"), priority("system-node-critical"))
+	f.pod(t, "agent", node, controlledBy("ReplicaSet"), func(p *corev1.Pod) {
+		p.Spec.Tolerations = []corev1.Toleration{{Operator: corev1.TolerationOpExists}}
+	})
+	f.deleteNode(t, node)
+	states := func() string {
+		return strings.Join([]string{f.podState(t, "app"), f.podState(t, "dns"), f.podState(t, "proxy"), f.podState(t, "agent")}, ",")
+	}
+	steps := []struct {
+		finish string // the pod whose termination the kubelet confirms before the pass
+		want   string // app, dns, proxy, agent after the pass
+	}{
+		{"", "terminating,running,running,running"},
+		{"", "terminating,running,running,running"}, // an ordinary pod still terminates
+		{"app", "gone,terminating,running,running"},
+		{"", "gone,terminating,running,running"},
+		{"dns", "gone,gone,terminating,terminating"},
+	}
+	for i, s := range steps {
+		if s.finish != "" {
+			f.finish(t, s.finish)
+		}
+		f.pass(t, node)
+		if got := states(); got != s.want {
+			t.Fatalf("pass %d: app,dns,proxy,agent are %s, want %s", i+1, got, s.want)
+		}
+	}
+	if c := condition(getNode(t, node), ngv1alpha1.TerminatingCondition); c == nil || !strings.Contains(c.Message, "waiting for") {
+		t.Errorf("condition %+v, want one saying what the drain waits for", c)
+	}
+	// Their controllers put them back; the old ones finish.
+	f.finish(t, "proxy")
+	f.finish(t, "agent")
+	f.pod(t, "proxy-2", node, controlledBy("DaemonSet"), priority("system-node-critical"))
+	f.pod(t, "agent-2", node, controlledBy("ReplicaSet"), func(p *corev1.Pod) {
+		p.Spec.Tolerations = []corev1.Toleration{{Operator: corev1.TolerationOpExists}}
+	})
+	f.clock.Step(time.Second)
+	f.pass(t, node)
+	if gone, err := harness.NodeGone(context.Background(), env.Client, node); err != nil || !gone {
+		t.Fatalf("the node is not released once only replacements of returning pods are left (%v)", err)
+	}
+	if f.podState(t, "proxy-2") != "running" || f.podState(t, "agent-2") != "running" {
+		t.Error("a replacement of a returning pod was evicted")
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if got := f.evictions[drain.ResultEvicted]; got != 4 {
+		t.Errorf("%d evictions, want 4 (one per original pod): %v", got, f.evictions)
+	}
+}
+
+func TestUnreachable(t *testing.T) {
+	ready := func(s corev1.ConditionStatus) builder.NodeOption {
+		return func(n *corev1.Node) {
+			n.Status.Conditions = []corev1.NodeCondition{{Type: corev1.NodeReady, Status: s}}
+		}
+	}
+	taint := func(key string) builder.NodeOption {
+		return builder.WithTaints(corev1.Taint{Key: key, Effect: corev1.TaintEffectNoSchedule})
+	}
+	tests := []struct {
+		name string
+		opts []builder.NodeOption
+		want bool
+	}{
+		{"ready", []builder.NodeOption{ready(corev1.ConditionTrue)}, false},
+		{"kubelet silent (Unknown)", []builder.NodeOption{ready(corev1.ConditionUnknown)}, true},
+		{"not ready, kubelet alive", []builder.NodeOption{ready(corev1.ConditionFalse)}, false},
+		{"not ready, VM shut down", []builder.NodeOption{ready(corev1.ConditionFalse), taint(ngv1alpha1.CloudShutdownTaintKey)}, true},
+		{"ready, shutdown taint not yet gone", []builder.NodeOption{ready(corev1.ConditionTrue), taint(ngv1alpha1.CloudShutdownTaintKey)}, false},
+		{"out of service", []builder.NodeOption{ready(corev1.ConditionFalse), taint(ngv1alpha1.OutOfServiceTaintKey)}, true},
+		{"no Ready condition", nil, false},
+	}
+	for _, tt := range tests {
+		if got := unreachable(builder.Node("n", tt.opts...)); got != tt.want {
+			t.Errorf("%s: unreachable = %v, want %v", tt.name, got, tt.want)
+		}
+	}
+}
+
+// TestDrainDeadlineCoversTerminatingPods: past the drain deadline the pods
+// left are deleted, do-not-evict notwithstanding, and terminating pods no
+// longer hold the node, however long their grace period.
+func TestDrainDeadlineCoversTerminatingPods(t *testing.T) {
+	f := newFixture(t, "deadline")
+	node := f.ns + "-node"
+	f.node(t, node, builder.Ready(), func(n *corev1.Node) { n.Annotations[ngv1alpha1.DrainTimeoutAnnotation] = "1m" })
+	long := func(p *corev1.Pod) { p.Spec.TerminationGracePeriodSeconds = ptr.To[int64](3600) }
+	f.pod(t, "slow", node, controlledBy("ReplicaSet"), long)
+	f.pod(t, "pinned", node, controlledBy("ReplicaSet"), long, func(p *corev1.Pod) {
+		p.Annotations = map[string]string{ngv1alpha1.DoNotEvictAnnotation: "true"}
+	})
+	f.deleteNode(t, node)
+
+	f.pass(t, node)
+	if got := f.podState(t, "slow") + "," + f.podState(t, "pinned"); got != "terminating,running" {
+		t.Fatalf("before the deadline slow,pinned are %s, want terminating,running", got)
+	}
+	f.clock.Step(30 * time.Second)
+	if res := f.pass(t, node); res.IsZero() {
+		t.Fatal("released before the deadline")
+	}
+
+	f.clock.Step(35 * time.Second) // past deletion + 1m
+	for range 3 {                  // delete what is left, then give up on it
+		f.pass(t, node)
+	}
+	if gone, err := harness.NodeGone(context.Background(), env.Client, node); err != nil || !gone {
+		t.Fatalf("the node is not released past its drain deadline (%v); events %v", err, f.events.events)
+	}
+	if len(f.events.with(ReasonDrainDeadlineExceeded)) != 1 {
+		t.Errorf("%s events %v, want 1", ReasonDrainDeadlineExceeded, f.events.with(ReasonDrainDeadlineExceeded))
+	}
+	given := f.events.with(ReasonPodGivenUp)
+	for _, name := range []string{"slow", "pinned"} {
+		if !slices.ContainsFunc(given, func(e string) bool { return strings.Contains(e, f.ns+"/"+name) && strings.Contains(e, "deadline") }) {
+			t.Errorf("no %s event names %s and the deadline: %v", ReasonPodGivenUp, name, given)
+		}
+	}
+}

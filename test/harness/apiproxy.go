@@ -1,0 +1,207 @@
+package harness
+
+import (
+	"context"
+	"net"
+	"net/http"
+	"net/http/httputil"
+	"net/url"
+	"os"
+	"regexp"
+	"strings"
+	"sync"
+	"time"
+
+	"k8s.io/client-go/rest"
+)
+
+// evictionPath matches POST .../namespaces/<ns>/pods/<name>/eviction.
+var evictionPath = regexp.MustCompile(`/api/v1/namespaces/([^/]+)/pods/([^/]+)/eviction$`)
+
+// Eviction is one eviction request that went through an APIProxy.
+type Eviction struct {
+	Namespace string `json:"namespace"`
+	Pod       string `json:"pod"`
+	// Workload is the pod's Deployment (the name without its two last parts).
+	Workload string    `json:"workload"`
+	Start    time.Time `json:"start"`
+	// End is when the answer started back: a client that has read it may send
+	// its next request before the proxy is done copying.
+	End    time.Time `json:"end"`
+	Status int       `json:"status"`
+}
+
+// APIProxy sits between a client (nodeguard, kubectl) and kube-apiserver and
+// records what a drain does through it: every eviction request, the most ever
+// in flight at once per workload (from a request's start to the first byte of
+// its answer), and the LISTs of pods by field selector (one per drain pass).
+type APIProxy struct {
+	// Kubeconfig points a client at the proxy, as the cluster admin.
+	Kubeconfig string
+
+	srv     *http.Server
+	onFirst func()
+
+	mu       sync.Mutex
+	evicting bool
+	inFlight map[string]int // by namespace/workload
+	maxInFl  map[string]int
+	log      []Eviction
+	podLists map[string]int
+}
+
+// StartAPIProxy starts a proxy to the control plane, with a kubeconfig for it
+// written to kubeconfigPath. An eviction that reached the proxy completes even
+// if its client is killed meanwhile: cancelled half-way, kube-apiserver may
+// charge the PDB without deleting the pod, blocking that PDB for its 2-minute
+// disruptedPods timeout (seen here): real, but no drainer's doing.
+func StartAPIProxy(cfg *rest.Config, kubeconfigPath string) (*APIProxy, error) {
+	target, err := url.Parse(cfg.Host)
+	if err != nil {
+		return nil, err
+	}
+	transport, err := rest.TransportFor(cfg)
+	if err != nil {
+		return nil, err
+	}
+	p := &APIProxy{Kubeconfig: kubeconfigPath, inFlight: map[string]int{}, maxInFl: map[string]int{}, podLists: map[string]int{}}
+	rp := httputil.NewSingleHostReverseProxy(target)
+	rp.Transport = transport
+	rp.FlushInterval = -1 // stream watches
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return nil, err
+	}
+	p.srv = &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if m := evictionPath.FindStringSubmatch(r.URL.Path); r.Method == http.MethodPost && m != nil {
+			p.evict(rp, w, r, m[1], m[2])
+			return
+		}
+		if r.Method == http.MethodGet && r.URL.Path == "/api/v1/pods" && r.URL.Query().Get("watch") == "" {
+			p.mu.Lock()
+			p.podLists[r.URL.Query().Get("fieldSelector")]++
+			p.mu.Unlock()
+		}
+		rp.ServeHTTP(w, r)
+	})}
+	go func() { _ = p.srv.Serve(l) }()
+	kc := "apiVersion: v1\nkind: Config\nclusters:\n- name: proxy\n  cluster:\n    server: http://" + l.Addr().String() +
+		"\ncontexts:\n- name: proxy\n  context:\n    cluster: proxy\n    user: proxy\ncurrent-context: proxy\nusers:\n- name: proxy\n  user: {}\n"
+	if err := os.WriteFile(kubeconfigPath, []byte(kc), 0o600); err != nil {
+		p.Close()
+		return nil, err
+	}
+	return p, nil
+}
+
+// OnFirstEviction sets a function that runs before the first eviction is
+// forwarded.
+func (p *APIProxy) OnFirstEviction(f func()) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.onFirst = f
+}
+
+// Close stops the proxy.
+func (p *APIProxy) Close() { _ = p.srv.Close() }
+
+func (p *APIProxy) evict(rp *httputil.ReverseProxy, w http.ResponseWriter, r *http.Request, ns, pod string) {
+	p.mu.Lock()
+	first := !p.evicting
+	p.evicting = true
+	onFirst := p.onFirst
+	p.mu.Unlock()
+	if first && onFirst != nil {
+		onFirst()
+	}
+	e := Eviction{Namespace: ns, Pod: pod, Workload: workloadOf(pod), Start: time.Now()}
+	key := ns + "/" + e.Workload
+	p.mu.Lock()
+	p.inFlight[key]++
+	p.maxInFl[key] = max(p.maxInFl[key], p.inFlight[key])
+	p.mu.Unlock()
+	answer := &answerStart{ResponseWriter: w, started: func(status int) {
+		p.mu.Lock()
+		defer p.mu.Unlock()
+		e.End, e.Status = time.Now(), status
+		p.inFlight[key]--
+		p.log = append(p.log, e)
+	}}
+	rp.ServeHTTP(answer, r.WithContext(context.WithoutCancel(r.Context())))
+	answer.WriteHeader(http.StatusBadGateway) // a no-op unless nothing answered
+}
+
+// workloadOf turns a Deployment pod name (app-<hash>-<id>) into "app".
+func workloadOf(pod string) string {
+	parts := strings.Split(pod, "-")
+	if len(parts) < 3 {
+		return pod
+	}
+	return strings.Join(parts[:len(parts)-2], "-")
+}
+
+// Evictions are the answered eviction requests of a namespace ("" for all),
+// in the order their answers started.
+func (p *APIProxy) Evictions(namespace string) []Eviction {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	var out []Eviction
+	for _, e := range p.log {
+		if namespace == "" || e.Namespace == namespace {
+			out = append(out, e)
+		}
+	}
+	return out
+}
+
+// Answers are the HTTP statuses of a workload's eviction requests, in order.
+func (p *APIProxy) Answers(namespace, workload string) []int {
+	var out []int
+	for _, e := range p.Evictions(namespace) {
+		if e.Workload == workload {
+			out = append(out, e.Status)
+		}
+	}
+	return out
+}
+
+// MaxInFlight is the most eviction requests of a workload ever in flight at
+// once.
+func (p *APIProxy) MaxInFlight(namespace, workload string) int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.maxInFl[namespace+"/"+workload]
+}
+
+// PodListsOf counts the LISTs of a node's pods (one per drain pass).
+func (p *APIProxy) PodListsOf(node string) int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.podLists["spec.nodeName="+node]
+}
+
+// answerStart calls started with the status just before the answer's first
+// byte goes back to the client, once.
+type answerStart struct {
+	http.ResponseWriter
+	started func(status int)
+	once    sync.Once
+}
+
+func (a *answerStart) WriteHeader(code int) {
+	a.once.Do(func() {
+		a.started(code)
+		a.ResponseWriter.WriteHeader(code)
+	})
+}
+
+func (a *answerStart) Write(b []byte) (int, error) {
+	a.WriteHeader(http.StatusOK)
+	return a.ResponseWriter.Write(b)
+}
+
+func (a *answerStart) Flush() {
+	if f, ok := a.ResponseWriter.(http.Flusher); ok {
+		f.Flush()
+	}
+}

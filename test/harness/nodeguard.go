@@ -1,0 +1,219 @@
+package harness
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	eventsv1 "k8s.io/api/events/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+)
+
+// The one way tests, the sandbox and the bench build and run nodeguard.
+
+// binaryDir holds the nodeguard binary built for this process; Run removes it.
+var (
+	buildOnce  sync.Once
+	binaryDir  string
+	binaryPath string
+	buildErr   error
+)
+
+// NodeguardBinary builds cmd/nodeguard once per process and returns its path.
+func NodeguardBinary() (string, error) {
+	buildOnce.Do(func() {
+		if binaryDir, buildErr = os.MkdirTemp("", "nodeguard-bin-"); buildErr != nil {
+			return
+		}
+		binaryPath = filepath.Join(binaryDir, "nodeguard")
+		cmd := exec.Command("go", "build", "-o", binaryPath, "github.com/nodeguard/nodeguard/cmd/nodeguard")
+		cmd.Dir = RepoRoot()
+		if out, err := cmd.CombinedOutput(); err != nil {
+			buildErr = fmt.Errorf("go build ./cmd/nodeguard: %v\n%s", err, out)
+		}
+	})
+	return binaryPath, buildErr
+}
+
+func removeNodeguardBinary() {
+	if binaryDir != "" {
+		os.RemoveAll(binaryDir)
+	}
+}
+
+// Nodeguard is a running nodeguard process.
+type Nodeguard struct {
+	// LogPath holds its standard output and error.
+	LogPath string
+
+	cmd  *exec.Cmd
+	done chan struct{}
+	err  error
+}
+
+// StartNodeguardProcess runs binary with args, appending its output to logPath.
+// It dies with its parent, and runs in a process group of its own.
+func StartNodeguardProcess(binary, logPath string, args ...string) (*Nodeguard, error) {
+	logFile, err := os.OpenFile(logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	if err != nil {
+		return nil, err
+	}
+	n := &Nodeguard{LogPath: logPath, done: make(chan struct{})}
+	n.cmd = exec.Command(binary, args...)
+	n.cmd.Stdout, n.cmd.Stderr = logFile, logFile
+	n.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
+	if err := n.cmd.Start(); err != nil {
+		logFile.Close()
+		return nil, fmt.Errorf("starting nodeguard: %w", err)
+	}
+	go func() { n.err = n.cmd.Wait(); logFile.Close(); close(n.done) }()
+	return n, nil
+}
+
+// StartNodeguard builds nodeguard (once) and runs it for the test with args. It
+// is killed when the test ends; if the test failed, the tail of its log and
+// the events nodeguard recorded (when c is not nil) are logged.
+func StartNodeguard(t testing.TB, c client.Reader, args ...string) *Nodeguard {
+	t.Helper()
+	binary, err := NodeguardBinary()
+	if err != nil {
+		t.Fatal(err)
+	}
+	n, err := StartNodeguardProcess(binary, filepath.Join(t.TempDir(), "nodeguard.log"), args...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		n.Kill()
+		if t.Failed() {
+			t.Logf("nodeguard log (tail):\n%s", n.LogTail(60))
+			if c != nil {
+				logNodeguardEvents(t, c)
+			}
+		}
+	})
+	return n
+}
+
+// Kill stops nodeguard at once (SIGKILL: nothing of its own runs) and waits.
+func (n *Nodeguard) Kill() {
+	_ = n.cmd.Process.Kill()
+	<-n.done
+}
+
+// Stop sends SIGTERM and waits for the exit, or kills after grace; it returns
+// how the process ended.
+func (n *Nodeguard) Stop(grace time.Duration) error {
+	_ = n.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-n.done:
+		return n.err
+	case <-time.After(grace):
+		n.Kill()
+		return fmt.Errorf("nodeguard did not exit within %s of SIGTERM", grace)
+	}
+}
+
+// Done is closed when the process has exited; Err then tells how.
+func (n *Nodeguard) Done() <-chan struct{} { return n.done }
+
+// Err is the process's exit error, once Done is closed.
+func (n *Nodeguard) Err() error { return n.err }
+
+// PID is the process ID.
+func (n *Nodeguard) PID() int { return n.cmd.Process.Pid }
+
+// Log returns everything nodeguard has written.
+func (n *Nodeguard) Log() string {
+	b, _ := os.ReadFile(n.LogPath)
+	return string(b)
+}
+
+// LogTail returns the last lines of the log.
+func (n *Nodeguard) LogTail(lines int) string {
+	all := strings.Split(strings.TrimRight(n.Log(), "\n"), "\n")
+	return strings.Join(all[max(0, len(all)-lines):], "\n")
+}
+
+// WaitServing waits until addr accepts connections, failing early if nodeguard
+// exits.
+func (n *Nodeguard) WaitServing(addr string, timeout time.Duration) error {
+	return Poll(context.Background(), timeout, func(context.Context) (bool, error) {
+		select {
+		case <-n.done:
+			return false, errors.New("nodeguard exited; see " + n.LogPath)
+		default:
+		}
+		conn, err := net.DialTimeout("tcp", addr, time.Second)
+		if err == nil {
+			conn.Close()
+		}
+		return err == nil, nil
+	})
+}
+
+// WebhookArgs point nodeguard's webhook server at the port and certificate of
+// the webhook configurations the control plane installed.
+func (e *Env) WebhookArgs() []string {
+	return []string{
+		"--webhook-port=" + strconv.Itoa(e.Webhook.LocalServingPort),
+		"--webhook-cert-dir=" + e.Webhook.LocalServingCertDir,
+	}
+}
+
+// WebhookAddr is where the installed webhook configurations call.
+func (e *Env) WebhookAddr() string {
+	return net.JoinHostPort(e.Webhook.LocalServingHost, strconv.Itoa(e.Webhook.LocalServingPort))
+}
+
+// EmulatorArgs point nodeguard at an ARM emulator, with no azure.json and no
+// credential.
+func EmulatorArgs(armURL, subscription, resourceGroup string) []string {
+	return []string{
+		"--azure-config=", "--azure-arm-endpoint=" + armURL, "--azure-subscription-id=" + subscription,
+		"--azure-resource-group=" + resourceGroup, "--azure-credential=none",
+	}
+}
+
+// logNodeguardEvents logs the events nodeguard recorded, for a failing test.
+func logNodeguardEvents(t testing.TB, c client.Reader) {
+	var list eventsv1.EventList
+	if err := c.List(context.Background(), &list); err != nil {
+		return
+	}
+	for _, e := range list.Items {
+		if strings.HasPrefix(e.ReportingController, "nodeguard") {
+			t.Logf("event %s %s/%s: %s %s", e.Type, e.Regarding.Kind, e.Regarding.Name, e.Reason, e.Note)
+		}
+	}
+}
+
+// Kubectl runs kubectl with the kubeconfig and returns its combined output.
+func Kubectl(kubeconfig, stdin string, args ...string) (string, error) {
+	cmd := exec.Command("kubectl", append([]string{"--kubeconfig", kubeconfig}, args...)...)
+	if stdin != "" {
+		cmd.Stdin = strings.NewReader(stdin)
+	}
+	out, err := cmd.CombinedOutput()
+	return string(out), err
+}
+
+// MustKubectl runs kubectl and fails the test if it fails.
+func MustKubectl(t testing.TB, kubeconfig, stdin string, args ...string) string {
+	t.Helper()
+	out, err := Kubectl(kubeconfig, stdin, args...)
+	if err != nil {
+		t.Fatalf("kubectl %v: %v\n%s", args, err, out)
+	}
+	return out
+}
