@@ -29,6 +29,9 @@ func (m *Manager) discover(ctx context.Context, ev *tickEvents) error {
 	idents := make([]backends.Node, 0, len(m.nodes))
 	versions := make(map[types.UID]uint64, len(m.nodes))
 	for uid, n := range m.nodes {
+		if n.gone != nil {
+			continue
+		}
 		idents = append(idents, n.ident)
 		versions[uid] = n.identV
 		if !n.known {
@@ -49,7 +52,8 @@ func (m *Manager) discover(ctx context.Context, ev *tickEvents) error {
 			}
 		}
 		if err == nil {
-			m.recordMembership(pools, members, versions, resync, now, ev)
+			present := m.recordMembership(pools, members, versions, resync, now, ev)
+			m.dropVanishedRecords(ctx, present)
 			return nil
 		}
 	}
@@ -116,7 +120,8 @@ func (m *Manager) listPools(ctx context.Context) ([]listedPool, error) {
 	return out, nil
 }
 
-func (m *Manager) recordMembership(pools []listedPool, members map[string]map[string]bool, versions map[types.UID]uint64, resync bool, now time.Time, ev *tickEvents) {
+// recordMembership stores what discovery found and returns the pools listed.
+func (m *Manager) recordMembership(pools []listedPool, members map[string]map[string]bool, versions map[types.UID]uint64, resync bool, now time.Time, ev *tickEvents) map[string]bool {
 	var events []pendingEvent
 	m.mu.Lock()
 	m.discoverErr = nil
@@ -137,6 +142,9 @@ func (m *Manager) recordMembership(pools []listedPool, members map[string]map[st
 		}
 	}
 	for uid, n := range m.nodes {
+		if n.gone != nil {
+			continue
+		}
 		v, seen := versions[uid]
 		if !seen || v != n.identV {
 			// Changed during discovery: its pools' fresh Gets tell.
@@ -170,4 +178,5 @@ func (m *Manager) recordMembership(pools []listedPool, members map[string]map[st
 	}
 	m.mu.Unlock()
 	m.emit(ev, events)
+	return present
 }

@@ -50,6 +50,19 @@ func (e *NoEntryError) Error() string {
 	return "backend pool " + e.Pool + " lists the node only in backendIPConfigurations: it has no backend-address entry to carry an admin state"
 }
 
+// RecordError is a failure to save the record of the entries nodeguard sets
+// Down. No Down is written unrecorded, so the write waits for a retry.
+type RecordError struct {
+	Pool string
+	Err  error
+}
+
+func (e *RecordError) Error() string {
+	return "recording the entries set Down in backend pool " + e.Pool + " (Lease in the maintenance namespace): " + e.Err.Error()
+}
+
+func (e *RecordError) Unwrap() error { return e.Err }
+
 // errorClass is what the manager does about an error.
 type errorClass int
 
@@ -75,6 +88,11 @@ const errorCodeCanceled = "Canceled"
 func classify(ctx context.Context, err error) (class errorClass, retryAfter time.Time) {
 	if ctx.Err() != nil {
 		return classShutdown, time.Time{}
+	}
+	var rerr *RecordError
+	if errors.As(err, &rerr) {
+		// The API server, not ARM: nothing was written; try again soon.
+		return classRetriable, time.Time{}
 	}
 	var te *armclient.ThrottleError
 	if errors.As(err, &te) {

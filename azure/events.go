@@ -14,6 +14,9 @@ const (
 	// ReasonNoEntry (Warning): a NIC-based pool has the node as a member but
 	// no entry that could carry an admin state; its traffic is not cut there.
 	ReasonNoEntry = "LoadBalancerAdminStateNoEntry"
+	// ReasonRestoredAfterNodeGone: the entries nodeguard set Down for a node
+	// that is gone are None again.
+	ReasonRestoredAfterNodeGone = "LoadBalancerAdminStateRestoredAfterNodeGone"
 
 	eventAction = "UpdateLoadBalancerAdminState"
 )
@@ -55,4 +58,13 @@ func noEntryEvent(pool string) event {
 func listFailedEvent(resourceGroup, err string, at time.Time) event {
 	return event{warning: true, reason: ReasonUpdateRetrying,
 		note: fmt.Sprintf("Listing the load balancers in resource group %s failed, so the node's backend pools are unknown; retrying after %s: %s", resourceGroup, at.UTC().Format(time.RFC3339), err)}
+}
+
+func goneRestoredEvent(n *nodeState) event {
+	why := "was gone for the grace period (--azure-admin-state-gone-node-grace)"
+	if n.gone.due == dueReplaced {
+		why = fmt.Sprintf("was replaced by a node of the same name (UID %s)", n.gone.replacement)
+	}
+	return event{reason: ReasonRestoredAfterNodeGone,
+		note: fmt.Sprintf("Node %s (UID %s) %s: restored None on the load-balancer backend entries nodeguard had set Down for it", n.name, n.uid, why)}
 }

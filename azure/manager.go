@@ -19,6 +19,7 @@ import (
 	"k8s.io/client-go/tools/events"
 	"k8s.io/utils/clock"
 	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/nodeguard/nodeguard/azure/armclient"
 	"github.com/nodeguard/nodeguard/azure/backends"
@@ -47,6 +48,8 @@ type managerSettings struct {
 	transport     policy.Transporter
 	credential    azcore.TokenCredential
 	log           logr.Logger
+	records       RecordStore
+	nodes         client.Reader
 }
 
 // WithClock sets the clock (default: real time).
@@ -71,6 +74,15 @@ func WithPollFrequency(d time.Duration) ManagerOption {
 func WithCredential(c azcore.TokenCredential) ManagerOption {
 	return func(s *managerSettings) { s.credential = c }
 }
+
+// WithRecords sets where the manager records the entries it set Down
+// (default: in memory, lost on restart; nodeguard passes LeaseRecords).
+func WithRecords(r RecordStore) ManagerOption { return func(s *managerSettings) { s.records = r } }
+
+// WithNodeReader lets the manager see which nodes exist, to find the gone
+// nodes whose recorded entries it restores. Without it, a node is known gone
+// only through Forget.
+func WithNodeReader(r client.Reader) ManagerOption { return func(s *managerSettings) { s.nodes = r } }
 
 // WithLogger sets the logger used outside Start's context.
 func WithLogger(l logr.Logger) ManagerOption { return func(s *managerSettings) { s.log = l } }
@@ -105,6 +117,13 @@ type Manager struct {
 	discovered  bool
 	nextResync  time.Time
 	discoverErr error
+
+	records    RecordStore
+	nodeReader client.Reader
+	// recorded mirrors the records: by pool key, the entries nodeguard set
+	// Down and for which node. nil until loaded; no writer runs before.
+	recorded   map[string]poolRecord
+	nextReview time.Time
 }
 
 // nodeState is one node's desired state and progress.
@@ -127,6 +146,9 @@ type nodeState struct {
 	notify    chan struct{}
 	// warned: pools whose missing entry was reported for gen.
 	warned map[string]bool
+	// gone is set for a node that no longer exists but still has entries
+	// recorded Down: it has no identity to match, only its record.
+	gone *goneState
 }
 
 // work is a node's state in one pool.
@@ -193,6 +215,10 @@ func NewManagerFromConfig(cfg *config.Config, recorder events.EventRecorder, opt
 		writers: map[string]bool{},
 	}
 	m.nics = backends.NewNICCache(client.GetInterface)
+	m.records, m.nodeReader = s.records, s.nodes
+	if m.records == nil {
+		m.records = NewMemoryRecords()
+	}
 	return m, nil
 }
 
@@ -212,6 +238,7 @@ func (m *Manager) SetDesired(node *corev1.Node, state AdminState) {
 	}
 	ident := backends.FromNode(node)
 	m.mu.Lock()
+	m.replacedBy(node)
 	n, ok := m.nodes[node.UID]
 	changed := false
 	if !ok {
@@ -262,13 +289,21 @@ func sameIdent(a, b backends.Node) bool {
 	return a.Name == b.Name && a.ProviderID == b.ProviderID && slices.Equal(a.IPs, b.IPs)
 }
 
-// Forget drops a deleted node: its entries go with it, so no ARM call is needed.
+// Forget drops a deleted node. Entries nodeguard recorded Down for it are
+// restored once a node of the same name replaces it, or after
+// --azure-admin-state-gone-node-grace.
 func (m *Manager) Forget(uid types.UID) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	if n, ok := m.nodes[uid]; ok {
-		delete(m.nodes, uid)
-		n.signal()
+	n, ok := m.nodes[uid]
+	if !ok || n.gone != nil {
+		return
+	}
+	delete(m.nodes, uid)
+	n.signal()
+	if m.ownsEntries(uid) {
+		m.markGone(uid, n.name, m.clock.Now())
+		m.wake()
 	}
 }
 
@@ -284,6 +319,10 @@ func (m *Manager) WaitConfirmed(ctx context.Context, uid types.UID, state AdminS
 		if !ok {
 			m.mu.Unlock()
 			return ErrNotTracked
+		}
+		if n.gone != nil {
+			m.mu.Unlock()
+			return ErrForgotten
 		}
 		if n.desired == state && n.confirmed {
 			m.mu.Unlock()

@@ -84,16 +84,31 @@ type testEnv struct {
 	clk   *testingclock.FakeClock
 	rec   *fakeRecorder
 	nodes []*corev1.Node
+	// remake builds another manager like m (a restart: same store, same
+	// emulator, same clock and recorder).
+	remake func() *Manager
 }
 
-type envOption func(*Options, *armemulator.Options)
+// envSettings is what envOptions change.
+type envSettings struct {
+	o       *Options
+	emu     *armemulator.Options
+	manager []ManagerOption
+}
+
+type envOption func(*envSettings)
 
 func withMaxRetries(n int) envOption {
-	return func(o *Options, _ *armemulator.Options) { o.MaxRetries.V = ptr.To(n) }
+	return func(s *envSettings) { s.o.MaxRetries.V = ptr.To(n) }
 }
 
 func withAsync() envOption {
-	return func(_ *Options, e *armemulator.Options) { e.Async, e.AsyncPolls = true, 1 }
+	return func(s *envSettings) { s.emu.Async, s.emu.AsyncPolls = true, 1 }
+}
+
+// withManager passes options to NewManager (records, a node reader).
+func withManager(mo ...ManagerOption) envOption {
+	return func(s *envSettings) { s.manager = append(s.manager, mo...) }
 }
 
 // newEnv starts an emulator with a public and an internal load balancer
@@ -119,8 +134,9 @@ func newEnvWithSeed(t *testing.T, seed armemulator.Seed, nodes []*corev1.Node, o
 	t.Helper()
 	o := NewOptions()
 	var eo armemulator.Options
+	settings := envSettings{o: &o, emu: &eo}
 	for _, opt := range opts {
-		opt(&o, &eo)
+		opt(&settings)
 	}
 	emu, err := armemulator.Start("127.0.0.1:0", seed, eo)
 	if err != nil {
@@ -135,18 +151,21 @@ func newEnvWithSeed(t *testing.T, seed armemulator.Seed, nodes []*corev1.Node, o
 	o.Getenv = func(string) string { return "" }
 	clk := testingclock.NewFakeClock(time.Now())
 	rec := &fakeRecorder{}
-	m, err := NewManager(o, rec, WithClock(clk),
-		WithSDKRetry(policy.RetryOptions{MaxRetries: 3, RetryDelay: time.Millisecond, MaxRetryDelay: 5 * time.Millisecond, TryTimeout: 2 * time.Second}),
-		WithPollFrequency(5*time.Millisecond))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if m == nil {
-		t.Fatal("NewManager returned no manager for a complete configuration")
+	remake := func() *Manager {
+		m, err := NewManager(o, rec, append([]ManagerOption{WithClock(clk),
+			WithSDKRetry(policy.RetryOptions{MaxRetries: 3, RetryDelay: time.Millisecond, MaxRetryDelay: 5 * time.Millisecond, TryTimeout: 2 * time.Second}),
+			WithPollFrequency(5*time.Millisecond)}, settings.manager...)...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if m == nil {
+			t.Fatal("NewManager returned no manager for a complete configuration")
+		}
+		return m
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(cancel)
-	return &testEnv{t: t, ctx: ctx, emu: emu, m: m, clk: clk, rec: rec, nodes: nodes}
+	return &testEnv{t: t, ctx: ctx, emu: emu, m: remake(), clk: clk, rec: rec, nodes: nodes, remake: remake}
 }
 
 func (e *testEnv) tick() { e.m.tick(e.ctx) }

@@ -41,6 +41,21 @@ var (
 		Name:      "members_without_entry_total",
 		Help:      "Times a node's Down could not be set in a backend pool because the pool lists the node only in backendIPConfigurations, with no backend-address entry to carry an admin state (once per pool and desired-state change), by pool (load balancer/pool).",
 	}, []string{labelPool})
+	recordWrites = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: metricsNamespace,
+		Name:      "record_writes_total",
+		Help:      "Writes of the durable record of the backend entries nodeguard set Down (a Lease per pool in kube-node-maintenance), by result. A failed write before a Down is retried; no Down is written unrecorded.",
+	}, []string{labelResult})
+	recordedEntries = prometheus.NewGauge(prometheus.GaugeOpts{
+		Namespace: metricsNamespace,
+		Name:      "recorded_entries",
+		Help:      "Backend entries recorded as set Down by nodeguard (nodeguard restores None only on these).",
+	})
+	goneRestored = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: metricsNamespace,
+		Name:      "gone_node_restores_total",
+		Help:      "Gone nodes whose recorded Down entries nodeguard restored to None, by reason: replaced (a node of the same name registered with a new UID) or gone (the grace period passed).",
+	}, []string{"reason"})
 	confirmDuration = prometheus.NewHistogramVec(prometheus.HistogramOpts{
 		Namespace: metricsNamespace,
 		Name:      "confirmation_duration_seconds",
@@ -50,5 +65,5 @@ var (
 )
 
 func init() {
-	metrics.Registry.MustRegister(lockWait, poolUpdates, parkedTicks, noEntryDown, confirmDuration)
+	metrics.Registry.MustRegister(lockWait, poolUpdates, parkedTicks, noEntryDown, recordWrites, recordedEntries, goneRestored, confirmDuration)
 }

@@ -80,6 +80,12 @@ func (m *Manager) applySuccess(g group, snap snapshot, res result) []pendingEven
 		if gen, ok := snap.gens[uid]; !ok || gen != n.gen {
 			continue // desired state changed meanwhile: stays pending
 		}
+		if n.gone != nil {
+			// Its recorded entries in the pool were restored (or had gone).
+			*w = work{}
+			events = append(events, m.finishGone(n)...)
+			continue
+		}
 		switch {
 		case !res.matched[k] && !res.noEntry[k]:
 			// Not a member of this pool after all.
@@ -178,7 +184,7 @@ func (n *nodeState) anyFailed() bool {
 // returns the confirmation event when nodeguard changed its entries. Call
 // with m.mu held.
 func (m *Manager) updateConfirmed(n *nodeState) []pendingEvent {
-	if n.confirmed || !n.known {
+	if n.confirmed || !n.known || n.gone != nil {
 		return nil
 	}
 	for _, w := range n.pools {
@@ -224,7 +230,7 @@ func (m *Manager) nextWake() time.Duration {
 	now := m.clock.Now()
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	d := m.nextResync.Sub(now)
+	d := min(m.nextResync.Sub(now), m.gonePending(now))
 	if m.discoverErr != nil {
 		d = min(d, m.cfg.RetryInterval)
 	}

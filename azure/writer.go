@@ -3,12 +3,12 @@ package azure
 import (
 	"context"
 	"fmt"
+	"maps"
 	"sort"
 	"strings"
 	"sync"
 	"time"
 
-	"github.com/Azure/azure-sdk-for-go/sdk/resourcemanager/network/armnetwork/v9"
 	"k8s.io/apimachinery/pkg/types"
 	ctrl "sigs.k8s.io/controller-runtime"
 
@@ -26,11 +26,16 @@ type group struct {
 	participants map[types.UID]uint64
 }
 
-// snapshot is what one pool attempt reads of the nodes.
+// snapshot is what one pool attempt reads of the nodes and the pool's
+// record.
 type snapshot struct {
-	index   *backends.Index
+	index   *backends.Index      // live nodes only
 	desired map[string]AdminState // by node UID
 	gens    map[types.UID]uint64
+	names   map[types.UID]string
+	// due: gone nodes whose recorded entries are to be restored now.
+	due    map[types.UID]bool
+	record poolRecord
 }
 
 // result is the outcome of one pool attempt.
@@ -62,6 +67,13 @@ func newTickEvents() *tickEvents { return &tickEvents{seen: map[string]bool{}} }
 // the loop may sleep at most.
 func (m *Manager) round(ctx context.Context, writers *sync.WaitGroup) time.Duration {
 	ev := newTickEvents()
+	if err := m.loadRecords(ctx); err != nil {
+		if ctx.Err() == nil {
+			ctrl.LoggerFrom(ctx).Error(err, "Reading the admin-state records failed; no backend pool is written until they are read")
+		}
+		return m.cfg.RetryInterval
+	}
+	m.reviewGone(ctx)
 	if err := m.discover(ctx, ev); err != nil && ctx.Err() == nil {
 		ctrl.LoggerFrom(ctx).Error(err, "Listing load balancers failed; retrying")
 	}
@@ -187,30 +199,39 @@ func (m *Manager) nextPool(ctx context.Context, lb string) (*poolState, bool) {
 	return &poolState{key: pick.key, lb: pick.lb, name: pick.name}, true
 }
 
-// snapshotFor reads the nodes' desired states for one attempt at a pool,
-// right after its fresh Get, so that the write carries every change made
-// until then.
+// snapshotFor reads the nodes' desired states and the pool's record for one
+// attempt at a pool, right after its fresh Get, so that the write carries
+// every change made until then.
 func (m *Manager) snapshotFor(p *poolState) (group, snapshot) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	g := group{pool: p, participants: map[types.UID]uint64{}}
-	snap := snapshot{desired: make(map[string]AdminState, len(m.nodes)), gens: make(map[types.UID]uint64, len(m.nodes))}
+	snap := snapshot{
+		desired: make(map[string]AdminState, len(m.nodes)), gens: make(map[types.UID]uint64, len(m.nodes)),
+		names: make(map[types.UID]string, len(m.nodes)), due: map[types.UID]bool{}, record: maps.Clone(m.recorded[p.key]),
+	}
 	idents := make([]backends.Node, 0, len(m.nodes))
 	for uid, n := range m.nodes {
-		idents = append(idents, n.ident)
-		snap.desired[string(uid)] = n.desired
 		snap.gens[uid] = n.gen
+		snap.names[uid] = n.name
 		if w := n.pools[p.key]; n.known && w != nil && w.pending {
 			g.participants[uid] = n.gen
 		}
+		if n.gone != nil {
+			snap.due[uid] = n.gone.due != ""
+			continue
+		}
+		idents = append(idents, n.ident)
+		snap.desired[string(uid)] = n.desired
 	}
 	snap.index = backends.NewIndex(idents)
 	return g, snap
 }
 
 // processPool makes one attempt at a pool: lock its load balancer, fresh
-// Get, set AdminState on every entry whose node's desired state differs, and
-// one CreateOrUpdate with If-Match when anything changed.
+// Get, plan the entries' admin state (planPool), record the entries it sets
+// Down, write with If-Match when anything changed, then drop from the record
+// the entries it restored.
 func (m *Manager) processPool(ctx context.Context, p *poolState) (group, snapshot, result) {
 	res := result{matched: map[string]bool{}, noEntry: map[string]bool{}, changed: map[string]bool{}}
 	lock := m.lbLock(p.lb)
@@ -235,41 +256,29 @@ func (m *Manager) processPool(ctx context.Context, p *poolState) (group, snapsho
 		res.err = fmt.Errorf("matching nodes to backend pool %s: %w", p.key, err)
 		return g, snap, res
 	}
-	for i, k := range keys {
-		if k == "" {
-			continue
+	plan := planPool(pool, keys, snap, snap.record)
+	res.matched, res.changed = plan.matched, plan.changed
+	if plan.before != nil {
+		// Recorded before the write: a crash after it never leaves a Down
+		// that nobody restores.
+		if err := m.saveRecord(ctx, p.key, plan.before); err != nil {
+			res.err = err
+			return g, snap, res
 		}
-		res.matched[k] = true
-		e := pool.Properties.LoadBalancerBackendAddresses[i]
-		want := snap.desired[k]
-		if !differs(e.Properties.AdminState, want) {
-			continue
+	}
+	if len(res.changed) > 0 {
+		if _, err := m.client.UpdatePool(ctx, m.cfg.ResourceGroup, p.lb, pool); err != nil {
+			res.err = fmt.Errorf("updating backend pool %s: %w", p.key, err)
+			return g, snap, res
 		}
-		s := armnetwork.LoadBalancerBackendAddressAdminState(want)
-		e.Properties.AdminState = &s
-		res.changed[k] = true
+		res.wrote = true
+		ctrl.LoggerFrom(ctx).V(1).Info("Updated backend pool admin state", "pool", p.key, "entries", len(res.changed))
 	}
-	if len(res.changed) == 0 {
-		return g, snap, res
+	if plan.after != nil {
+		if err := m.saveRecord(ctx, p.key, plan.after); err != nil {
+			// The entries stay recorded: the next resync drops them.
+			ctrl.LoggerFrom(ctx).Error(err, "Removing restored entries from the admin-state record failed", "pool", p.key)
+		}
 	}
-	if _, err := m.client.UpdatePool(ctx, m.cfg.ResourceGroup, p.lb, pool); err != nil {
-		res.err = fmt.Errorf("updating backend pool %s: %w", p.key, err)
-		return g, snap, res
-	}
-	res.wrote = true
-	ctrl.LoggerFrom(ctx).V(1).Info("Updated backend pool admin state", "pool", p.key, "entries", len(res.changed))
 	return g, snap, res
-}
-
-// differs reports whether an entry's admin state must change to match want.
-// None means "not forced": an entry someone set Up is left alone.
-func differs(cur *armnetwork.LoadBalancerBackendAddressAdminState, want AdminState) bool {
-	c := armnetwork.LoadBalancerBackendAddressAdminStateNone
-	if cur != nil && *cur != "" {
-		c = *cur
-	}
-	if want == AdminStateDown {
-		return c != armnetwork.LoadBalancerBackendAddressAdminStateDown
-	}
-	return c == armnetwork.LoadBalancerBackendAddressAdminStateDown
 }

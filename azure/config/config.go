@@ -29,6 +29,7 @@ const (
 	DefaultRetryInterval  = 5 * time.Second
 	DefaultRequestTimeout = 2 * time.Minute
 	DefaultWorkers        = 4
+	DefaultGoneNodeGrace  = 10 * time.Minute
 )
 
 // ErrNotConfigured means no Azure configuration was given at all: admin state
@@ -108,6 +109,7 @@ type Options struct {
 	RetryInterval             time.Duration
 	RequestTimeout            time.Duration
 	Workers                   int
+	GoneNodeGrace             time.Duration
 
 	// Getenv reads the environment (os.Getenv when nil; tests).
 	Getenv func(string) string
@@ -142,6 +144,7 @@ func NewOptions() Options {
 		RetryInterval:  DefaultRetryInterval,
 		RequestTimeout: DefaultRequestTimeout,
 		Workers:        DefaultWorkers,
+		GoneNodeGrace:  DefaultGoneNodeGrace,
 	}
 }
 
@@ -179,6 +182,9 @@ func (o *Options) BindFlags(fs *flag.FlagSet) {
 	fs.DurationVar(&o.RequestTimeout, "azure-request-timeout", o.RequestTimeout,
 		"Bound on one ARM call, including the SDK's own retries and polling of a long-running write.")
 	fs.IntVar(&o.Workers, "azure-admin-state-workers", o.Workers, "How many backend pools are updated in parallel.")
+	fs.DurationVar(&o.GoneNodeGrace, "azure-admin-state-gone-node-grace", o.GoneNodeGrace,
+		"How long the backend entries nodeguard set Down stay Down after their node is gone (its VM may still be shutting down); "+
+			"then nodeguard restores None on them. A node of the same name that registers again (a new UID) restores them at once.")
 }
 
 // Config is the resolved configuration.
@@ -201,6 +207,7 @@ type Config struct {
 	RetryInterval  time.Duration
 	RequestTimeout time.Duration
 	Workers        int
+	GoneNodeGrace  time.Duration
 }
 
 // CredentialConfig says how to authenticate.
@@ -260,6 +267,7 @@ func (o Options) Load() (*Config, error) {
 		RetryInterval:  o.RetryInterval,
 		RequestTimeout: o.RequestTimeout,
 		Workers:        o.Workers,
+		GoneNodeGrace:  o.GoneNodeGrace,
 	}
 	if lbrg := pick(o.LoadBalancerResourceGroup, EnvLoadBalancerRGroup, f.LoadBalancerResourceGroup); lbrg != "" {
 		c.ResourceGroup = lbrg
@@ -304,6 +312,9 @@ func (o Options) Load() (*Config, error) {
 	}
 	if c.RequestTimeout <= 0 {
 		c.RequestTimeout = DefaultRequestTimeout
+	}
+	if c.GoneNodeGrace < 0 {
+		c.GoneNodeGrace = 0
 	}
 	if c.Workers <= 0 {
 		c.Workers = DefaultWorkers

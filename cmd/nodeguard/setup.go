@@ -32,7 +32,9 @@ import (
 // setupTermination adds the Azure admin-state manager (when Azure is
 // configured), the taint watcher and the termination controller.
 func setupTermination(mgr ctrl.Manager, opts options) error {
-	adminState, err := azure.NewManager(opts.azure, mgr.GetEventRecorder("nodeguard-adminstate"))
+	adminState, err := azure.NewManager(opts.azure, mgr.GetEventRecorder("nodeguard-adminstate"),
+		azure.WithRecords(azure.NewLeaseRecords(mgr.GetClient(), mgr.GetAPIReader(), ngv1alpha1.MaintenanceLeaseNamespace)),
+		azure.WithNodeReader(mgr.GetClient()))
 	if err != nil {
 		return fmt.Errorf("configuring Azure admin state: %w", err)
 	}
