@@ -14,6 +14,8 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	ngv1alpha1 "github.com/nodeguard/nodeguard/api/v1alpha1"
 )
 
 // Down never outlives its node: before a write sets an entry Down, nodeguard
@@ -72,6 +74,16 @@ type LeaseRecords struct {
 // (a manager's API reader).
 func NewLeaseRecords(c client.Client, reader client.Reader, namespace string) *LeaseRecords {
 	return &LeaseRecords{client: c, reader: reader, namespace: namespace, last: map[string]*coordinationv1.Lease{}}
+}
+
+// InCluster returns the options nodeguard runs with: records in Leases of
+// the maintenance namespace (uncached reads through apiReader), and nodes
+// read from c.
+func InCluster(c client.Client, apiReader client.Reader) []ManagerOption {
+	return []ManagerOption{
+		WithRecords(NewLeaseRecords(c, apiReader, ngv1alpha1.MaintenanceLeaseNamespace)),
+		WithNodeReader(c),
+	}
 }
 
 // leaseName is a DNS-safe name for a pool key (pool names may hold

@@ -33,8 +33,7 @@ import (
 // configured), the taint watcher and the termination controller.
 func setupTermination(mgr ctrl.Manager, opts options) error {
 	adminState, err := azure.NewManager(opts.azure, mgr.GetEventRecorder("nodeguard-adminstate"),
-		azure.WithRecords(azure.NewLeaseRecords(mgr.GetClient(), mgr.GetAPIReader(), ngv1alpha1.MaintenanceLeaseNamespace)),
-		azure.WithNodeReader(mgr.GetClient()))
+		azure.InCluster(mgr.GetClient(), mgr.GetAPIReader())...)
 	if err != nil {
 		return fmt.Errorf("configuring Azure admin state: %w", err)
 	}
