@@ -131,8 +131,9 @@ func (w *Watcher) observe(n *corev1.Node) nodeRecord {
 	return *rec
 }
 
-// forget drops a deleted node: its entries go with it, so the manager forgets
-// it without an ARM call.
+// forget drops a deleted node. The manager restores the entries it recorded
+// Down for it once a node of the same name replaces it, or after the
+// gone-node grace period (its VM may still be going away).
 func (w *Watcher) forget(name string) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
@@ -220,7 +221,7 @@ func (w *Watcher) restore(ctx context.Context, n *corev1.Node, rec nodeRecord) (
 		return reconcile.Result{}, nil
 	}
 	if n.DeletionTimestamp != nil {
-		// Going away: its entries go with it.
+		// Going away: once it is gone, the manager restores what it recorded.
 		return reconcile.Result{}, nil
 	}
 	if !rec.tracked || rec.desired != azure.AdminStateNone {
