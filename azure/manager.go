@@ -266,6 +266,8 @@ func (m *Manager) SetDesired(node *corev1.Node, state AdminState) {
 	}
 	if !n.known && m.discovered {
 		m.assumeMember(n)
+		// In no pool at all: nothing to wait for (no event: nothing changed).
+		m.updateConfirmed(n)
 	}
 	m.mu.Unlock()
 	if changed {

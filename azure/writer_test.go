@@ -262,3 +262,17 @@ func TestListFailureWarnsWaitingNodes(t *testing.T) {
 	}
 	e.wantReasons(e.nodes[2].Name)
 }
+
+// With no backend pool to be in (no load balancer yet, or none that carries
+// inbound traffic), a node's state is confirmed at once, also when it comes
+// after the first listing.
+func TestNoPoolsConfirmsAtOnce(t *testing.T) {
+	e := newEnvWithSeed(t, armemulator.Seed{Subscription: testSub, ResourceGroup: testRG}, nil)
+	first := testNode("first", "10.224.0.4")
+	e.m.SetDesired(first, AdminStateDown)
+	e.tick()
+	e.wantConfirmed(first, AdminStateDown)
+	later := testNode("later", "10.224.0.5")
+	e.m.SetDesired(later, AdminStateDown)
+	e.wantConfirmed(later, AdminStateDown)
+}

@@ -156,7 +156,7 @@ var knownUnused = func() map[permission]string {
 		{"", "events", "patch", namespace}: "client-go's leader-election recorder (core/v1 events) patches an event only when it repeats within its aggregation window",
 	}
 	for _, p := range []permission{
-		{"", "events", "list", ""}, {"coordination.k8s.io", "leases", "list", ""}, {"coordination.k8s.io", "leases", "list", namespace},
+		{"", "events", "list", ""}, {"coordination.k8s.io", "leases", "list", namespace},
 		{"nodeguard.io", "nodedisruptionbudgets", "list", ""}, {"", "nodes", "list", ""}, {"policy", "poddisruptionbudgets", "list", ""},
 	} {
 		m[p] = watchList
@@ -209,7 +209,8 @@ func TestLeastPrivilege(t *testing.T) {
 
 	const secret = "nodeguard-install-test-client-secret-0c4f"
 	metricsPort := harness.FreePort(t)
-	ng := startNodeguard(t, emu, azureJSON(secret), fmt.Sprintf("--metrics-bind-address=127.0.0.1:%d", metricsPort))
+	ng := startNodeguard(t, emu, azureJSON(secret), fmt.Sprintf("--metrics-bind-address=127.0.0.1:%d", metricsPort),
+		"--azure-admin-state-gone-node-grace=1s")
 
 	// Guard: the backfill puts the finalizer on existing nodes, the webhook on
 	// new ones.
@@ -278,6 +279,13 @@ func TestLeastPrivilege(t *testing.T) {
 	harness.Eventually(t, 90*time.Second, func(ctx context.Context) (bool, error) {
 		return harness.NodeGone(ctx, env.Client, target)
 	}, "the deleted node is drained and released")
+	// Its entries were set Down for the drain; once it is gone for the grace
+	// period they are None again. With the spot node back, no entry is
+	// recorded Down any more and the pool's record goes.
+	waitAdminState(t, emu, target, "None")
+	waitAdminState(t, emu, spot, "Down")
+	setTaints(t, spot)
+	waitAdminState(t, emu, spot, "None")
 
 	// Secure metrics: a caller allowed to GET /metrics is served, another is not.
 	token := metricsToken(t, true)
