@@ -154,7 +154,7 @@ func newEnvWithSeed(t *testing.T, seed armemulator.Seed, nodes []*corev1.Node, o
 	remake := func() *Manager {
 		m, err := NewManager(o, rec, append([]ManagerOption{WithClock(clk),
 			WithSDKRetry(policy.RetryOptions{MaxRetries: 3, RetryDelay: time.Millisecond, MaxRetryDelay: 5 * time.Millisecond, TryTimeout: 2 * time.Second}),
-			WithPollFrequency(5*time.Millisecond)}, settings.manager...)...)
+			WithPollFrequency(5 * time.Millisecond)}, settings.manager...)...)
 		if err != nil {
 			t.Fatal(err)
 		}

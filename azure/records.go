@@ -48,9 +48,9 @@ type RecordStore interface {
 
 // Records label and annotations.
 const (
-	recordLabel            = "nodeguard.io/record"
-	recordLabelValue       = "load-balancer-admin-state"
-	recordPoolAnnotation   = "nodeguard.io/backend-pool"
+	recordLabel             = "nodeguard.io/record"
+	recordLabelValue        = "load-balancer-admin-state"
+	recordPoolAnnotation    = "nodeguard.io/backend-pool"
 	recordEntriesAnnotation = "nodeguard.io/entries-set-down"
 )
 

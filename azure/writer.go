@@ -29,7 +29,7 @@ type group struct {
 // snapshot is what one pool attempt reads of the nodes and the pool's
 // record.
 type snapshot struct {
-	index   *backends.Index      // live nodes only
+	index   *backends.Index       // live nodes only
 	desired map[string]AdminState // by node UID
 	gens    map[types.UID]uint64
 	names   map[types.UID]string
