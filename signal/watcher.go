@@ -195,7 +195,7 @@ func (w *Watcher) holdDown(ctx context.Context, n *corev1.Node, rec nodeRecord) 
 		if n.Annotations == nil {
 			n.Annotations = map[string]string{}
 		}
-		n.Annotations[ngv1alpha1.AdminStateDownAnnotation] = w.Clock.Now().UTC().Format(time.RFC3339)
+		n.Annotations[ngv1alpha1.AdminStateDownAnnotation] = ngv1alpha1.FormatTime(w.Clock.Now())
 		if err := w.Client.Patch(ctx, n, patch); err != nil {
 			if apierrors.IsNotFound(err) {
 				return reconcile.Result{}, nil
@@ -297,10 +297,17 @@ func describe(signals []string) string {
 	return strings.Join(out, ", ")
 }
 
-var signalText = map[string]string{
-	signalOutOfService: "taint " + ngv1alpha1.OutOfServiceTaintKey,
-	signalShutdown:     "taint " + ngv1alpha1.CloudShutdownTaintKey,
-	signalSpotEviction: "taint " + ngv1alpha1.SpotEvictionTaintKey + "=" + ngv1alpha1.SpotEvictionTaintValue,
-	signalDraining:     "taint " + ngv1alpha1.DrainingTaintKey,
-	signalDeleting:     "being deleted under finalizer " + ngv1alpha1.TerminationFinalizer,
-}
+var signalText = func() map[string]string {
+	m := map[string]string{
+		signalDraining: "taint " + ngv1alpha1.DrainingTaintKey,
+		signalDeleting: "being deleted under finalizer " + ngv1alpha1.TerminationFinalizer,
+	}
+	for _, s := range ngv1alpha1.SignalTaints {
+		text := "taint " + s.Key
+		if s.Value != "" {
+			text += "=" + s.Value
+		}
+		m[s.Signal] = text
+	}
+	return m
+}()
