@@ -22,10 +22,10 @@ import (
 
 	ngv1alpha1 "github.com/nodeguard/nodeguard/api/v1alpha1"
 	"github.com/nodeguard/nodeguard/azure"
+	"github.com/nodeguard/nodeguard/azure/taintwatch"
 	"github.com/nodeguard/nodeguard/budget"
 	"github.com/nodeguard/nodeguard/finalizer"
 	"github.com/nodeguard/nodeguard/finalizer/drain"
-	"github.com/nodeguard/nodeguard/signal"
 	ngwebhook "github.com/nodeguard/nodeguard/webhook"
 )
 
@@ -62,7 +62,7 @@ func setupTermination(mgr ctrl.Manager, opts options) error {
 		}
 		r.AdminState = adminState
 	}
-	if err := signal.Setup(mgr, adminState, opts.signal); err != nil {
+	if err := taintwatch.Setup(mgr, adminState, opts.taintWatch); err != nil {
 		return fmt.Errorf("setting up the taint watcher: %w", err)
 	}
 	return r.SetupWithManager(mgr)

@@ -27,7 +27,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	ngv1alpha1 "github.com/nodeguard/nodeguard/api/v1alpha1"
-	"github.com/nodeguard/nodeguard/signal"
+	"github.com/nodeguard/nodeguard/azure/taintwatch"
 	"github.com/nodeguard/nodeguard/test/armemulator"
 	"github.com/nodeguard/nodeguard/test/builder"
 	"github.com/nodeguard/nodeguard/test/harness"
@@ -266,7 +266,7 @@ func TestLeastPrivilege(t *testing.T) {
 	harness.MustCreate(t, env.Client, &corev1.Event{
 		ObjectMeta:     metav1.ObjectMeta{Namespace: "default", Name: "preempt-" + spot},
 		InvolvedObject: corev1.ObjectReference{Kind: "Node", Name: spot, APIVersion: "v1"},
-		Reason:         signal.PreemptScheduledReason, Message: "Preempt scheduled", Type: corev1.EventTypeWarning,
+		Reason:         taintwatch.PreemptScheduledReason, Message: "Preempt scheduled", Type: corev1.EventTypeWarning,
 		FirstTimestamp: metav1.Now(), LastTimestamp: metav1.Now(), Count: 1,
 		Source: corev1.EventSource{Component: "install-test"},
 	})
