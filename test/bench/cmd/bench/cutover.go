@@ -168,7 +168,15 @@ type putRecorder struct {
 	put      []*putEvent
 	get      int
 	inFlight int
-	ch       chan struct{}
+	// changed is, by pool and entry, the admin state the answered PUTs left
+	// and when it last changed (entries start None).
+	changed map[string]map[string]stateChange
+	ch      chan struct{}
+}
+
+type stateChange struct {
+	state string
+	at    time.Time
 }
 
 type statusWriter struct {
@@ -206,9 +214,34 @@ func (p *putRecorder) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	p.inFlight--
 	if ev != nil {
 		ev.status, ev.done = sw.status, time.Now()
+		if ev.status >= 200 && ev.status < 300 {
+			p.record(ev)
+		}
 	}
 	p.mu.Unlock()
 	p.notify()
+}
+
+// record notes the admin-state changes an applied PUT made. Call with p.mu
+// held.
+func (p *putRecorder) record(ev *putEvent) {
+	if p.changed == nil {
+		p.changed = map[string]map[string]stateChange{}
+	}
+	entries := p.changed[ev.pool]
+	if entries == nil {
+		entries = map[string]stateChange{}
+		p.changed[ev.pool] = entries
+	}
+	for name, state := range ev.states {
+		cur, ok := entries[name]
+		if !ok {
+			cur.state = "None"
+		}
+		if cur.state != state {
+			entries[name] = stateChange{state: state, at: ev.done}
+		}
+	}
 }
 
 // parsePUT reads the admin states a pool PUT carries.
@@ -247,9 +280,9 @@ func (p *putRecorder) counts() (puts, gets int) {
 }
 
 // poll calls cond with p.mu held after every request and at least every 50
-// ms, until it reports done, for at most 30 s.
+// ms, until it reports done, for at most a minute.
 func (p *putRecorder) poll(ctx context.Context, what string, cond func() bool) error {
-	deadline := time.After(30 * time.Second)
+	deadline := time.After(time.Minute)
 	for {
 		p.mu.Lock()
 		done := cond()
@@ -284,45 +317,27 @@ func (p *putRecorder) firstPUT(ctx context.Context, t time.Time, node, state str
 	return at, err
 }
 
-// settled waits until no pool request is in flight and the answered PUTs
-// leave node in state in every one of pools ("lb/pool"). It returns since when
-// that holds in all of them, but not before from. A pool whose entry never
-// left state counts from from: an updater that finds nothing to change there
-// writes nothing.
-func (p *putRecorder) settled(ctx context.Context, from time.Time, node, state string, pools []string) (time.Time, error) {
+// settled waits until no pool request is in flight and the emulator holds
+// every entry of nodes in state. It returns since when that holds, by the
+// answered PUTs, but not before from: an entry that never left state counts
+// from from (an updater that finds nothing to change writes nothing).
+func (s *cutoverSide) settled(ctx context.Context, from time.Time, nodes []string, state string) (time.Time, error) {
 	var since time.Time
-	err := p.poll(ctx, fmt.Sprintf("%s is %s in %v", node, state, pools), func() bool {
-		if p.inFlight > 0 {
+	err := s.rec.poll(ctx, fmt.Sprintf("%d node(s) are %s", len(nodes), state), func() bool {
+		if s.rec.inFlight > 0 || !s.inState(nodes, state) {
 			return false
 		}
 		since = from
-		for _, pool := range pools {
-			cur, changed := "None", time.Time{}
-			for _, e := range answered(p.put, pool) {
-				if s, ok := e.states[node]; ok && s != cur {
-					cur, changed = s, e.done
+		for _, entries := range s.rec.changed {
+			for _, n := range nodes {
+				if c, ok := entries[n]; ok && c.state == state {
+					since = latest(since, c.at)
 				}
 			}
-			if cur != state {
-				return false
-			}
-			since = latest(since, changed)
 		}
 		return true
 	})
 	return since, err
-}
-
-// answered returns a pool's PUTs that were answered 2xx, in answer order.
-func answered(puts []*putEvent, pool string) []*putEvent {
-	var out []*putEvent
-	for _, e := range puts {
-		if e.pool == pool && e.status >= 200 && e.status < 300 {
-			out = append(out, e)
-		}
-	}
-	slices.SortStableFunc(out, func(a, b *putEvent) int { return a.done.Compare(b.done) })
-	return out
 }
 
 func latest(a, b time.Time) time.Time {
@@ -391,6 +406,13 @@ func runCutover(ctx context.Context, c config, env *harness.Env) (*cutoverResult
 	if _, err := startPerPoolWriters(ppCtx, env.Config, cutoverLabel+"=true", pp.url, pools); err != nil {
 		return r, err
 	}
+	// nodeguard without Azure still serves the node webhooks every taint
+	// passes through, so that both runs see the same API server path.
+	webhookOnly, err := startNodeguard(c.nodeguard, env, env.Kubeconfig, "", filepath.Join(env.Dir, "nodeguard-cutover-webhook-only.log"))
+	if err != nil {
+		return r, err
+	}
+	defer webhookOnly.stop()
 	logf("cutover: one writer per pool, the same trials")
 	err = measureCutover(ctx, c, env.Client, pp, fleet)
 	r.PerPool = pp
@@ -403,10 +425,7 @@ func runCutover(ctx context.Context, c config, env *harness.Env) (*cutoverResult
 // measureCutover runs the probe trials, the busy trials and the fleet rounds
 // against one updater.
 func measureCutover(ctx context.Context, c config, cl client.Client, s *cutoverSide, fleet []string) error {
-	var probePools []string
-	for _, p := range cutoverPools {
-		probePools = append(probePools, cutoverLBs[0]+"/"+p)
-	}
+	probe := []string{cutoverProbe}
 	// trial taints the probe node and waits until it is Down in both its
 	// pools, then untaints it and waits, unless busy, until it is None in
 	// both again; a busy trial returns as soon as the untaint's first PUT
@@ -417,7 +436,7 @@ func measureCutover(ctx context.Context, c config, cl client.Client, s *cutoverS
 			return 0, 0, err
 		}
 		accepted := time.Now()
-		downAt, err := s.rec.settled(ctx, accepted, cutoverProbe, "Down", probePools)
+		downAt, err := s.settled(ctx, accepted, probe, "Down")
 		if err != nil {
 			return 0, 0, err
 		}
@@ -435,7 +454,7 @@ func measureCutover(ctx context.Context, c config, cl client.Client, s *cutoverS
 		if busy {
 			_, err = s.rec.firstPUT(ctx, sent, cutoverProbe, "None")
 		} else {
-			_, err = s.rec.settled(ctx, sent, cutoverProbe, "None", probePools)
+			_, err = s.settled(ctx, sent, probe, "None")
 		}
 		return first, max(downAt.Sub(accepted), 0), err
 	}
@@ -464,7 +483,7 @@ func measureCutover(ctx context.Context, c config, cl client.Client, s *cutoverS
 		}
 	}
 	// The last busy trial's untaint may still be in flight.
-	if _, err := s.rec.settled(ctx, time.Now(), cutoverProbe, "None", probePools); err != nil {
+	if _, err := s.settled(ctx, time.Now(), probe, "None"); err != nil {
 		return err
 	}
 	s.BusyAnswers412 = s.answers412() - before
@@ -491,18 +510,17 @@ func fleetRoundRun(ctx context.Context, cl client.Client, s *cutoverSide, names 
 	}
 	accepted := time.Now()
 	fr.TaintSpread = accepted.Sub(start)
-	allIn := func(state string) bool { return s.inState(names, state) }
-	if err := harness.Poll(ctx, 2*time.Minute, func(context.Context) (bool, error) { return allIn("Down"), nil }); err != nil {
+	done, err := s.settled(ctx, accepted, names, "Down")
+	if err != nil {
 		return fr, fmt.Errorf("waiting for %d nodes to be Down in every pool: %w", len(names), err)
 	}
-	done := time.Now()
 	fr.AllDown, fr.AfterAccept = done.Sub(start), done.Sub(accepted)
 	puts, gets := s.rec.counts()
 	fr.PUTs, fr.GETs, fr.Answers412 = puts-puts0, gets-gets0, s.answers412()-failed0
 	if err := forEach(ctx, names, 20, func(ctx context.Context, n string) error { return setTaint(ctx, cl, n, false) }); err != nil {
 		return fr, err
 	}
-	err := harness.Poll(ctx, 2*time.Minute, func(context.Context) (bool, error) { return allIn("None"), nil })
+	_, err = s.settled(ctx, time.Now(), names, "None")
 	return fr, err
 }
 
@@ -572,10 +590,10 @@ func cutoverTable(r *cutoverResult) *bench.Table {
 	t.Note("nodeguard writes the pools of one load balancer one after another, each after a fresh GET; the comparator writes every pool at once, each after its own GET, and retries a 412 at once after a fresh GET (nodeguard before the one-ETag rule waited 5 s). Each PUT needs a GET first, so Down in both pools costs at least 4 calls one way or the other; a 412 is a wasted PUT, and means the updater lost a race it started itself.")
 	for _, s := range []*cutoverSide{ng, pp} {
 		for i, f := range s.Fleet {
-			perPool := (f.Naive + f.Pools - 1) / f.Pools
-			t.Note("%s, %d nodes tainted at once across %d load balancers × %d pools (round %d, tainting took %s): %d PUTs (+%d GETs), %d answered 412, vs %d for one PUT per node per pool; all %d entries Down %s after the first taint, %s after the last was accepted (%.1f × (GET+PUT)). A naive updater serialised per pool needs ≥ %d × (GET+PUT) = %s.",
+			perLB := (f.Naive + len(cutoverLBs) - 1) / len(cutoverLBs)
+			t.Note("%s, %d nodes tainted at once across %d load balancers × %d pools (round %d, tainting took %s): %d PUTs (+%d GETs), %d answered 412, vs %d for one PUT per node per pool; all %d entries Down %s after the first taint, %s after the last was accepted (%.1f × (GET+PUT)). A naive updater, one PUT per node per pool and one at a time per load balancer (the shared ETag), needs ≥ %d × (GET+PUT) = %s.",
 				s.Name, f.Nodes, len(cutoverLBs), len(cutoverPools), i+1, bench.Seconds(f.TaintSpread), f.PUTs, f.GETs, f.Answers412, f.Naive, f.Naive,
-				bench.Seconds(f.AllDown), bench.Seconds(f.AfterAccept), bench.Ratio(f.AfterAccept, 2*r.ARMLatency), perPool, bench.Seconds(time.Duration(perPool)*2*r.ARMLatency))
+				bench.Seconds(f.AllDown), bench.Seconds(f.AfterAccept), bench.Ratio(f.AfterAccept, 2*r.ARMLatency), perLB, bench.Seconds(time.Duration(perLB)*2*r.ARMLatency))
 		}
 	}
 	return t
