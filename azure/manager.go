@@ -214,7 +214,7 @@ func NewManagerFromConfig(cfg *config.Config, recorder events.EventRecorder, opt
 		lbLocks: map[string]*sync.Mutex{}, nodes: map[types.UID]*nodeState{}, pools: map[string]*poolState{},
 		writers: map[string]bool{},
 	}
-	m.nics = backends.NewNICCache(client.GetInterface)
+	m.nics = backends.NewNICCache(client.GetInterface, s.clock, cfg.ResyncInterval, cfg.RetryInterval)
 	m.records, m.nodeReader = s.records, s.nodes
 	if m.records == nil {
 		m.records = NewMemoryRecords()

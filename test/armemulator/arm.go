@@ -298,17 +298,5 @@ func (s *Server) getInterface(w http.ResponseWriter, path string) {
 		writeError(w, http.StatusNotFound, "NotFound", "network interface "+path+" not found")
 		return
 	}
-	segs := strings.Split(n.ID, "/")
-	nic := armnetwork.Interface{
-		ID: ptr(n.ID), Name: ptr(segs[len(segs)-1]), Location: ptr(s.seed.Location), Etag: ptr(`W/"nic"`),
-		Type: ptr("Microsoft.Network/networkInterfaces"),
-		Properties: &armnetwork.InterfacePropertiesFormat{
-			ProvisioningState: ptr(armnetwork.ProvisioningStateSucceeded),
-			VirtualMachine:    &armnetwork.SubResource{ID: ptr(n.VirtualMachineID)},
-			IPConfigurations: []*armnetwork.InterfaceIPConfiguration{{
-				ID: ptr(n.ID + "/ipConfigurations/ipconfig1"), Name: ptr("ipconfig1"),
-			}},
-		},
-	}
-	writeJSON(w, http.StatusOK, nic)
+	writeJSON(w, http.StatusOK, s.interfaceView(n))
 }

@@ -305,7 +305,7 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			}
 		}
 		if f.Hang {
-			<-r.Context().Done()
+			hang(r)
 			return
 		}
 		if f.Status != 0 {
