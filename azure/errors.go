@@ -94,6 +94,11 @@ func classify(ctx context.Context, err error) (class errorClass, retryAfter time
 		// The API server, not ARM: nothing was written; try again soon.
 		return classRetriable, time.Time{}
 	}
+	if errors.Is(err, context.DeadlineExceeded) {
+		// ARM did not answer within --azure-request-timeout (each try within
+		// its part of it): a hang passes, so try again soon.
+		return classRetriable, time.Time{}
+	}
 	var te *armclient.ThrottleError
 	if errors.As(err, &te) {
 		return classThrottled, te.RetryAfter

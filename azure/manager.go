@@ -37,6 +37,10 @@ func NewOptions() Options { return Options{Options: config.NewOptions()} }
 // BindFlags registers the --azure-* flags on fs.
 func (o *Options) BindFlags(fs *flag.FlagSet) { o.Options.BindFlags(fs) }
 
+// tryTimeoutDivisor: one try of an ARM call gets this fraction of
+// --azure-request-timeout.
+const tryTimeoutDivisor = 4
+
 // ManagerOption changes how NewManager builds a Manager (mostly for tests).
 type ManagerOption func(*managerSettings)
 
@@ -198,9 +202,15 @@ func NewManagerFromConfig(cfg *config.Config, recorder events.EventRecorder, opt
 			}
 		}
 		var err error
+		retry := s.retry
+		if retry.TryTimeout == 0 {
+			// A hung try ends early enough for the SDK to try again within
+			// the attempt's --azure-request-timeout.
+			retry.TryTimeout = cfg.RequestTimeout / tryTimeoutDivisor
+		}
 		client, err = armclient.New(armclient.Settings{
 			SubscriptionID: cfg.SubscriptionID, Credential: cred, Cloud: cfg.Cloud,
-			InsecureAllowHTTP: cfg.InsecureAllowHTTP, Retry: s.retry, PollFrequency: s.pollFrequency,
+			InsecureAllowHTTP: cfg.InsecureAllowHTTP, Retry: retry, PollFrequency: s.pollFrequency,
 			Clock: s.clock, Transport: s.transport,
 		})
 		if err != nil {

@@ -180,7 +180,9 @@ func (o *Options) BindFlags(fs *flag.FlagSet) {
 	fs.DurationVar(&o.RetryInterval, "azure-admin-state-retry-interval", o.RetryInterval,
 		"Wait before retrying a backend pool update that failed retriably (a 429's Retry-After, when later, wins).")
 	fs.DurationVar(&o.RequestTimeout, "azure-request-timeout", o.RequestTimeout,
-		"Bound on one ARM call, including the SDK's own retries and polling of a long-running write.")
+		"Bound on one attempt at a backend pool (its GET, NIC lookups, PUT and the polling of a long-running write, "+
+			"with the SDK's own retries). Each try of a call gets a quarter of it, so a hung try is tried again within the attempt; "+
+			"an attempt that runs out is retried after --azure-admin-state-retry-interval.")
 	fs.IntVar(&o.Workers, "azure-admin-state-workers", o.Workers, "How many backend pools are updated in parallel.")
 	fs.DurationVar(&o.GoneNodeGrace, "azure-admin-state-gone-node-grace", o.GoneNodeGrace,
 		"How long the backend entries nodeguard set Down stay Down after their node is gone (its VM may still be shutting down); "+

@@ -17,6 +17,7 @@ import (
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/builder"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/controller"
 	"sigs.k8s.io/controller-runtime/pkg/event"
 	"sigs.k8s.io/controller-runtime/pkg/predicate"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
@@ -26,6 +27,8 @@ import (
 )
 
 const (
+	// watcherWorkers is how many nodes the watcher reconciles at once.
+	watcherWorkers = 16
 	// restorePollInterval is how often a node being restored to None is
 	// checked for Azure's confirmation (an in-memory check, no API call).
 	restorePollInterval = time.Second
@@ -74,6 +77,9 @@ func (w *Watcher) SetupWithManager(mgr ctrl.Manager) error {
 	return ctrl.NewControllerManagedBy(mgr).
 		Named("signal-taint-watcher").
 		For(&corev1.Node{}, builder.WithPredicates(inputsChanged())).
+		// A burst of taints (a scale-down, a zone outage) records each
+		// node's hold in parallel, so their Downs go into the same writes.
+		WithOptions(controller.Options{MaxConcurrentReconciles: watcherWorkers}).
 		Complete(w)
 }
 
