@@ -9,10 +9,10 @@ import (
 	"k8s.io/apimachinery/pkg/labels"
 
 	"github.com/nodeguard/nodeguard/azure"
+	"github.com/nodeguard/nodeguard/azure/taintwatch"
 	"github.com/nodeguard/nodeguard/budget"
 	"github.com/nodeguard/nodeguard/finalizer"
 	"github.com/nodeguard/nodeguard/finalizer/drain"
-	"github.com/nodeguard/nodeguard/signal"
 	"github.com/nodeguard/nodeguard/webhook"
 )
 
@@ -45,7 +45,7 @@ type options struct {
 	maxConcurrentDrains int
 	parallelEvictions   int
 	azure               azure.Options
-	signal              signal.Options
+	taintWatch          taintwatch.Options
 }
 
 // defaultNamespace is where nodeguard runs: the pod's namespace when the
@@ -112,8 +112,8 @@ func (o *options) bind(fs *flag.FlagSet) {
 		"Concurrent evictions of pods that no PodDisruptionBudget covers (pods under a PDB are always evicted one at a time per PDB).")
 	o.azure = azure.NewOptions()
 	o.azure.BindFlags(fs)
-	o.signal = signal.NewOptions()
-	o.signal.BindFlags(fs)
+	o.taintWatch = taintwatch.NewOptions()
+	o.taintWatch.BindFlags(fs)
 	fs.DurationVar(&o.gracefulShutdown, "graceful-shutdown-timeout", 30*time.Second,
 		"How long to wait on SIGTERM for in-flight work to finish before exiting.")
 }

@@ -29,7 +29,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	ngv1alpha1 "github.com/nodeguard/nodeguard/api/v1alpha1"
-	"github.com/nodeguard/nodeguard/signal"
+	"github.com/nodeguard/nodeguard/azure/taintwatch"
 	"github.com/nodeguard/nodeguard/test/armemulator"
 	"github.com/nodeguard/nodeguard/test/builder"
 	"github.com/nodeguard/nodeguard/test/harness"
@@ -158,7 +158,7 @@ var knownUnused = func() map[permission]string {
 		{"", "events", "patch", namespace}: "client-go's leader-election recorder (core/v1 events) patches an event only when it repeats within its aggregation window",
 	}
 	for _, p := range []permission{
-		{"", "events", "list", ""}, {"coordination.k8s.io", "leases", "list", ""}, {"coordination.k8s.io", "leases", "list", namespace},
+		{"", "events", "list", ""}, {"coordination.k8s.io", "leases", "list", namespace},
 		{"nodeguard.io", "nodedisruptionbudgets", "list", ""}, {"", "nodes", "list", ""}, {"policy", "poddisruptionbudgets", "list", ""},
 	} {
 		m[p] = watchList
@@ -223,7 +223,8 @@ func TestLeastPrivilege(t *testing.T) {
 
 	const secret = "nodeguard-install-test-client-secret-0c4f"
 	metricsPort := harness.FreePort(t)
-	ng := startNodeguard(t, emu, azureJSON(secret), fmt.Sprintf("--metrics-bind-address=127.0.0.1:%d", metricsPort), "--blocked-pdb-settle=1s")
+	ng := startNodeguard(t, emu, azureJSON(secret), fmt.Sprintf("--metrics-bind-address=127.0.0.1:%d", metricsPort),
+		"--blocked-pdb-settle=1s", "--azure-admin-state-gone-node-grace=1s")
 
 	// Guard: the backfill puts the finalizer on existing nodes, the webhook on
 	// new ones.
@@ -279,7 +280,7 @@ func TestLeastPrivilege(t *testing.T) {
 	harness.MustCreate(t, env.Client, &corev1.Event{
 		ObjectMeta:     metav1.ObjectMeta{Namespace: "default", Name: "preempt-" + spot},
 		InvolvedObject: corev1.ObjectReference{Kind: "Node", Name: spot, APIVersion: "v1"},
-		Reason:         signal.PreemptScheduledReason, Message: "Preempt scheduled", Type: corev1.EventTypeWarning,
+		Reason:         taintwatch.PreemptScheduledReason, Message: "Preempt scheduled", Type: corev1.EventTypeWarning,
 		FirstTimestamp: metav1.Now(), LastTimestamp: metav1.Now(), Count: 1,
 		Source: corev1.EventSource{Component: "install-test"},
 	})
@@ -296,6 +297,13 @@ func TestLeastPrivilege(t *testing.T) {
 	if err := env.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: "solo"}, &solo); err != nil || solo.Spec.Template.Annotations[ngv1alpha1.RestartedAtAnnotation] == "" {
 		t.Errorf("the Deployment under a PDB blocked by design was not restarted (%v): template annotations %v", err, solo.Spec.Template.Annotations)
 	}
+	// Its entries were set Down for the drain; once it is gone for the grace
+	// period they are None again. With the spot node back, no entry is
+	// recorded Down any more and the pool's record goes.
+	waitAdminState(t, emu, target, "None")
+	waitAdminState(t, emu, spot, "Down")
+	setTaints(t, spot)
+	waitAdminState(t, emu, spot, "None")
 
 	// Secure metrics: a caller allowed to GET /metrics is served, another is not.
 	token := metricsToken(t, true)

@@ -4,8 +4,9 @@
 //
 //  1. drain: kubectl drain and nodeguard each empty an identical node
 //     concurrently, under the kwok pod-fast and pod-general stage profiles;
-//  2. cutover: taint-to-PUT latency of the load-balancer admin state, and how
-//     many PUTs 100 nodes tainted at once cost, with a fixed ARM latency;
+//  2. cutover: taint-to-Down latency of the load-balancer admin state for
+//     nodes in two pools of one load balancer, 412s counted, against a writer
+//     per pool; and 100 nodes over 2 load balancers tainted at once;
 //  3. admission: latency of node CREATE/UPDATE/DELETE through the real
 //     apiserver with nodeguard's webhooks against a no-op webhook;
 //  4. scale: nodeguard's RSS and CPU with many kwok nodes and pods, idle and
