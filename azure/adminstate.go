@@ -28,9 +28,10 @@ const (
 )
 
 // DesiredState is the one place that decides a node's admin state: Down while
-// it carries a signal taint (out-of-service, cloud shutdown, spot eviction)
-// or nodeguard's draining taint, or is being deleted while nodeguard's
-// finalizer holds it; None otherwise.
+// it carries a configured signal taint (--signal-taints: by default
+// out-of-service, cloud shutdown, spot eviction, cluster-autoscaler's and
+// Karpenter's scale-down taints) or nodeguard's draining taint, or is being
+// deleted while nodeguard's finalizer holds it; None otherwise.
 func DesiredState(node *corev1.Node) AdminState {
 	if node == nil {
 		return AdminStateNone

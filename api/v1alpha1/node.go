@@ -1,11 +1,15 @@
 package v1alpha1
 
 import (
+	"fmt"
 	"slices"
+	"strings"
+	"sync/atomic"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/validation"
 )
 
 // The rules about nodes that several parts of nodeguard apply. Each is written
@@ -24,11 +28,32 @@ type SignalTaint struct {
 	Signal string
 }
 
-// SignalTaints are the signal taints, in the order metrics list them.
-var SignalTaints = []SignalTaint{
+// DefaultSignalTaints are the signal taints nodeguard starts with (the
+// --signal-taints default), in the order metrics list them.
+var DefaultSignalTaints = []SignalTaint{
 	{Key: OutOfServiceTaintKey, Signal: "out_of_service"},
 	{Key: CloudShutdownTaintKey, Signal: "shutdown"},
 	{Key: SpotEvictionTaintKey, Value: SpotEvictionTaintValue, Signal: "spot_eviction"},
+	{Key: ClusterAutoscalerTaintKey, Signal: "cluster_autoscaler"},
+	{Key: KarpenterDisruptedTaintKey, Signal: "karpenter_disrupted"},
+}
+
+// signalTaints is the configured table. It is set once at start-up
+// (SetSignalTaints, before any controller or webhook runs) and read on every
+// node event, hence an atomic pointer rather than a lock.
+var signalTaints atomic.Pointer[[]SignalTaint]
+
+func init() { signalTaints.Store(&DefaultSignalTaints) }
+
+// SignalTaints returns the configured signal taints, in the order metrics list
+// them. Callers must not modify it.
+func SignalTaints() []SignalTaint { return *signalTaints.Load() }
+
+// SetSignalTaints configures the signal taints. Call it once, at start-up,
+// before the controllers and webhooks that read them start.
+func SetSignalTaints(taints []SignalTaint) {
+	taints = slices.Clone(taints)
+	signalTaints.Store(&taints)
 }
 
 // Matches reports whether a taint is this signal taint.
@@ -36,14 +61,70 @@ func (s SignalTaint) Matches(t corev1.Taint) bool {
 	return t.Key == s.Key && (s.Value == "" || t.Value == s.Value)
 }
 
-// SignalOf returns the signal taint that a taint is, if it is one.
+// String is the taint as --signal-taints spells it: key or key=value.
+func (s SignalTaint) String() string {
+	if s.Value == "" {
+		return s.Key
+	}
+	return s.Key + "=" + s.Value
+}
+
+// SignalOf returns the configured signal taint that a taint is, if it is one.
 func SignalOf(t corev1.Taint) (SignalTaint, bool) {
-	for _, s := range SignalTaints {
+	for _, s := range SignalTaints() {
 		if s.Matches(t) {
 			return s, true
 		}
 	}
 	return SignalTaint{}, false
+}
+
+// ParseSignalTaints parses --signal-taints: comma-separated key or key=value
+// (the value, when given, is the only one that counts). An empty string is no
+// signal taints. A default taint keeps its signal name; any other is named by
+// its key. Keys must be valid taint keys and appear once; values valid label
+// values.
+func ParseSignalTaints(spec string) ([]SignalTaint, error) {
+	spec = strings.TrimSpace(spec)
+	if spec == "" {
+		return nil, nil
+	}
+	var out []SignalTaint
+	seen := map[string]bool{}
+	for _, item := range strings.Split(spec, ",") {
+		key, value, _ := strings.Cut(strings.TrimSpace(item), "=")
+		if errs := validation.IsQualifiedName(key); len(errs) > 0 {
+			return nil, fmt.Errorf("signal taint %q: key %s", item, strings.Join(errs, "; "))
+		}
+		if errs := validation.IsValidLabelValue(value); len(errs) > 0 {
+			return nil, fmt.Errorf("signal taint %q: value %s", item, strings.Join(errs, "; "))
+		}
+		if seen[key] {
+			return nil, fmt.Errorf("signal taint %q: key %s listed twice", item, key)
+		}
+		seen[key] = true
+		out = append(out, SignalTaint{Key: key, Value: value, Signal: signalName(key)})
+	}
+	return out, nil
+}
+
+// signalName is a default taint's signal name, or the key of any other.
+func signalName(key string) string {
+	for _, s := range DefaultSignalTaints {
+		if s.Key == key {
+			return s.Signal
+		}
+	}
+	return key
+}
+
+// FormatSignalTaints spells a table as --signal-taints takes it.
+func FormatSignalTaints(taints []SignalTaint) string {
+	out := make([]string, 0, len(taints))
+	for _, s := range taints {
+		out = append(out, s.String())
+	}
+	return strings.Join(out, ",")
 }
 
 // IsDrainingTaint reports whether a taint is nodeguard's draining taint.

@@ -1,6 +1,7 @@
 package v1alpha1
 
 import (
+	"reflect"
 	"testing"
 	"time"
 
@@ -17,6 +18,8 @@ func TestSignalOf(t *testing.T) {
 		{corev1.Taint{Key: CloudShutdownTaintKey}, "shutdown"},
 		{corev1.Taint{Key: SpotEvictionTaintKey, Value: SpotEvictionTaintValue}, "spot_eviction"},
 		{corev1.Taint{Key: SpotEvictionTaintKey, Value: "something-else"}, ""},
+		{corev1.Taint{Key: ClusterAutoscalerTaintKey, Value: "1700000000"}, "cluster_autoscaler"},
+		{corev1.Taint{Key: KarpenterDisruptedTaintKey}, "karpenter_disrupted"},
 		{corev1.Taint{Key: DrainingTaintKey, Value: DrainingTaintValue}, ""},
 		{corev1.Taint{Key: corev1.TaintNodeUnschedulable}, ""},
 	}
@@ -25,6 +28,44 @@ func TestSignalOf(t *testing.T) {
 		if ok != (tt.wantSignal != "") || s.Signal != tt.wantSignal {
 			t.Errorf("SignalOf(%s=%s) = %q, %v; want %q", tt.taint.Key, tt.taint.Value, s.Signal, ok, tt.wantSignal)
 		}
+	}
+}
+
+func TestParseSignalTaints(t *testing.T) {
+	got, err := ParseSignalTaints(FormatSignalTaints(DefaultSignalTaints))
+	if err != nil || !reflect.DeepEqual(got, DefaultSignalTaints) {
+		t.Errorf("the default does not round-trip: %v, %v", got, err)
+	}
+	got, err = ParseSignalTaints(" example.com/leaving=yes, " + OutOfServiceTaintKey)
+	want := []SignalTaint{
+		{Key: "example.com/leaving", Value: "yes", Signal: "example.com/leaving"},
+		{Key: OutOfServiceTaintKey, Signal: "out_of_service"},
+	}
+	if err != nil || !reflect.DeepEqual(got, want) {
+		t.Errorf("got %v, %v; want %v", got, err, want)
+	}
+	if got, err := ParseSignalTaints(""); err != nil || len(got) != 0 {
+		t.Errorf("empty: got %v, %v; want none", got, err)
+	}
+	for _, bad := range []string{"a,,b", "=v", "bad key", "k=bad value", "k,k=v", "example.com/"} {
+		if _, err := ParseSignalTaints(bad); err == nil {
+			t.Errorf("%q: no error", bad)
+		}
+	}
+}
+
+func TestConfiguredSignalTaintsReplaceTheDefaults(t *testing.T) {
+	custom, err := ParseSignalTaints("example.com/leaving")
+	if err != nil {
+		t.Fatal(err)
+	}
+	SetSignalTaints(custom)
+	t.Cleanup(func() { SetSignalTaints(DefaultSignalTaints) })
+	if _, ok := SignalOf(corev1.Taint{Key: ClusterAutoscalerTaintKey}); ok {
+		t.Error("a default signal taint still counts after it was configured away")
+	}
+	if s, ok := SignalOf(corev1.Taint{Key: "example.com/leaving", Value: "any"}); !ok || s.Signal != "example.com/leaving" {
+		t.Errorf("configured taint: %v, %v", s, ok)
 	}
 }
 

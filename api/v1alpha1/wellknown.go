@@ -69,14 +69,20 @@ const (
 	RestartedAtAnnotation = "nodeguard.io/restartedAt"
 )
 
-// Signal taints: while a node carries one, its load-balancer traffic is cut
-// (AdminState Down) and it counts as unavailable for NodeDisruptionBudgets.
+// The default signal taints (DefaultSignalTaints): while a node carries one,
+// its load-balancer traffic is cut (AdminState Down) and it counts as
+// unavailable for NodeDisruptionBudgets.
 const (
 	OutOfServiceTaintKey  = "node.kubernetes.io/out-of-service"
 	CloudShutdownTaintKey = "node.cloudprovider.kubernetes.io/shutdown"
 	// SpotEvictionTaintKey counts only with the value SpotEvictionTaintValue.
 	SpotEvictionTaintKey   = "cloudprovider.azure.microsoft.com/draining"
 	SpotEvictionTaintValue = "spot-eviction"
+	// ClusterAutoscalerTaintKey is cluster-autoscaler's scale-down taint.
+	ClusterAutoscalerTaintKey = "ToBeDeletedByClusterAutoscaler"
+	// KarpenterDisruptedTaintKey is Karpenter's (and AKS node
+	// auto-provisioning's) disruption taint.
+	KarpenterDisruptedTaintKey = "karpenter.sh/disrupted"
 )
 
 // Node maintenance Leases (KEP "Node Maintenance Lease"): a Lease named after

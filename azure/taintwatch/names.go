@@ -2,7 +2,7 @@
 // load-balancer admin state and into the spot-eviction taint:
 //
 //   - Watcher (leader only) watches Nodes and reacts only to changes of the
-//     inputs of azure.DesiredState: the three signal taints, nodeguard's
+//     inputs of azure.DesiredState: the signal taints (--signal-taints), nodeguard's
 //     draining taint, and deletion under nodeguard's finalizer. It hands a
 //     node that must be Down to the admin-state manager at once, after
 //     recording that nodeguard took it Down (ngv1alpha1.AdminStateDownAnnotation). When

@@ -10,22 +10,23 @@ import (
 	"github.com/nodeguard/nodeguard/azure/backends"
 )
 
-// Signal names (values of the metric label "signal"): the signal taints'
-// (api/v1alpha1.SignalTaints), then nodeguard's own two.
+// Signal names (values of the metric label "signal"): the configured signal
+// taints' (api/v1alpha1.SignalTaints, from --signal-taints), then nodeguard's
+// own two.
 const (
 	signalDraining = "draining"
 	signalDeleting = "deleting"
 )
 
-var allSignals = func() []string {
+func allSignals() []string {
 	var out []string
-	for _, s := range ngv1alpha1.SignalTaints {
+	for _, s := range ngv1alpha1.SignalTaints() {
 		out = append(out, s.Signal)
 	}
 	return append(out, signalDraining, signalDeleting)
-}()
+}
 
-// signalsOf lists the signals a node carries, in allSignals order. It only
+// signalsOf lists the signals a node carries, in allSignals() order. It only
 // describes them (for gauges, events and change detection): whether a node is
 // Down is decided by azure.DesiredState alone.
 func signalsOf(n *corev1.Node) []string {
@@ -42,7 +43,7 @@ func signalsOf(n *corev1.Node) []string {
 		has[signalDeleting] = true
 	}
 	var out []string
-	for _, s := range allSignals {
+	for _, s := range allSignals() {
 		if has[s] {
 			out = append(out, s)
 		}

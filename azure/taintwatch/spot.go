@@ -189,10 +189,11 @@ func appliesTo(e *corev1.Event, node *corev1.Node) bool {
 	return !e.CreationTimestamp.Before(&node.CreationTimestamp)
 }
 
-// hasSpotTaint: the node carries the spot-eviction taint (any effect).
+// hasSpotTaint: the node carries the spot-eviction taint (any effect),
+// whether or not --signal-taints lists it.
 func hasSpotTaint(n *corev1.Node) bool {
 	for _, t := range n.Spec.Taints {
-		if s, ok := ngv1alpha1.SignalOf(t); ok && s.Key == ngv1alpha1.SpotEvictionTaintKey {
+		if t.Key == ngv1alpha1.SpotEvictionTaintKey && t.Value == ngv1alpha1.SpotEvictionTaintValue {
 			return true
 		}
 	}

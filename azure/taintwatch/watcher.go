@@ -167,7 +167,7 @@ func (w *Watcher) count(rec *nodeRecord, d int) {
 	if rec.held {
 		w.held += d
 	}
-	for _, s := range allSignals {
+	for _, s := range allSignals() {
 		nodesSignalled.WithLabelValues(s).Set(float64(w.counts[s]))
 	}
 	nodesHeldDown.Set(float64(w.held))
@@ -298,22 +298,23 @@ func describe(signals []string) string {
 	}
 	out := make([]string, 0, len(signals))
 	for _, s := range signals {
-		out = append(out, signalText[s])
+		out = append(out, signalText(s))
 	}
 	return strings.Join(out, ", ")
 }
 
-var signalText = func() map[string]string {
-	m := map[string]string{
-		signalDraining: "taint " + ngv1alpha1.DrainingTaintKey,
-		signalDeleting: "being deleted under finalizer " + ngv1alpha1.TerminationFinalizer,
+// signalText describes a signal for event notes.
+func signalText(signal string) string {
+	switch signal {
+	case signalDraining:
+		return "taint " + ngv1alpha1.DrainingTaintKey
+	case signalDeleting:
+		return "being deleted under finalizer " + ngv1alpha1.TerminationFinalizer
 	}
-	for _, s := range ngv1alpha1.SignalTaints {
-		text := "taint " + s.Key
-		if s.Value != "" {
-			text += "=" + s.Value
+	for _, s := range ngv1alpha1.SignalTaints() {
+		if s.Signal == signal {
+			return "taint " + s.String()
 		}
-		m[s.Signal] = text
 	}
-	return m
-}()
+	return signal
+}

@@ -23,7 +23,11 @@ var (
 	outOfService  = corev1.Taint{Key: ngv1alpha1.OutOfServiceTaintKey, Value: "nodeshutdown", Effect: corev1.TaintEffectNoExecute}
 	cloudShutdown = corev1.Taint{Key: ngv1alpha1.CloudShutdownTaintKey, Effect: corev1.TaintEffectNoSchedule}
 	spotEviction  = SpotEvictionTaint()
-	cordoned      = corev1.Taint{Key: corev1.TaintNodeUnschedulable, Effect: corev1.TaintEffectNoSchedule}
+	// The scale-down taints of cluster-autoscaler (value: the Unix time it
+	// tainted) and Karpenter.
+	autoscaler = corev1.Taint{Key: ngv1alpha1.ClusterAutoscalerTaintKey, Value: "1795000000", Effect: corev1.TaintEffectNoSchedule}
+	karpenter  = corev1.Taint{Key: ngv1alpha1.KarpenterDisruptedTaintKey, Effect: corev1.TaintEffectNoSchedule}
+	cordoned   = corev1.Taint{Key: corev1.TaintNodeUnschedulable, Effect: corev1.TaintEffectNoSchedule}
 )
 
 func TestSignalTaintsSetDownAndRestoreNone(t *testing.T) {
@@ -31,6 +35,7 @@ func TestSignalTaintsSetDownAndRestoreNone(t *testing.T) {
 	nodes := []testNode{
 		vmssNode("sig-oos", 0), vmasNode("sig-shutdown", 1), vmssNode("sig-spot", 2),
 		vmssNode("sig-two", 3), vmasNode("sig-bystander", 4),
+		vmssNode("sig-ca", 5), vmssNode("sig-karpenter", 6),
 	}
 	emu := startEmulator(t, nodes...)
 	for _, n := range nodes {
@@ -49,6 +54,9 @@ func TestSignalTaintsSetDownAndRestoreNone(t *testing.T) {
 		{name: "cloud shutdown", node: "sig-shutdown", taints: []corev1.Taint{cloudShutdown}},
 		{name: "spot eviction", node: "sig-spot", taints: []corev1.Taint{spotEviction}},
 		{name: "two signals, the last removal restores", node: "sig-two", taints: []corev1.Taint{outOfService, spotEviction}},
+		// Removing it is a cancelled scale-down.
+		{name: "cluster-autoscaler scale-down", node: "sig-ca", taints: []corev1.Taint{autoscaler}},
+		{name: "karpenter disruption", node: "sig-karpenter", taints: []corev1.Taint{karpenter}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

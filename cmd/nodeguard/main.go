@@ -14,6 +14,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/healthz"
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
 
+	ngv1alpha1 "github.com/nodeguard/nodeguard/api/v1alpha1"
 	"github.com/nodeguard/nodeguard/cmd/nodeguard/leader"
 	"github.com/nodeguard/nodeguard/cmd/nodeguard/recorder"
 )
@@ -33,6 +34,8 @@ func main() {
 		fmt.Fprintln(os.Stderr, "nodeguard:", err)
 		os.Exit(2)
 	}
+	// Before anything that reads them starts.
+	ngv1alpha1.SetSignalTaints(opts.signalTaintTable)
 	if err := run(opts); err != nil {
 		ctrl.Log.Error(err, "nodeguard stopped")
 		os.Exit(1)

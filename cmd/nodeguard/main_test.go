@@ -68,6 +68,14 @@ func TestInvalidFlagsFailWithAClearMessage(t *testing.T) {
 	if !strings.Contains(string(out), "--leader-elect-renew-deadline (10s) must be shorter than --leader-elect-lease-duration (5s)") {
 		t.Errorf("unclear error:\n%s", out)
 	}
+	cmd = exec.Command(build(t), "--signal-taints=ToBeDeletedByClusterAutoscaler,bad key")
+	out, err = cmd.CombinedOutput()
+	if code := cmd.ProcessState.ExitCode(); err == nil || code != 2 {
+		t.Fatalf("--signal-taints: exit code %d (%v), want 2", code, err)
+	}
+	if !strings.Contains(string(out), `--signal-taints: signal taint "bad key": key`) {
+		t.Errorf("unclear --signal-taints error:\n%s", out)
+	}
 }
 
 // replica is one nodeguard process.

@@ -8,6 +8,7 @@ import (
 
 	"k8s.io/apimachinery/pkg/labels"
 
+	ngv1alpha1 "github.com/nodeguard/nodeguard/api/v1alpha1"
 	"github.com/nodeguard/nodeguard/azure"
 	"github.com/nodeguard/nodeguard/azure/taintwatch"
 	"github.com/nodeguard/nodeguard/budget"
@@ -44,8 +45,11 @@ type options struct {
 	replacementTimeout  time.Duration
 	maxConcurrentDrains int
 	parallelEvictions   int
-	azure               azure.Options
-	taintWatch          taintwatch.Options
+	signalTaints        string
+	// signalTaintTable is signalTaints parsed (by validate).
+	signalTaintTable []ngv1alpha1.SignalTaint
+	azure            azure.Options
+	taintWatch       taintwatch.Options
 }
 
 // defaultNamespace is where nodeguard runs: the pod's namespace when the
@@ -110,6 +114,9 @@ func (o *options) bind(fs *flag.FlagSet) {
 		"Nodes terminated in parallel.")
 	fs.IntVar(&o.parallelEvictions, "parallel-evictions", finalizer.DefaultParallelEvictions,
 		"Concurrent evictions of pods that no PodDisruptionBudget covers (pods under a PDB are always evicted one at a time per PDB).")
+	fs.StringVar(&o.signalTaints, "signal-taints", ngv1alpha1.FormatSignalTaints(ngv1alpha1.DefaultSignalTaints),
+		"Taints that say a node is leaving (key or key=value, comma-separated; a value is the only one that counts): "+
+			"while a node carries one, its load-balancer traffic is cut and NodeDisruptionBudgets count it unavailable. Empty: none.")
 	o.azure = azure.NewOptions()
 	o.azure.BindFlags(fs)
 	o.taintWatch = taintwatch.NewOptions()
@@ -119,6 +126,11 @@ func (o *options) bind(fs *flag.FlagSet) {
 }
 
 func (o *options) validate() error {
+	table, err := ngv1alpha1.ParseSignalTaints(o.signalTaints)
+	if err != nil {
+		return fmt.Errorf("--signal-taints: %w", err)
+	}
+	o.signalTaintTable = table
 	if _, err := labels.Parse(o.nodeSelector); err != nil {
 		return fmt.Errorf("--node-selector %q: %w", o.nodeSelector, err)
 	}

@@ -8,8 +8,6 @@ import (
 	"testing"
 	"time"
 
-	eventsv1 "k8s.io/api/events/v1"
-
 	"github.com/nodeguard/nodeguard/test/armemulator"
 	"github.com/nodeguard/nodeguard/test/harness"
 )
@@ -42,7 +40,7 @@ func TestHungARMCall(t *testing.T) {
 
 	harness.MustKubectl(t, env.Kubeconfig, "", "delete", "node", top.target, "--wait=false")
 	harness.WaitForEvent(t, env.Client, top.target, "TrafficCutTimedOut")
-	if notes := eventNotes(ctx, t, top.target, "TrafficCutTimedOut"); !slices.ContainsFunc(notes, func(n string) bool {
+	if notes := mustEventNotes(ctx, t, top.target, "TrafficCutTimedOut"); !slices.ContainsFunc(notes, func(n string) bool {
 		return strings.Contains(n, "within --admin-state-timeout")
 	}) {
 		t.Errorf("TrafficCutTimedOut events %q: want the one for --admin-state-timeout (the hung calls last %s)", notes, requestTimeout)
@@ -82,9 +80,9 @@ func TestHungARMCall(t *testing.T) {
 
 	// The attempt runs out: retriable, with a Warning that says why.
 	harness.Eventually(t, requestTimeout+30*time.Second, func(ctx context.Context) (bool, error) {
-		return len(eventNotes(ctx, t, top.target, "LoadBalancerAdminStateUpdateRetrying")) > 0, nil
+		return len(mustEventNotes(ctx, t, top.target, "LoadBalancerAdminStateUpdateRetrying")) > 0, nil
 	}, "a LoadBalancerAdminStateUpdateRetrying event")
-	for _, n := range eventNotes(ctx, t, top.target, "LoadBalancerAdminStateUpdateRetrying") {
+	for _, n := range mustEventNotes(ctx, t, top.target, "LoadBalancerAdminStateUpdateRetrying") {
 		if !strings.Contains(n, "context deadline exceeded") || !strings.Contains(n, "/kubernetes ") {
 			t.Errorf("LoadBalancerAdminStateUpdateRetrying %q: want a pool and the request timeout as the cause", n)
 		}
@@ -113,19 +111,12 @@ func TestHungARMCall(t *testing.T) {
 	}, "the node is released")
 }
 
-// eventNotes returns the notes of the events with the reason about the named
-// object.
-func eventNotes(ctx context.Context, t *testing.T, regarding, reason string) []string {
+// mustEventNotes is eventNotes that fails the test on an error.
+func mustEventNotes(ctx context.Context, t *testing.T, regarding, reason string) []string {
 	t.Helper()
-	var list eventsv1.EventList
-	if err := env.Client.List(ctx, &list); err != nil {
+	notes, err := eventNotes(ctx, regarding, reason)
+	if err != nil {
 		t.Fatal(err)
 	}
-	var out []string
-	for _, e := range list.Items {
-		if e.Regarding.Name == regarding && e.Reason == reason {
-			out = append(out, e.Note)
-		}
-	}
-	return out
+	return notes
 }
