@@ -109,7 +109,9 @@ type Reconciler struct {
 	Clock    clock.PassiveClock
 	// AdminState is nil when Azure is not configured.
 	AdminState AdminState
-	Opts       Options
+	// Instances, when set (Azure), says whether a NotReady node's VM is gone.
+	Instances InstanceChecker
+	Opts      Options
 
 	phases phases
 	repl   replacements
@@ -212,6 +214,11 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reco
 	if !terminating(&node) {
 		r.forget(node.UID)
 		return reconcile.Result{}, nil
+	}
+	if r.instanceGone(ctx, &node) {
+		_, err := r.releaseGone(ctx, &node)
+		r.forget(node.UID)
+		return reconcile.Result{}, err
 	}
 	for _, p := range []phase{
 		{phaseLease, r.holdMaintenanceLease},

@@ -22,6 +22,8 @@ const (
 	ReasonWaitingForVolumeDetach    = "WaitingForVolumeDetach"
 	ReasonVolumeDetachTimedOut      = "VolumeDetachTimedOut"
 	ReasonReleased                  = "NodeReleased"
+	// ReasonInstanceGone: a NotReady node whose VM is gone, released at once.
+	ReasonInstanceGone = "InstanceGoneReleased"
 
 	actionTerminate = "TerminateNode"
 )

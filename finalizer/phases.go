@@ -142,6 +142,11 @@ func (r *Reconciler) waitForVolumes(ctx context.Context, node *corev1.Node) (rec
 // lets the API server delete the node, and gives up the maintenance Lease.
 func (r *Reconciler) release(ctx context.Context, node *corev1.Node) (reconcile.Result, error) {
 	r.event(node, corev1.EventTypeNormal, ReasonReleased, "traffic cut and pods drained: releasing the node")
+	return r.removeFinalizer(ctx, node)
+}
+
+// removeFinalizer is release without its event.
+func (r *Reconciler) removeFinalizer(ctx context.Context, node *corev1.Node) (reconcile.Result, error) {
 	if err := r.removeCondition(ctx, node); err != nil {
 		return reconcile.Result{}, err
 	}

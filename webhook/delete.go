@@ -58,6 +58,8 @@ type DeleteHandler struct {
 	Recorder events.EventRecorder
 	Clock    clock.PassiveClock
 	Timeout  time.Duration
+	// Instances, when set, says whether a NotReady node's instance is gone.
+	Instances InstanceChecker
 }
 
 // decision is the outcome of a DELETE, for the response, events and metrics.
@@ -110,6 +112,10 @@ func (h *DeleteHandler) decide(ctx context.Context, node *corev1.Node, dryRun bo
 	}
 	if !h.Managed.Matches(labels.Set(node.Labels)) {
 		return decision{allowed: true, message: "node is not managed by nodeguard"}, nil
+	}
+	if instanceGone(ctx, h.Instances, node) {
+		return decision{allowed: true, reason: reasonInstanceGone, message: fmt.Sprintf(
+			"node %s is not Ready and its instance %s no longer exists: nothing is left to protect", node.Name, node.Spec.ProviderID)}, nil
 	}
 	if d, done, err := h.checkMaintenanceHold(ctx, node); done || err != nil {
 		return d, err
@@ -241,7 +247,7 @@ func (h *DeleteHandler) record(node *corev1.Node, d decision) {
 			h.Recorder.Eventf(d.denier, node, corev1.EventTypeWarning, ReasonDisruptionDenied, actionAdmit, "%s", d.message)
 		}
 		h.Recorder.Eventf(node, nil, corev1.EventTypeWarning, ReasonDeletionDenied, actionAdmit, "%s", d.message)
-	case d.reason == reasonUnavailableNode:
+	case d.reason == reasonUnavailableNode || d.reason == reasonInstanceGone:
 		h.Recorder.Eventf(node, nil, corev1.EventTypeNormal, ReasonDeletionAdmitted, actionAdmit, "deletion admitted: %s", d.message)
 	case len(d.claimed) > 0:
 		for _, b := range d.claimed {

@@ -29,12 +29,15 @@ const (
 	// reasonUnavailableNode (allowed): a node the budgets count unavailable
 	// already, deleted without consuming a disruption.
 	reasonUnavailableNode = "unavailable_node"
+	// reasonInstanceGone (allowed): a NotReady node whose cloud instance is
+	// gone (the cloud node lifecycle controller's delete).
+	reasonInstanceGone = "instance_gone"
 )
 
 var (
 	decisions = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "nodeguard_admission_requests_total",
-		Help: "Node admission decisions by operation (CREATE, UPDATE, DELETE), result (allowed, patched, denied, error) and reason (why denied; unavailable_node: an unavailable node's deletion admitted without a disruption).",
+		Help: "Node admission decisions by operation (CREATE, UPDATE, DELETE), result (allowed, patched, denied, error) and reason (why denied; unavailable_node: an unavailable node's deletion admitted without a disruption; instance_gone: a NotReady node whose cloud instance is gone).",
 	}, []string{labelOperation, labelResult, labelReason})
 	latency = prometheus.NewHistogramVec(prometheus.HistogramOpts{
 		Name:    "nodeguard_admission_duration_seconds",

@@ -17,6 +17,8 @@ type Options struct {
 	Managed labels.Selector
 	// DeleteTimeout is the time budget of one DELETE decision.
 	DeleteTimeout time.Duration
+	// Instances says whether a node's cloud instance exists (nil: no cloud).
+	Instances InstanceChecker
 }
 
 // Register serves the webhooks on the manager's webhook server. Every replica
@@ -38,5 +40,7 @@ func Register(mgr ctrl.Manager, opts Options) {
 		Recorder: recorder,
 		Clock:    clock.RealClock{},
 		Timeout:  opts.DeleteTimeout,
+
+		Instances: opts.Instances,
 	}})
 }

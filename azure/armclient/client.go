@@ -36,6 +36,9 @@ type Client interface {
 	UpdatePool(ctx context.Context, resourceGroup, loadBalancer string, pool *armnetwork.BackendAddressPool) (*armnetwork.BackendAddressPool, error)
 	// GetInterface gets a NIC by its full resource ID.
 	GetInterface(ctx context.Context, id string) (*armnetwork.Interface, error)
+	// VMExists reports whether a VM (standalone or VMSS instance, by its
+	// resource ID, see VMResourceID) exists.
+	VMExists(ctx context.Context, id string) (bool, error)
 }
 
 // Settings configure New.
@@ -70,6 +73,10 @@ type sdkClient struct {
 
 	lbs   *armnetwork.LoadBalancersClient
 	pools *armnetwork.LoadBalancerBackendAddressPoolsClient
+	// compute carries the raw VM GETs (the SDK pipeline: credential,
+	// retries, throttling gate); endpoint is ARM's.
+	compute  *arm.Client
+	endpoint string
 
 	mu   sync.Mutex
 	nics map[string]*armnetwork.InterfacesClient // by lower(subscription)
@@ -105,6 +112,10 @@ func New(s Settings) (Client, error) {
 	if c.pools, err = armnetwork.NewLoadBalancerBackendAddressPoolsClient(s.SubscriptionID, s.Credential, opts); err != nil {
 		return nil, fmt.Errorf("creating backend pools client: %w", err)
 	}
+	if c.compute, err = arm.NewClient("nodeguard/compute", "v0.1.0", s.Credential, opts); err != nil {
+		return nil, fmt.Errorf("creating compute client: %w", err)
+	}
+	c.endpoint = c.compute.Endpoint()
 	return c, nil
 }
 

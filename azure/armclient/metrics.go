@@ -19,6 +19,7 @@ const (
 	OpGetPool           = "GetBackendAddressPool"
 	OpUpdatePool        = "CreateOrUpdateBackendAddressPool"
 	OpGetInterface      = "GetNetworkInterface"
+	OpGetVM             = "GetVirtualMachine"
 	metricsNamespace    = "loadbalancer_adminstate"
 	labelOperation      = "operation"
 	labelCode           = "code"

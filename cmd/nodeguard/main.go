@@ -15,6 +15,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
 
 	ngv1alpha1 "github.com/nodeguard/nodeguard/api/v1alpha1"
+	"github.com/nodeguard/nodeguard/azure"
 	"github.com/nodeguard/nodeguard/cmd/nodeguard/leader"
 	"github.com/nodeguard/nodeguard/cmd/nodeguard/recorder"
 )
@@ -72,10 +73,15 @@ func run(opts options) error {
 	if err := leader.Setup(mgr, leaseKey); err != nil {
 		return err
 	}
-	if err := setupGuard(mgr, opts); err != nil {
+	adminState, err := azure.NewManager(opts.azure, mgr.GetEventRecorder("nodeguard-adminstate"),
+		azure.InCluster(mgr.GetClient(), mgr.GetAPIReader())...)
+	if err != nil {
+		return fmt.Errorf("configuring Azure admin state: %w", err)
+	}
+	if err := setupGuard(mgr, opts, adminState); err != nil {
 		return err
 	}
-	if err := setupTermination(mgr, opts); err != nil {
+	if err := setupTermination(mgr, opts, adminState); err != nil {
 		return err
 	}
 	if err := mgr.AddHealthzCheck("ping", healthz.Ping); err != nil {

@@ -29,14 +29,9 @@ import (
 	ngwebhook "github.com/nodeguard/nodeguard/webhook"
 )
 
-// setupTermination adds the Azure admin-state manager (when Azure is
+// setupTermination adds the Azure admin-state manager (nil when Azure is not
 // configured), the taint watcher and the termination controller.
-func setupTermination(mgr ctrl.Manager, opts options) error {
-	adminState, err := azure.NewManager(opts.azure, mgr.GetEventRecorder("nodeguard-adminstate"),
-		azure.InCluster(mgr.GetClient(), mgr.GetAPIReader())...)
-	if err != nil {
-		return fmt.Errorf("configuring Azure admin state: %w", err)
-	}
+func setupTermination(mgr ctrl.Manager, opts options, adminState *azure.Manager) error {
 	r := &finalizer.Reconciler{
 		Client:   mgr.GetClient(),
 		Reader:   mgr.GetAPIReader(),
@@ -64,6 +59,7 @@ func setupTermination(mgr ctrl.Manager, opts options) error {
 			return err
 		}
 		r.AdminState = adminState
+		r.Instances = adminState
 	}
 	if err := taintwatch.Setup(mgr, adminState, opts.taintWatch); err != nil {
 		return fmt.Errorf("setting up the taint watcher: %w", err)
@@ -82,10 +78,15 @@ func identity() string {
 
 // setupGuard adds the admission webhooks, the finalizer backfill and the
 // NodeDisruptionBudget status controller.
-func setupGuard(mgr ctrl.Manager, opts options) error {
+// With Azure, the DELETE webhook asks ARM whether a NotReady node's VM is gone.
+func setupGuard(mgr ctrl.Manager, opts options, adminState *azure.Manager) error {
 	managed, _ := labels.Parse(opts.nodeSelector) // validated
 	if opts.webhookPort >= 0 {
-		ngwebhook.Register(mgr, ngwebhook.Options{Managed: managed, DeleteTimeout: opts.deleteTimeout})
+		wo := ngwebhook.Options{Managed: managed, DeleteTimeout: opts.deleteTimeout}
+		if adminState != nil { // never a typed nil in the interface
+			wo.Instances = adminState
+		}
+		ngwebhook.Register(mgr, wo)
 	}
 	if err := ngwebhook.SetupBackfill(mgr, managed); err != nil {
 		return err

@@ -46,6 +46,11 @@ func (s *Server) serveARM(w http.ResponseWriter, r *http.Request, f *Fault) {
 		s.serveOperation(w, parts[7])
 		return
 	}
+	if len(lower) >= 8 && lower[0] == "subscriptions" && lower[2] == "resourcegroups" && lower[4] == "providers" && lower[5] == "microsoft.compute" && r.Method == http.MethodGet &&
+		(len(lower) == 8 && lower[6] == "virtualmachines" || len(lower) == 10 && lower[6] == "virtualmachinescalesets" && lower[8] == "virtualmachines") {
+		s.getVM(w, r.URL.Path)
+		return
+	}
 	if len(lower) < 6 || lower[0] != "subscriptions" || lower[2] != "resourcegroups" || lower[4] != "providers" || lower[5] != "microsoft.network" {
 		writeError(w, http.StatusNotFound, "InvalidResourceType", "unknown path "+r.URL.Path)
 		return

@@ -42,6 +42,9 @@ type Seed struct {
 	Location      string                 `json:"location,omitempty"`
 	LoadBalancers []LoadBalancerSeed     `json:"loadBalancers"`
 	Interfaces    []NetworkInterfaceSeed `json:"interfaces,omitempty"`
+	// VMs are the resource IDs of the VMs that exist (standalone VMs and
+	// VMSS instances); SeedForNodes lists each node's.
+	VMs []string `json:"vms,omitempty"`
 }
 
 // LoadBalancerSeed is one load balancer.
@@ -125,6 +128,7 @@ type Server struct {
 	pools    map[string]*pool // key: lower(lb)/lower(pool)
 	poolKeys []string
 	nics     map[string]NetworkInterfaceSeed // key: lower(id)
+	vms      map[string]bool                 // key: vmKey(id)
 	faults   []*Fault
 	requests []Request
 	ops      map[string]*operation
@@ -141,7 +145,10 @@ func New(seed Seed, opts Options) *Server {
 	if seed.Location == "" {
 		seed.Location = "westeurope"
 	}
-	s := &Server{seed: seed, opts: opts, lbEtag: map[string]int{}, pools: map[string]*pool{}, nics: map[string]NetworkInterfaceSeed{}, ops: map[string]*operation{}}
+	s := &Server{seed: seed, opts: opts, lbEtag: map[string]int{}, pools: map[string]*pool{}, nics: map[string]NetworkInterfaceSeed{}, vms: map[string]bool{}, ops: map[string]*operation{}}
+	for _, vm := range seed.VMs {
+		s.vms[vmKey(vm)] = true
+	}
 	for i, lb := range seed.LoadBalancers {
 		s.lbs = append(s.lbs, lb.Name)
 		// Distinct load balancers start from distinct ETags.

@@ -44,6 +44,9 @@ func SeedForNodes(subscription, resourceGroup string, nodes []Node, t Topology) 
 	seed := Seed{Subscription: subscription, ResourceGroup: resourceGroup}
 	var v4, v6, nic, outbound, iv4, iv6 []EntrySeed
 	for _, n := range nodes {
+		if n.ProviderID != "" {
+			seed.VMs = append(seed.VMs, strings.TrimPrefix(n.ProviderID, "azure://"))
+		}
 		for _, ip := range n.IPs {
 			addr, err := netip.ParseAddr(ip)
 			if err != nil {

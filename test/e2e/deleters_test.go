@@ -5,10 +5,15 @@ import (
 	"fmt"
 	"net/http"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
+	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	ngv1alpha1 "github.com/nodeguard/nodeguard/api/v1alpha1"
@@ -137,4 +142,120 @@ func TestClusterAutoscalerTaintIsASignal(t *testing.T) {
 		_, held := n.Annotations[ngv1alpha1.AdminStateDownAnnotation]
 		return err == nil && !held, err
 	}, "%s is no longer held Down", target)
+}
+
+// cloudNodeController does what cloud-provider-azure's cloud node lifecycle
+// controller does (kube-controller-manager no longer deletes nodes): every
+// 5 s, for each node that is not Ready, it asks the cloud whether the VM
+// exists and deletes the Node when it does not. A refused delete is retried
+// at the next pass (the controller's DeletingNodeFailed event); refusals
+// counts them.
+type cloudNodeController struct {
+	emulator *armemulator.Server
+	pool     string
+	refusals atomic.Int32
+}
+
+func (c *cloudNodeController) run(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	t.Cleanup(func() { cancel(); <-done })
+	go func() {
+		defer close(done)
+		for {
+			c.pass(ctx, t)
+			select {
+			case <-ctx.Done():
+				return
+			case <-time.After(5 * time.Second):
+			}
+		}
+	}()
+}
+
+func (c *cloudNodeController) pass(ctx context.Context, t *testing.T) {
+	var nodes corev1.NodeList
+	if err := env.Client.List(ctx, &nodes, client.MatchingLabels{"pool": c.pool}); err != nil {
+		return
+	}
+	for i := range nodes.Items {
+		n := &nodes.Items[i]
+		if n.DeletionTimestamp != nil || nodeIsReady(n) || c.emulator.VMExists(n.Spec.ProviderID) {
+			continue
+		}
+		if err := env.Client.Delete(ctx, n); client.IgnoreNotFound(err) != nil && ctx.Err() == nil {
+			c.refusals.Add(1)
+			t.Logf("cloud node controller: DeletingNodeFailed %s: %v", n.Name, err)
+		}
+	}
+}
+
+func nodeIsReady(n *corev1.Node) bool {
+	for _, c := range n.Status.Conditions {
+		if c.Type == corev1.NodeReady {
+			return c.Status == corev1.ConditionTrue
+		}
+	}
+	return false
+}
+
+// TestCloudNodeControllerIsNeverRefused: a NotReady node whose VM is gone,
+// carrying pods no kubelet will finish, under a budget that allows nothing
+// (maxUnavailable 0, IfHealthyBudget: the unreachable-node rule alone would
+// deny). The cloud node controller's first delete is admitted (nodeguard asked
+// ARM for the VM) and the node is gone within 30 s: no drain is waited for.
+func TestCloudNodeControllerIsNeverRefused(t *testing.T) {
+	harness.SkipWithoutEnv(t, env)
+	ns := freshName("cloudnode")
+	node := ns + "-dead"
+	providerID := vmssProviderID(7)
+	harness.MustCreate(t, env.Client, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}})
+	capacity := func(n *corev1.Node) {
+		n.Status.Capacity = corev1.ResourceList{corev1.ResourcePods: resource.MustParse("110"),
+			corev1.ResourceCPU: resource.MustParse("4"), corev1.ResourceMemory: resource.MustParse("16Gi")}
+		n.Status.Allocatable = n.Status.Capacity
+	}
+	harness.MustCreate(t, env.Client, builder.Node(node, builder.WithoutKubelet(), builder.Unreachable(), capacity,
+		builder.WithLabels("pool", ns), builder.WithProviderID(providerID), builder.WithInternalIP("10.77.0.7")))
+	harness.MustCreate(t, env.Client, builder.NDB(ns, builder.NDBSelecting("pool", ns), builder.NDBMaxUnavailable("0"),
+		builder.NDBUnhealthyNodeDeletion(ngv1alpha1.IfHealthyBudget)))
+	harness.MustCreate(t, env.Client, builder.Deployment(ns, "stranded", 2, builder.OnNodes("pool", ns), func(d *appsv1.Deployment) {
+		d.Spec.Template.Spec.TerminationGracePeriodSeconds = ptr.To(int64(120))
+		d.Spec.Template.Spec.Tolerations = []corev1.Toleration{
+			{Key: corev1.TaintNodeUnreachable, Operator: corev1.TolerationOpExists},
+			{Key: corev1.TaintNodeNotReady, Operator: corev1.TolerationOpExists},
+		}
+	}))
+	harness.Eventually(t, time.Minute, func(ctx context.Context) (bool, error) {
+		pods, err := evictablePodsOn(ctx, ns, node)
+		return len(pods) == 2, err
+	}, "2 pods are bound to the dead node")
+
+	emu, err := armemulator.Start("127.0.0.1:0",
+		armemulator.SeedForNodes(subscription, resourceGroup, []armemulator.Node{{Name: node, IPs: []string{"10.77.0.7"}, ProviderID: providerID}},
+			armemulator.Topology{NICBased: true, Internal: true}),
+		armemulator.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { emu.Close() })
+	startNodeguard(t, env.Kubeconfig, emu)
+	harness.WaitForTerminationFinalizer(t, env.Client, node)
+
+	if !emu.DeleteVM(providerID) {
+		t.Fatalf("the emulator held no VM %s", providerID)
+	}
+	deleted := time.Now()
+	ccm := &cloudNodeController{emulator: emu, pool: ns}
+	ccm.run(t)
+	harness.Eventually(t, 30*time.Second, func(ctx context.Context) (bool, error) {
+		return harness.NodeGone(ctx, env.Client, node)
+	}, "the node %s whose VM is gone is deleted", node)
+	t.Logf("gone %s after its VM", time.Since(deleted).Round(time.Millisecond))
+	if n := ccm.refusals.Load(); n != 0 {
+		t.Errorf("the cloud node controller was refused %d time(s), want never", n)
+	}
+	// Admitted because the VM is gone, and released without a drain.
+	waitForEventNote(t, node, "NodeDeletionAdmitted", "its instance", "no longer exists")
+	harness.WaitForEvent(t, env.Client, node, "InstanceGoneReleased")
 }
