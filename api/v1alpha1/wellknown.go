@@ -85,6 +85,18 @@ const (
 	KarpenterDisruptedTaintKey = "karpenter.sh/disrupted"
 )
 
+// cluster-autoscaler's node annotations.
+const (
+	// ScaleDownDisabledAnnotation = "true" keeps cluster-autoscaler from
+	// scaling the node down. nodeguard sets it on the nodes of every budget
+	// that allows no disruption now.
+	ScaleDownDisabledAnnotation = "cluster-autoscaler.kubernetes.io/scale-down-disabled"
+	// ScaleDownDisabledByAnnotation marks ScaleDownDisabledAnnotation as set
+	// by nodeguard, so that nodeguard removes only what it set and never a
+	// user's.
+	ScaleDownDisabledByAnnotation = "nodeguard.io/scale-down-disabled"
+)
+
 // Node maintenance Leases (KEP "Node Maintenance Lease"): a Lease named after
 // the node in this namespace says who may disrupt the node.
 const (

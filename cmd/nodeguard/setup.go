@@ -76,7 +76,8 @@ func identity() string {
 	return host
 }
 
-// setupGuard adds the admission webhooks, the finalizer backfill and the
+// setupGuard adds the admission webhooks, the finalizer backfill, the
+// scale-down guard (cluster-autoscaler's scale-down-disabled annotation) and the
 // NodeDisruptionBudget status controller.
 // With Azure, the DELETE webhook asks ARM whether a NotReady node's VM is gone.
 func setupGuard(mgr ctrl.Manager, opts options, adminState *azure.Manager) error {
@@ -93,6 +94,10 @@ func setupGuard(mgr ctrl.Manager, opts options, adminState *azure.Manager) error
 	}
 	if err := mgr.Add(&ngwebhook.ScopeCheck{Reader: mgr.GetAPIReader(), Managed: managed,
 		Recorder: mgr.GetEventRecorder("nodeguard-webhook")}); err != nil {
+		return err
+	}
+	if err := (&budget.ScaleDownReconciler{Client: mgr.GetClient(), Managed: managed,
+		Recorder: mgr.GetEventRecorder("nodeguard-scale-down")}).SetupWithManager(mgr); err != nil {
 		return err
 	}
 	return (&budget.StatusReconciler{Client: mgr.GetClient(), Clock: clock.RealClock{}, ClaimTimeout: opts.claimTimeout}).SetupWithManager(mgr)

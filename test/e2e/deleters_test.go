@@ -259,3 +259,66 @@ func TestCloudNodeControllerIsNeverRefused(t *testing.T) {
 	waitForEventNote(t, node, "NodeDeletionAdmitted", "its instance", "no longer exists")
 	harness.WaitForEvent(t, env.Client, node, "InstanceGoneReleased")
 }
+
+// TestScaleDownDisabledWhileTheBudgetAllowsNone: while a budget allows no
+// disruption, its managed nodes carry cluster-autoscaler's
+// scale-down-disabled=true, so that cluster-autoscaler does not even pick
+// them; once it allows again nodeguard removes what it set, and never touches
+// a user's annotation (here "false", which nodeguard must not overwrite).
+func TestScaleDownDisabledWhileTheBudgetAllowsNone(t *testing.T) {
+	harness.SkipWithoutEnv(t, env)
+	ctx := context.Background()
+	f := newFleet(t, "scaledown", 3)
+	users := f.nodes[2]
+	var n corev1.Node
+	if err := env.Client.Get(ctx, client.ObjectKey{Name: users}, &n); err != nil {
+		t.Fatal(err)
+	}
+	patch := client.MergeFrom(n.DeepCopy())
+	if n.Annotations == nil {
+		n.Annotations = map[string]string{}
+	}
+	n.Annotations[ngv1alpha1.ScaleDownDisabledAnnotation] = "false"
+	if err := env.Client.Patch(ctx, &n, patch); err != nil {
+		t.Fatal(err)
+	}
+	ndb := builder.NDB(f.pool, builder.NDBSelecting("pool", f.pool), builder.NDBMaxUnavailable("0"))
+	harness.MustCreate(t, env.Client, ndb)
+	startNodeguard(t, env.Kubeconfig, f.emulator)
+
+	annotations := func(ctx context.Context, node string) (map[string]string, error) {
+		var n corev1.Node
+		err := env.Client.Get(ctx, client.ObjectKey{Name: node}, &n)
+		return n.Annotations, err
+	}
+	for _, node := range f.nodes[:2] {
+		harness.Eventually(t, 30*time.Second, func(ctx context.Context) (bool, error) {
+			a, err := annotations(ctx, node)
+			return a[ngv1alpha1.ScaleDownDisabledAnnotation] == "true" && a[ngv1alpha1.ScaleDownDisabledByAnnotation] == f.pool, err
+		}, "%s carries scale-down-disabled=true, set by nodeguard for budget %s", node, f.pool)
+	}
+
+	if err := env.Client.Get(ctx, client.ObjectKeyFromObject(ndb), ndb); err != nil {
+		t.Fatal(err)
+	}
+	budgetPatch := client.MergeFrom(ndb.DeepCopy())
+	builder.NDBMaxUnavailable("1")(ndb)
+	if err := env.Client.Patch(ctx, ndb, budgetPatch); err != nil {
+		t.Fatal(err)
+	}
+	for _, node := range f.nodes[:2] {
+		harness.Eventually(t, 30*time.Second, func(ctx context.Context) (bool, error) {
+			a, err := annotations(ctx, node)
+			_, disabled := a[ngv1alpha1.ScaleDownDisabledAnnotation]
+			_, marked := a[ngv1alpha1.ScaleDownDisabledByAnnotation]
+			return !disabled && !marked, err
+		}, "%s no longer carries nodeguard's scale-down-disabled", node)
+	}
+	a, err := annotations(ctx, users)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if a[ngv1alpha1.ScaleDownDisabledAnnotation] != "false" || a[ngv1alpha1.ScaleDownDisabledByAnnotation] != "" {
+		t.Errorf("the user's annotation was touched: %v", a)
+	}
+}

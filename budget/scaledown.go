@@ -1,0 +1,159 @@
+package budget
+
+import (
+	"context"
+	"fmt"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/client-go/tools/events"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/builder"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/event"
+	"sigs.k8s.io/controller-runtime/pkg/handler"
+	"sigs.k8s.io/controller-runtime/pkg/predicate"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+
+	ngv1alpha1 "github.com/nodeguard/nodeguard/api/v1alpha1"
+)
+
+// Event reasons of the scale-down guard, on the Node.
+const (
+	ReasonScaleDownDisabled = "ScaleDownDisabled"
+	ReasonScaleDownEnabled  = "ScaleDownEnabled"
+	actionScaleDown         = "GuardScaleDown"
+)
+
+// ScaleDownReconciler keeps cluster-autoscaler from picking a node that a
+// budget could not let go: while any NodeDisruptionBudget selecting a managed
+// node allows no disruption now, the node carries
+// cluster-autoscaler.kubernetes.io/scale-down-disabled=true; when every one
+// allows again, nodeguard removes it. It only ever removes the value it set
+// (marked by nodeguard.io/scale-down-disabled): a user's annotation, whatever
+// its value, is left alone.
+type ScaleDownReconciler struct {
+	Client   client.Client
+	Managed  labels.Selector
+	Recorder events.EventRecorder
+}
+
+// +kubebuilder:rbac:groups="",resources=nodes,verbs=get;list;watch;patch
+// +kubebuilder:rbac:groups=nodeguard.io,resources=nodedisruptionbudgets,verbs=get;list;watch
+
+// SetupWithManager reconciles a node when its labels or annotations change,
+// and every node a budget selects when the budget changes.
+func (r *ScaleDownReconciler) SetupWithManager(mgr ctrl.Manager) error {
+	return ctrl.NewControllerManagedBy(mgr).
+		Named("ndb-scale-down").
+		For(&corev1.Node{}, builder.WithPredicates(labelsOrAnnotationsChanged())).
+		Watches(&ngv1alpha1.NodeDisruptionBudget{}, handler.EnqueueRequestsFromMapFunc(r.selectedNodes)).
+		Complete(r)
+}
+
+func labelsOrAnnotationsChanged() predicate.Predicate {
+	return predicate.Funcs{
+		UpdateFunc: func(e event.UpdateEvent) bool {
+			return !labels.Equals(e.ObjectOld.GetLabels(), e.ObjectNew.GetLabels()) ||
+				e.ObjectOld.GetAnnotations()[ngv1alpha1.ScaleDownDisabledAnnotation] != e.ObjectNew.GetAnnotations()[ngv1alpha1.ScaleDownDisabledAnnotation] ||
+				e.ObjectOld.GetAnnotations()[ngv1alpha1.ScaleDownDisabledByAnnotation] != e.ObjectNew.GetAnnotations()[ngv1alpha1.ScaleDownDisabledByAnnotation]
+		},
+	}
+}
+
+// selectedNodes maps a budget to the nodes it selects. A node a budget no
+// longer selects (its selector changed) is reconciled at the next resync.
+func (r *ScaleDownReconciler) selectedNodes(ctx context.Context, obj client.Object) []reconcile.Request {
+	ndb, ok := obj.(*ngv1alpha1.NodeDisruptionBudget)
+	if !ok {
+		return nil
+	}
+	sel, err := Selector(ndb)
+	if err != nil {
+		return nil
+	}
+	var nodes corev1.NodeList
+	if err := r.Client.List(ctx, &nodes, client.MatchingLabelsSelector{Selector: sel}); err != nil {
+		ctrl.LoggerFrom(ctx).Error(err, "Listing the nodes of a NodeDisruptionBudget")
+		return nil
+	}
+	reqs := make([]reconcile.Request, 0, len(nodes.Items))
+	for _, n := range nodes.Items {
+		reqs = append(reqs, reconcile.Request{NamespacedName: client.ObjectKeyFromObject(&n)})
+	}
+	return reqs
+}
+
+// Reconcile sets or removes nodeguard's scale-down-disabled annotation.
+func (r *ScaleDownReconciler) Reconcile(ctx context.Context, req reconcile.Request) (reconcile.Result, error) {
+	var node corev1.Node
+	if err := r.Client.Get(ctx, req.NamespacedName, &node); err != nil {
+		return reconcile.Result{}, client.IgnoreNotFound(err)
+	}
+	if node.DeletionTimestamp != nil {
+		return reconcile.Result{}, nil // leaving anyway
+	}
+	blocking, err := r.blockingBudget(ctx, &node)
+	if err != nil {
+		return reconcile.Result{}, err
+	}
+	_, ours := node.Annotations[ngv1alpha1.ScaleDownDisabledByAnnotation]
+	_, anyValue := node.Annotations[ngv1alpha1.ScaleDownDisabledAnnotation]
+	switch {
+	case blocking != "" && !anyValue:
+		return reconcile.Result{}, r.patch(ctx, &node, true, blocking)
+	case blocking == "" && ours:
+		return reconcile.Result{}, r.patch(ctx, &node, false, "")
+	}
+	return reconcile.Result{}, nil
+}
+
+// blockingBudget names a budget that selects the managed node and allows no
+// disruption now ("" when none). A budget not yet evaluated since its last
+// change blocks nothing yet.
+func (r *ScaleDownReconciler) blockingBudget(ctx context.Context, node *corev1.Node) (string, error) {
+	if !r.Managed.Matches(labels.Set(node.Labels)) {
+		return "", nil
+	}
+	var list ngv1alpha1.NodeDisruptionBudgetList
+	if err := r.Client.List(ctx, &list); err != nil {
+		return "", fmt.Errorf("listing NodeDisruptionBudgets: %w", err)
+	}
+	for i := range list.Items {
+		b := &list.Items[i]
+		if b.Status.ObservedGeneration < b.Generation || b.Status.DisruptionsAllowed > 0 {
+			continue
+		}
+		if selects, err := Selects(b, node); err == nil && selects {
+			return b.Name, nil
+		}
+	}
+	return "", nil
+}
+
+func (r *ScaleDownReconciler) patch(ctx context.Context, node *corev1.Node, disable bool, budget string) error {
+	patch := client.MergeFromWithOptions(node.DeepCopy(), client.MergeFromWithOptimisticLock{})
+	if node.Annotations == nil {
+		node.Annotations = map[string]string{}
+	}
+	if disable {
+		node.Annotations[ngv1alpha1.ScaleDownDisabledAnnotation] = "true"
+		node.Annotations[ngv1alpha1.ScaleDownDisabledByAnnotation] = budget
+	} else {
+		delete(node.Annotations, ngv1alpha1.ScaleDownDisabledAnnotation)
+		delete(node.Annotations, ngv1alpha1.ScaleDownDisabledByAnnotation)
+	}
+	if err := r.Client.Patch(ctx, node, patch); err != nil {
+		return fmt.Errorf("patching node %s: %w", node.Name, err)
+	}
+	if r.Recorder != nil {
+		if disable {
+			r.Recorder.Eventf(node, nil, corev1.EventTypeNormal, ReasonScaleDownDisabled, actionScaleDown,
+				"NodeDisruptionBudget %s allows no disruption now: set %s=true so that cluster-autoscaler does not pick the node", budget, ngv1alpha1.ScaleDownDisabledAnnotation)
+		} else {
+			r.Recorder.Eventf(node, nil, corev1.EventTypeNormal, ReasonScaleDownEnabled, actionScaleDown,
+				"every NodeDisruptionBudget of the node allows a disruption again: removed the %s nodeguard set", ngv1alpha1.ScaleDownDisabledAnnotation)
+		}
+	}
+	return nil
+}
