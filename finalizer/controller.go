@@ -220,14 +220,21 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reco
 		r.forget(node.UID)
 		return reconcile.Result{}, err
 	}
-	for _, p := range []phase{
+	phases := []phase{
 		{phaseLease, r.holdMaintenanceLease},
 		{phaseCordon, r.cordon},
 		{phaseTraffic, r.cutTraffic},
 		{phaseDrain, r.drain},
 		{phaseVolumes, r.waitForVolumes},
 		{phaseRelease, r.release},
-	} {
+	}
+	if karpenterOwned(&node) {
+		phases = []phase{
+			{phaseTraffic, r.cutTraffic},
+			{phaseRelease, r.releaseToKarpenter},
+		}
+	}
+	for _, p := range phases {
 		r.phases.set(node.UID, node.Name, p.name)
 		result, err := p.run(ctx, &node)
 		if err != nil {

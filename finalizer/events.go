@@ -24,6 +24,9 @@ const (
 	ReasonReleased                  = "NodeReleased"
 	// ReasonInstanceGone: a NotReady node whose VM is gone, released at once.
 	ReasonInstanceGone = "InstanceGoneReleased"
+	// ReasonReleasedToKarpenter: a Karpenter node, released after the traffic
+	// cut without a drain (Karpenter drains it).
+	ReasonReleasedToKarpenter = "ReleasedToKarpenter"
 
 	actionTerminate = "TerminateNode"
 )

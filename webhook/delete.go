@@ -113,6 +113,11 @@ func (h *DeleteHandler) decide(ctx context.Context, node *corev1.Node, dryRun bo
 	if !h.Managed.Matches(labels.Set(node.Labels)) {
 		return decision{allowed: true, message: "node is not managed by nodeguard"}, nil
 	}
+	if slices.Contains(node.Finalizers, ngv1alpha1.KarpenterTerminationFinalizer) {
+		return decision{allowed: true, reason: reasonKarpenter, message: fmt.Sprintf(
+			"node %s is terminated by Karpenter (finalizer %s): refusing its Node delete would leave a half-disrupted node; nodeguard cuts its traffic and Karpenter drains it",
+			node.Name, ngv1alpha1.KarpenterTerminationFinalizer)}, nil
+	}
 	if instanceGone(ctx, h.Instances, node) {
 		return decision{allowed: true, reason: reasonInstanceGone, message: fmt.Sprintf(
 			"node %s is not Ready and its instance %s no longer exists: nothing is left to protect", node.Name, node.Spec.ProviderID)}, nil
@@ -247,7 +252,7 @@ func (h *DeleteHandler) record(node *corev1.Node, d decision) {
 			h.Recorder.Eventf(d.denier, node, corev1.EventTypeWarning, ReasonDisruptionDenied, actionAdmit, "%s", d.message)
 		}
 		h.Recorder.Eventf(node, nil, corev1.EventTypeWarning, ReasonDeletionDenied, actionAdmit, "%s", d.message)
-	case d.reason == reasonUnavailableNode || d.reason == reasonInstanceGone:
+	case d.reason == reasonUnavailableNode || d.reason == reasonInstanceGone || d.reason == reasonKarpenter:
 		h.Recorder.Eventf(node, nil, corev1.EventTypeNormal, ReasonDeletionAdmitted, actionAdmit, "deletion admitted: %s", d.message)
 	case len(d.claimed) > 0:
 		for _, b := range d.claimed {

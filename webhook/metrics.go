@@ -32,12 +32,14 @@ const (
 	// reasonInstanceGone (allowed): a NotReady node whose cloud instance is
 	// gone (the cloud node lifecycle controller's delete).
 	reasonInstanceGone = "instance_gone"
+	// reasonKarpenter (allowed): a node Karpenter terminates.
+	reasonKarpenter = "karpenter"
 )
 
 var (
 	decisions = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "nodeguard_admission_requests_total",
-		Help: "Node admission decisions by operation (CREATE, UPDATE, DELETE), result (allowed, patched, denied, error) and reason (why denied; unavailable_node: an unavailable node's deletion admitted without a disruption; instance_gone: a NotReady node whose cloud instance is gone).",
+		Help: "Node admission decisions by operation (CREATE, UPDATE, DELETE), result (allowed, patched, denied, error) and reason (why denied; unavailable_node: an unavailable node's deletion admitted without a disruption; instance_gone: a NotReady node whose cloud instance is gone; karpenter: a node Karpenter terminates).",
 	}, []string{labelOperation, labelResult, labelReason})
 	latency = prometheus.NewHistogramVec(prometheus.HistogramOpts{
 		Name:    "nodeguard_admission_duration_seconds",

@@ -85,6 +85,11 @@ const (
 	KarpenterDisruptedTaintKey = "karpenter.sh/disrupted"
 )
 
+// KarpenterTerminationFinalizer is Karpenter's (and AKS node
+// auto-provisioning's) Node finalizer: Karpenter drains the node and deletes
+// its instance itself.
+const KarpenterTerminationFinalizer = "karpenter.sh/termination"
+
 // cluster-autoscaler's node annotations.
 const (
 	// ScaleDownDisabledAnnotation = "true" keeps cluster-autoscaler from

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"net/http"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -320,5 +321,76 @@ func TestScaleDownDisabledWhileTheBudgetAllowsNone(t *testing.T) {
 	}
 	if a[ngv1alpha1.ScaleDownDisabledAnnotation] != "false" || a[ngv1alpha1.ScaleDownDisabledByAnnotation] != "" {
 		t.Errorf("the user's annotation was touched: %v", a)
+	}
+}
+
+// TestKarpenterNodeIsCutNotDrained: a node that carries Karpenter's
+// termination finalizer (Karpenter drains it and deletes its instance) is
+// admitted at once even under a budget that allows nothing; nodeguard cuts its
+// traffic, does not evict a single pod, and lets go of the node once the cut
+// is confirmed, leaving Karpenter's finalizer.
+func TestKarpenterNodeIsCutNotDrained(t *testing.T) {
+	harness.SkipWithoutEnv(t, env)
+	ctx := context.Background()
+	f := newFleet(t, "karpenter", 2)
+	node := f.nodes[0]
+	var n corev1.Node
+	if err := env.Client.Get(ctx, client.ObjectKey{Name: node}, &n); err != nil {
+		t.Fatal(err)
+	}
+	patch := client.MergeFrom(n.DeepCopy())
+	n.Finalizers = append(n.Finalizers, ngv1alpha1.KarpenterTerminationFinalizer)
+	n.Labels["e2e-target"] = f.pool
+	if err := env.Client.Patch(ctx, &n, patch); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { // what Karpenter does once it has drained the node
+		var n corev1.Node
+		if err := env.Client.Get(ctx, client.ObjectKey{Name: node}, &n); err == nil {
+			patch := client.MergeFrom(n.DeepCopy())
+			n.Finalizers = nil
+			_ = env.Client.Patch(ctx, &n, patch)
+		}
+	})
+	harness.MustCreate(t, env.Client, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: f.pool}})
+	harness.MustCreate(t, env.Client, builder.Deployment(f.pool, "web", 2, builder.OnNodes("e2e-target", f.pool)))
+	harness.MustCreate(t, env.Client, builder.NDB(f.pool, builder.NDBSelecting("pool", f.pool), builder.NDBMaxUnavailable("0")))
+	startNodeguard(t, env.Kubeconfig, f.emulator)
+	harness.WaitForTerminationFinalizer(t, env.Client, node)
+	harness.Eventually(t, time.Minute, func(ctx context.Context) (bool, error) {
+		pods, err := evictablePodsOn(ctx, f.pool, node)
+		return len(pods) > 0, err
+	}, "a pod runs on %s", node)
+	before, err := evictablePodsOn(ctx, f.pool, node)
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	if err := env.Client.Delete(ctx, &n); err != nil {
+		t.Fatalf("the Node delete of a Karpenter node was refused: %v", err)
+	}
+	harness.Eventually(t, 30*time.Second, func(ctx context.Context) (bool, error) {
+		var n corev1.Node
+		err := env.Client.Get(ctx, client.ObjectKey{Name: node}, &n)
+		return err == nil && !slices.Contains(n.Finalizers, ngv1alpha1.TerminationFinalizer), err
+	}, "nodeguard lets go of %s", node)
+	if !f.allStates(node, "Down") {
+		t.Errorf("released with entries %v, want every one Down", f.states(node))
+	}
+	harness.WaitForEvent(t, env.Client, node, "ReleasedToKarpenter")
+	after, err := evictablePodsOn(ctx, f.pool, node)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range after {
+		if p.DeletionTimestamp != nil {
+			t.Errorf("pod %s is terminating: nodeguard drained a Karpenter node", p.Name)
+		}
+	}
+	if len(after) < len(before) {
+		t.Errorf("%d pods on the node before the delete, %d after: nodeguard drained a Karpenter node", len(before), len(after))
+	}
+	if c, err := harness.CountEvents(ctx, env.Client, node, "CordonedForTermination"); err != nil || c != 0 {
+		t.Errorf("%d CordonedForTermination events (%v), want none", c, err)
 	}
 }
