@@ -11,11 +11,12 @@ import (
 // InstanceExists asks ARM whether the node's VM (standalone or VMSS
 // instance, from its providerID) still exists: what cloud-provider-azure's
 // node lifecycle controller asks before it deletes a NotReady node. A node
-// whose providerID names no Azure VM is an error.
+// whose providerID names no Azure VM (none yet, another cloud, kwok) is
+// never reported gone: nothing is asked.
 func (m *Manager) InstanceExists(ctx context.Context, node *corev1.Node) (bool, error) {
 	id, err := armclient.VMResourceID(node.Spec.ProviderID)
 	if err != nil {
-		return false, err
+		return true, nil
 	}
 	return m.client.VMExists(ctx, id)
 }
