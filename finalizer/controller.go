@@ -125,7 +125,6 @@ type Reconciler struct {
 // +kubebuilder:rbac:groups=policy,resources=poddisruptionbudgets,verbs=list;watch
 // +kubebuilder:rbac:groups=storage.k8s.io,resources=volumeattachments,verbs=list
 // +kubebuilder:rbac:groups=coordination.k8s.io,resources=leases,verbs=get;list;watch;create;update
-// +kubebuilder:rbac:groups="",resources=namespaces,verbs=create
 
 // SetupWithManager registers the controller. It sees nodes being deleted with
 // the finalizer, and every PDB status change wakes the nodes being drained.

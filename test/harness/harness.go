@@ -21,6 +21,7 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/rest"
@@ -58,6 +59,10 @@ type Options struct {
 	// AuditPolicy, when set, is an audit policy (YAML) for kube-apiserver,
 	// which then writes JSON audit events to Env.AuditLog.
 	AuditPolicy string
+	// NoMaintenanceNamespace leaves out the namespace kube-node-maintenance,
+	// which nodeguard's install ships and the harness otherwise creates, for
+	// tests that install it themselves (test/install).
+	NoMaintenanceNamespace bool
 }
 
 // Env is a running control plane.
@@ -108,6 +113,12 @@ func Start(ctx context.Context, opts Options) (*Env, error) {
 	}
 	if err := e.startAPIServer(opts); err != nil {
 		return e, err
+	}
+	if !opts.NoMaintenanceNamespace {
+		ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ngv1alpha1.MaintenanceLeaseNamespace}}
+		if err := e.Client.Create(ctx, ns); err != nil {
+			return e, fmt.Errorf("creating namespace %s: %w", ns.Name, err)
+		}
 	}
 	if opts.Cluster {
 		if err := e.startCluster(ctx, opts); err != nil {
