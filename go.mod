@@ -10,6 +10,7 @@ require (
 	github.com/prometheus/client_golang v1.24.0
 	github.com/robfig/cron/v3 v3.0.1
 	go.uber.org/zap v1.27.1
+	golang.org/x/crypto/x509roots/fallback v0.0.0-20261030153154-30a33513ff6d
 	gomodules.xyz/jsonpatch/v2 v2.4.0
 	k8s.io/api v0.37.2
 	k8s.io/apimachinery v0.37.2
