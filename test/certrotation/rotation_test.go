@@ -498,4 +498,3 @@ func firstOr(s []string, none string) string {
 	}
 	return s[0]
 }
-
