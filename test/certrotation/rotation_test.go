@@ -431,7 +431,7 @@ func TestServingCertificateRotationRefusesNoDelete(t *testing.T) {
 		t.Run(fmt.Sprintf("CAInjectorMerging=%t", merging), func(t *testing.T) {
 			startCAInjector(t, merging)
 			certs, webhooks := shippedCertificates(t)
-			namespace := fmt.Sprintf("nodeguard-merging-%t", merging)
+			namespace := fmt.Sprintf("nodeguard-merging-%t-%d", merging, nextRun())
 			inNamespace(certs, webhooks, namespace)
 			servingOnLoopback(t, certs)
 			rotations, a := rotate(t, namespace, certs, webhooks, 3)
@@ -464,7 +464,7 @@ func TestSelfSignedServingCertificateRefusesDeletesOnRotation(t *testing.T) {
 	harness.SkipWithoutEnv(t, env)
 	startCertManager(t)
 	startCAInjector(t, false)
-	const namespace = "nodeguard-selfsigned"
+	namespace := fmt.Sprintf("nodeguard-selfsigned-%d", nextRun())
 	_, webhooks := shippedCertificates(t)
 	certs := selfSignedCertificates(t, namespace, webhooks)
 	servingOnLoopback(t, certs)
@@ -476,6 +476,15 @@ func TestSelfSignedServingCertificateRefusesDeletesOnRotation(t *testing.T) {
 		t.Errorf("no admission refused while the self-signed serving certificate rotated (%d admitted): the rotation test cannot see the failure", rotations[0].admitted)
 	}
 	t.Logf("control: %d admissions refused during the renewal, e.g. %s", rotations[0].refused, firstOr(a.refusals, "none"))
+}
+
+// runs numbers the scenarios run in this process: -count=N runs them N times
+// on one cluster, each in namespaces and with nodes of its own.
+var runs int
+
+func nextRun() int {
+	runs++
+	return runs
 }
 
 // inNamespace moves the shipped certificates into namespace, with the
