@@ -9,28 +9,12 @@ import (
 	"github.com/nodeguard/nodeguard/test/harness"
 )
 
-// stubCRDs stand in for cert-manager's and the Prometheus Operator's CRDs,
-// which this cluster does not have: they accept any spec, so the dry-run
-// below checks those objects' kind, scope and metadata, not their spec.
+// stubCRDs stand in for the Prometheus Operator's CRDs, which this cluster
+// does not have: they accept any spec, so the dry-run below checks those
+// objects' kind, scope and metadata, not their spec. cert-manager's CRDs are
+// the real ones (make tools copies them from cert-manager's module), so the
+// Issuers and Certificates are validated in full.
 const stubCRDs = `
-apiVersion: apiextensions.k8s.io/v1
-kind: CustomResourceDefinition
-metadata: {name: issuers.cert-manager.io}
-spec:
-  group: cert-manager.io
-  names: {kind: Issuer, plural: issuers, singular: issuer, listKind: IssuerList}
-  scope: Namespaced
-  versions: [{name: v1, served: true, storage: true, schema: {openAPIV3Schema: {type: object, x-kubernetes-preserve-unknown-fields: true}}}]
----
-apiVersion: apiextensions.k8s.io/v1
-kind: CustomResourceDefinition
-metadata: {name: certificates.cert-manager.io}
-spec:
-  group: cert-manager.io
-  names: {kind: Certificate, plural: certificates, singular: certificate, listKind: CertificateList}
-  scope: Namespaced
-  versions: [{name: v1, served: true, storage: true, schema: {openAPIV3Schema: {type: object, x-kubernetes-preserve-unknown-fields: true}}}]
----
 apiVersion: apiextensions.k8s.io/v1
 kind: CustomResourceDefinition
 metadata: {name: servicemonitors.monitoring.coreos.com}
@@ -57,6 +41,7 @@ func TestKustomizeIsValidOnTheServer(t *testing.T) {
 	harness.SkipWithoutEnv(t, env)
 	applyRBAC(t) // the namespace must exist for a dry-run of namespaced objects
 	harness.MustKubectl(t, env.Kubeconfig, stubCRDs, "apply", "-f", "-")
+	harness.MustKubectl(t, env.Kubeconfig, "", "apply", "--server-side", "-f", filepath.Join(harness.BinDir(), "cert-manager-crds"))
 	harness.MustKubectl(t, env.Kubeconfig, "", "wait", "--for=condition=Established", "--timeout=60s",
 		"crd/issuers.cert-manager.io", "crd/certificates.cert-manager.io",
 		"crd/servicemonitors.monitoring.coreos.com", "crd/prometheusrules.monitoring.coreos.com")
@@ -78,7 +63,8 @@ func TestKustomizeIsValidOnTheServer(t *testing.T) {
 			for _, want := range []string{
 				"customresourcedefinition.apiextensions.k8s.io/nodedisruptionbudgets.nodeguard.io",
 				"deployment.apps/nodeguard", "validatingwebhookconfiguration.admissionregistration.k8s.io/nodeguard-validating-webhook-configuration",
-				"certificate.cert-manager.io/nodeguard-serving-cert",
+				"certificate.cert-manager.io/nodeguard-serving-cert", "certificate.cert-manager.io/nodeguard-ca",
+				"issuer.cert-manager.io/nodeguard-ca-issuer", "namespace/kube-node-maintenance",
 			} {
 				if !strings.Contains(got, want) {
 					t.Errorf("dry-run output lacks %s:\n%s", want, got)
