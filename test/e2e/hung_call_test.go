@@ -8,8 +8,6 @@ import (
 	"testing"
 	"time"
 
-	eventsv1 "k8s.io/api/events/v1"
-
 	"github.com/nodeguard/nodeguard/test/armemulator"
 	"github.com/nodeguard/nodeguard/test/harness"
 )
@@ -114,18 +112,12 @@ func TestHungARMCall(t *testing.T) {
 }
 
 // eventNotes returns the notes of the events with the reason about the named
-// object.
+// object, failing the test when they cannot be listed.
 func eventNotes(ctx context.Context, t *testing.T, regarding, reason string) []string {
 	t.Helper()
-	var list eventsv1.EventList
-	if err := env.Client.List(ctx, &list); err != nil {
+	notes, err := harness.EventNotes(ctx, env.Client, regarding, reason)
+	if err != nil {
 		t.Fatal(err)
 	}
-	var out []string
-	for _, e := range list.Items {
-		if e.Regarding.Name == regarding && e.Reason == reason {
-			out = append(out, e.Note)
-		}
-	}
-	return out
+	return notes
 }
