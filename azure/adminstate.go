@@ -36,21 +36,12 @@ func DesiredState(node *corev1.Node) AdminState {
 		return AdminStateNone
 	}
 	for _, t := range node.Spec.Taints {
-		switch t.Key {
-		case ngv1alpha1.OutOfServiceTaintKey, ngv1alpha1.CloudShutdownTaintKey, ngv1alpha1.DrainingTaintKey:
+		if _, signal := ngv1alpha1.SignalOf(t); signal || ngv1alpha1.IsDrainingTaint(t) {
 			return AdminStateDown
-		case ngv1alpha1.SpotEvictionTaintKey:
-			if t.Value == ngv1alpha1.SpotEvictionTaintValue {
-				return AdminStateDown
-			}
 		}
 	}
-	if node.DeletionTimestamp != nil {
-		for _, f := range node.Finalizers {
-			if f == ngv1alpha1.TerminationFinalizer {
-				return AdminStateDown
-			}
-		}
+	if ngv1alpha1.TerminatingUnderFinalizer(node) {
+		return AdminStateDown
 	}
 	return AdminStateNone
 }

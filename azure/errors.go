@@ -20,11 +20,6 @@ var (
 	ErrForgotten = errors.New("node was forgotten while waiting for its admin state")
 	// ErrStopped: the manager stopped.
 	ErrStopped = errors.New("admin-state manager stopped")
-	// ErrNoEntry: the pool lists the node only in backendIPConfigurations (a
-	// NIC-based pool without loadBalancerBackendAddresses entries): there is
-	// no entry to carry an admin state, and ARM offers no way to add one from
-	// the pool (networkInterfaceIPConfiguration is read-only there).
-	ErrNoEntry = errors.New("the backend pool lists the node only in backendIPConfigurations, with no loadBalancerBackendAddresses entry to carry an admin state")
 )
 
 // UpdateFailedError is a node's admin state that could not be applied to a
@@ -43,6 +38,30 @@ func (e *UpdateFailedError) Error() string {
 }
 
 func (e *UpdateFailedError) Unwrap() error { return e.Err }
+
+// NoEntryError is a node that is a member of a NIC-based backend pool only
+// through its NIC's IP configuration (the pool's backendIPConfigurations):
+// the pool has no backend-address entry to carry an admin state, and ARM does
+// not let a client add one (networkInterfaceIPConfiguration is read-only), so
+// the node's traffic through this pool is not cut.
+type NoEntryError struct{ Pool string }
+
+func (e *NoEntryError) Error() string {
+	return "backend pool " + e.Pool + " lists the node only in backendIPConfigurations: it has no backend-address entry to carry an admin state"
+}
+
+// RecordError is a failure to save the record of the entries nodeguard sets
+// Down. No Down is written unrecorded, so the write waits for a retry.
+type RecordError struct {
+	Pool string
+	Err  error
+}
+
+func (e *RecordError) Error() string {
+	return "recording the entries set Down in backend pool " + e.Pool + " (Lease in the maintenance namespace): " + e.Err.Error()
+}
+
+func (e *RecordError) Unwrap() error { return e.Err }
 
 // errorClass is what the manager does about an error.
 type errorClass int
@@ -69,6 +88,16 @@ const errorCodeCanceled = "Canceled"
 func classify(ctx context.Context, err error) (class errorClass, retryAfter time.Time) {
 	if ctx.Err() != nil {
 		return classShutdown, time.Time{}
+	}
+	var rerr *RecordError
+	if errors.As(err, &rerr) {
+		// The API server, not ARM: nothing was written; try again soon.
+		return classRetriable, time.Time{}
+	}
+	if errors.Is(err, context.DeadlineExceeded) {
+		// ARM did not answer within --azure-request-timeout (each try within
+		// its part of it): a hang passes, so try again soon.
+		return classRetriable, time.Time{}
 	}
 	var te *armclient.ThrottleError
 	if errors.As(err, &te) {

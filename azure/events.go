@@ -11,6 +11,12 @@ const (
 	ReasonNone           = "LoadBalancerAdminStateNone"
 	ReasonUpdateFailed   = "LoadBalancerAdminStateUpdateFailed"
 	ReasonUpdateRetrying = "LoadBalancerAdminStateUpdateRetrying"
+	// ReasonNoEntry (Warning): a NIC-based pool has the node as a member but
+	// no entry that could carry an admin state; its traffic is not cut there.
+	ReasonNoEntry = "LoadBalancerAdminStateNoEntry"
+	// ReasonRestoredAfterNodeGone: the entries nodeguard set Down for a node
+	// that is gone are None again.
+	ReasonRestoredAfterNodeGone = "LoadBalancerAdminStateRestoredAfterNodeGone"
 
 	eventAction = "UpdateLoadBalancerAdminState"
 )
@@ -45,6 +51,20 @@ func exhaustedEvent(pool string, retries int, err string, resync time.Duration) 
 }
 
 func noEntryEvent(pool string) event {
-	return event{warning: true, reason: ReasonUpdateFailed,
-		note: fmt.Sprintf("Backend pool %s lists the node only in backendIPConfigurations, with no backend address entry to carry an admin state: the node's traffic through this pool is NOT cut. Use IP-based backend pools (or NIC pools whose entries Azure lists) for admin state.", pool)}
+	return event{warning: true, reason: ReasonNoEntry,
+		note: fmt.Sprintf("Backend pool %s lists the node only through its NIC's IP configuration (backendIPConfigurations), with no backend-address entry to carry an admin state; ARM does not let a client add one, so the node is NOT Down in this pool and keeps receiving new connections there until its health probe fails.", pool)}
+}
+
+func listFailedEvent(resourceGroup, err string, at time.Time) event {
+	return event{warning: true, reason: ReasonUpdateRetrying,
+		note: fmt.Sprintf("Listing the load balancers in resource group %s failed, so the node's backend pools are unknown; retrying after %s: %s", resourceGroup, at.UTC().Format(time.RFC3339), err)}
+}
+
+func goneRestoredEvent(n *nodeState) event {
+	why := "was gone for the grace period (--azure-admin-state-gone-node-grace)"
+	if n.gone.due == dueReplaced {
+		why = fmt.Sprintf("was replaced by a node of the same name (UID %s)", n.gone.replacement)
+	}
+	return event{reason: ReasonRestoredAfterNodeGone,
+		note: fmt.Sprintf("Node %s (UID %s) %s: restored None on the load-balancer backend entries nodeguard had set Down for it", n.name, n.uid, why)}
 }

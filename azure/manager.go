@@ -6,6 +6,7 @@ import (
 	"flag"
 	"fmt"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -18,6 +19,7 @@ import (
 	"k8s.io/client-go/tools/events"
 	"k8s.io/utils/clock"
 	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/nodeguard/nodeguard/azure/armclient"
 	"github.com/nodeguard/nodeguard/azure/backends"
@@ -35,6 +37,10 @@ func NewOptions() Options { return Options{Options: config.NewOptions()} }
 // BindFlags registers the --azure-* flags on fs.
 func (o *Options) BindFlags(fs *flag.FlagSet) { o.Options.BindFlags(fs) }
 
+// tryTimeoutDivisor: one try of an ARM call gets this fraction of
+// --azure-request-timeout.
+const tryTimeoutDivisor = 4
+
 // ManagerOption changes how NewManager builds a Manager (mostly for tests).
 type ManagerOption func(*managerSettings)
 
@@ -46,6 +52,8 @@ type managerSettings struct {
 	transport     policy.Transporter
 	credential    azcore.TokenCredential
 	log           logr.Logger
+	records       RecordStore
+	nodes         client.Reader
 }
 
 // WithClock sets the clock (default: real time).
@@ -71,6 +79,15 @@ func WithCredential(c azcore.TokenCredential) ManagerOption {
 	return func(s *managerSettings) { s.credential = c }
 }
 
+// WithRecords sets where the manager records the entries it set Down
+// (default: in memory, lost on restart; nodeguard passes LeaseRecords).
+func WithRecords(r RecordStore) ManagerOption { return func(s *managerSettings) { s.records = r } }
+
+// WithNodeReader lets the manager see which nodes exist, to find the gone
+// nodes whose recorded entries it restores. Without it, a node is known gone
+// only through Forget.
+func WithNodeReader(r client.Reader) ManagerOption { return func(s *managerSettings) { s.nodes = r } }
+
 // WithLogger sets the logger used outside Start's context.
 func WithLogger(l logr.Logger) ManagerOption { return func(s *managerSettings) { s.log = l } }
 
@@ -85,18 +102,32 @@ type Manager struct {
 	clock    clock.WithTicker
 	log      logr.Logger
 
+	// trigger wakes the loop: new work, or a writer finished.
 	trigger chan struct{}
 	stopped chan struct{}
 	stopMu  sync.Once
 
-	lockMu    sync.Mutex
-	poolLocks map[string]*sync.Mutex
+	lockMu  sync.Mutex
+	lbLocks map[string]*sync.Mutex
 
-	mu          sync.Mutex
-	nodes       map[types.UID]*nodeState
-	pools       map[string]*poolState
+	mu    sync.Mutex
+	nodes map[types.UID]*nodeState
+	pools map[string]*poolState
+	// writers: the load balancers whose writer goroutine is running.
+	writers map[string]bool
+	// attempts numbers pool attempts, so that a writer takes the pool it
+	// served longest ago first.
+	attempts    uint64
+	discovered  bool
 	nextResync  time.Time
 	discoverErr error
+
+	records    RecordStore
+	nodeReader client.Reader
+	// recorded mirrors the records: by pool key, the entries nodeguard set
+	// Down and for which node. nil until loaded; no writer runs before.
+	recorded   map[string]poolRecord
+	nextReview time.Time
 }
 
 // nodeState is one node's desired state and progress.
@@ -117,6 +148,11 @@ type nodeState struct {
 	confirmed bool
 	failed    error
 	notify    chan struct{}
+	// warned: pools whose missing entry was reported for gen.
+	warned map[string]bool
+	// gone is set for a node that no longer exists but still has entries
+	// recorded Down: it has no identity to match, only its record.
+	gone *goneState
 }
 
 // work is a node's state in one pool.
@@ -132,6 +168,8 @@ type poolState struct {
 	// notBefore parks the pool: no call before it (429 Retry-After, or the
 	// retry interval after a retriable failure).
 	notBefore time.Time
+	// lastAttempt is the attempt number of the pool's last attempt.
+	lastAttempt uint64
 }
 
 // NewManager builds the manager from the flags. It returns (nil, nil) when no
@@ -164,9 +202,15 @@ func NewManagerFromConfig(cfg *config.Config, recorder events.EventRecorder, opt
 			}
 		}
 		var err error
+		retry := s.retry
+		if retry.TryTimeout == 0 {
+			// A hung try ends early enough for the SDK to try again within
+			// the attempt's --azure-request-timeout.
+			retry.TryTimeout = cfg.RequestTimeout / tryTimeoutDivisor
+		}
 		client, err = armclient.New(armclient.Settings{
 			SubscriptionID: cfg.SubscriptionID, Credential: cred, Cloud: cfg.Cloud,
-			InsecureAllowHTTP: cfg.InsecureAllowHTTP, Retry: s.retry, PollFrequency: s.pollFrequency,
+			InsecureAllowHTTP: cfg.InsecureAllowHTTP, Retry: retry, PollFrequency: s.pollFrequency,
 			Clock: s.clock, Transport: s.transport,
 		})
 		if err != nil {
@@ -177,9 +221,14 @@ func NewManagerFromConfig(cfg *config.Config, recorder events.EventRecorder, opt
 	m := &Manager{
 		cfg: cfg, client: client, recorder: recorder, clock: s.clock, log: s.log,
 		trigger: make(chan struct{}, 1), stopped: make(chan struct{}),
-		poolLocks: map[string]*sync.Mutex{}, nodes: map[types.UID]*nodeState{}, pools: map[string]*poolState{},
+		lbLocks: map[string]*sync.Mutex{}, nodes: map[types.UID]*nodeState{}, pools: map[string]*poolState{},
+		writers: map[string]bool{},
 	}
-	m.nics = backends.NewNICCache(client.GetInterface)
+	m.nics = backends.NewNICCache(client.GetInterface, s.clock, cfg.ResyncInterval, cfg.RetryInterval)
+	m.records, m.nodeReader = s.records, s.nodes
+	if m.records == nil {
+		m.records = NewMemoryRecords()
+	}
 	return m, nil
 }
 
@@ -199,6 +248,7 @@ func (m *Manager) SetDesired(node *corev1.Node, state AdminState) {
 	}
 	ident := backends.FromNode(node)
 	m.mu.Lock()
+	m.replacedBy(node)
 	n, ok := m.nodes[node.UID]
 	changed := false
 	if !ok {
@@ -217,12 +267,17 @@ func (m *Manager) SetDesired(node *corev1.Node, state AdminState) {
 		n.desired = state
 		n.gen++
 		n.since = m.clock.Now()
-		n.changed, n.confirmed, n.failed = false, false, nil
+		n.changed, n.confirmed, n.failed, n.warned = false, false, nil, map[string]bool{}
 		for _, w := range n.pools {
 			*w = work{pending: true}
 		}
 		n.signal()
 		changed = true
+	}
+	if !n.known && m.discovered {
+		m.assumeMember(n)
+		// In no pool at all: nothing to wait for (no event: nothing changed).
+		m.updateConfirmed(n)
 	}
 	m.mu.Unlock()
 	if changed {
@@ -230,17 +285,37 @@ func (m *Manager) SetDesired(node *corev1.Node, state AdminState) {
 	}
 }
 
+// assumeMember gives a node whose membership is unknown pending work in
+// every known pool: the pool's fresh Get, which a write needs anyway, tells
+// whether it is a member, so no listing delays its first write. Call with
+// m.mu held.
+func (m *Manager) assumeMember(n *nodeState) {
+	n.pools = make(map[string]*work, len(m.pools))
+	for k := range m.pools {
+		n.pools[k] = &work{pending: true}
+	}
+	n.known = true
+}
+
 func sameIdent(a, b backends.Node) bool {
 	return a.Name == b.Name && a.ProviderID == b.ProviderID && slices.Equal(a.IPs, b.IPs)
 }
 
-// Forget drops a deleted node: its entries go with it, so no ARM call is needed.
+// Forget drops a deleted node. Entries nodeguard recorded Down for it are
+// restored once a node of the same name replaces it, or after
+// --azure-admin-state-gone-node-grace.
 func (m *Manager) Forget(uid types.UID) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	if n, ok := m.nodes[uid]; ok {
-		delete(m.nodes, uid)
-		n.signal()
+	n, ok := m.nodes[uid]
+	if !ok || n.gone != nil {
+		return
+	}
+	delete(m.nodes, uid)
+	n.signal()
+	if m.ownsEntries(uid) {
+		m.markGone(uid, n.name, m.clock.Now())
+		m.wake()
 	}
 }
 
@@ -256,6 +331,10 @@ func (m *Manager) WaitConfirmed(ctx context.Context, uid types.UID, state AdminS
 		if !ok {
 			m.mu.Unlock()
 			return ErrNotTracked
+		}
+		if n.gone != nil {
+			m.mu.Unlock()
+			return ErrForgotten
 		}
 		if n.desired == state && n.confirmed {
 			m.mu.Unlock()
@@ -307,9 +386,11 @@ func (m *Manager) Start(ctx context.Context) error {
 	ctx = ctrl.LoggerInto(ctx, log)
 	log.Info("Starting load-balancer admin-state manager", "subscription", m.cfg.SubscriptionID,
 		"resourceGroup", m.cfg.ResourceGroup, "loadBalancers", m.cfg.LoadBalancers, "credential", m.cfg.Credential.Kind)
+	var writers sync.WaitGroup
 	defer m.stopMu.Do(func() { close(m.stopped) })
+	defer writers.Wait()
 	for {
-		next := m.tick(ctx)
+		next := m.round(ctx, &writers)
 		if ctx.Err() != nil {
 			return nil
 		}
@@ -325,13 +406,16 @@ func (m *Manager) Start(ctx context.Context) error {
 	}
 }
 
-func (m *Manager) poolLock(key string) *sync.Mutex {
+// lbLock serialises writes to one load balancer's pools (they share its
+// ETag) across the manager's writers and ticks.
+func (m *Manager) lbLock(lb string) *sync.Mutex {
 	m.lockMu.Lock()
 	defer m.lockMu.Unlock()
-	l, ok := m.poolLocks[key]
+	k := strings.ToLower(lb)
+	l, ok := m.lbLocks[k]
 	if !ok {
 		l = &sync.Mutex{}
-		m.poolLocks[key] = l
+		m.lbLocks[k] = l
 	}
 	return l
 }

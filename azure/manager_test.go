@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
-	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -85,16 +84,31 @@ type testEnv struct {
 	clk   *testingclock.FakeClock
 	rec   *fakeRecorder
 	nodes []*corev1.Node
+	// remake builds another manager like m (a restart: same store, same
+	// emulator, same clock and recorder).
+	remake func() *Manager
 }
 
-type envOption func(*Options, *armemulator.Options)
+// envSettings is what envOptions change.
+type envSettings struct {
+	o       *Options
+	emu     *armemulator.Options
+	manager []ManagerOption
+}
+
+type envOption func(*envSettings)
 
 func withMaxRetries(n int) envOption {
-	return func(o *Options, _ *armemulator.Options) { o.MaxRetries.V = ptr.To(n) }
+	return func(s *envSettings) { s.o.MaxRetries.V = ptr.To(n) }
 }
 
 func withAsync() envOption {
-	return func(_ *Options, e *armemulator.Options) { e.Async, e.AsyncPolls = true, 1 }
+	return func(s *envSettings) { s.emu.Async, s.emu.AsyncPolls = true, 1 }
+}
+
+// withManager passes options to NewManager (records, a node reader).
+func withManager(mo ...ManagerOption) envOption {
+	return func(s *envSettings) { s.manager = append(s.manager, mo...) }
 }
 
 // newEnv starts an emulator with a public and an internal load balancer
@@ -120,8 +134,9 @@ func newEnvWithSeed(t *testing.T, seed armemulator.Seed, nodes []*corev1.Node, o
 	t.Helper()
 	o := NewOptions()
 	var eo armemulator.Options
+	settings := envSettings{o: &o, emu: &eo}
 	for _, opt := range opts {
-		opt(&o, &eo)
+		opt(&settings)
 	}
 	emu, err := armemulator.Start("127.0.0.1:0", seed, eo)
 	if err != nil {
@@ -136,18 +151,21 @@ func newEnvWithSeed(t *testing.T, seed armemulator.Seed, nodes []*corev1.Node, o
 	o.Getenv = func(string) string { return "" }
 	clk := testingclock.NewFakeClock(time.Now())
 	rec := &fakeRecorder{}
-	m, err := NewManager(o, rec, WithClock(clk),
-		WithSDKRetry(policy.RetryOptions{MaxRetries: 3, RetryDelay: time.Millisecond, MaxRetryDelay: 5 * time.Millisecond, TryTimeout: 2 * time.Second}),
-		WithPollFrequency(5*time.Millisecond))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if m == nil {
-		t.Fatal("NewManager returned no manager for a complete configuration")
+	remake := func() *Manager {
+		m, err := NewManager(o, rec, append([]ManagerOption{WithClock(clk),
+			WithSDKRetry(policy.RetryOptions{MaxRetries: 3, RetryDelay: time.Millisecond, MaxRetryDelay: 5 * time.Millisecond, TryTimeout: 2 * time.Second}),
+			WithPollFrequency(5 * time.Millisecond)}, settings.manager...)...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if m == nil {
+			t.Fatal("NewManager returned no manager for a complete configuration")
+		}
+		return m
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(cancel)
-	return &testEnv{t: t, ctx: ctx, emu: emu, m: m, clk: clk, rec: rec, nodes: nodes}
+	return &testEnv{t: t, ctx: ctx, emu: emu, m: remake(), clk: clk, rec: rec, nodes: nodes, remake: remake}
 }
 
 func (e *testEnv) tick() { e.m.tick(e.ctx) }
@@ -263,9 +281,6 @@ func TestHundredNodesFourPoolsOneBatch(t *testing.T) {
 			for _, n := range e.nodes {
 				e.wantConfirmed(n, AdminStateDown)
 			}
-			if got := e.preconditionFailures(); got != 0 {
-				t.Errorf("%d PUTs answered 412 with one ETag per load balancer, want 0", got)
-			}
 			if got := len(e.rec.all()); got != 100 {
 				t.Errorf("%d events, want one Down event per node (100)", got)
 			}
@@ -273,110 +288,108 @@ func TestHundredNodesFourPoolsOneBatch(t *testing.T) {
 	}
 }
 
-// ARM keeps one ETag per load balancer (the emulator plays that rule): a
-// write to one pool changes the ETag the others report. A dual-stack node sits
-// in two pools of each load balancer; both are written one after another with
-// a fresh ETag, never concurrently with a stale one.
-func TestTwoPoolsOfOneLoadBalancerWithoutConflict(t *testing.T) {
-	e := newEnv(t, 1, true)
-	n := e.nodes[0]
-	e.m.SetDesired(n, AdminStateDown)
-	e.tick()
-	down := 0
-	for _, p := range e.emu.State() {
-		for _, entry := range p.Entries {
-			if p.Pool != "aksOutboundBackendPool" && entry.AdminState != "Down" {
-				t.Errorf("%s/%s/%s = %s, want Down", p.LoadBalancer, p.Pool, entry.Name, entry.AdminState)
-			}
-			if entry.AdminState == "Down" {
-				down++
-			}
-		}
-	}
-	if down != 4 {
-		t.Errorf("%d entries Down, want 4 (IPv4 and IPv6 pools of both load balancers)", down)
-	}
-	e.wantStates(n.Name, AdminStateDown)
-	e.wantConfirmed(n, AdminStateDown)
-	if got := e.preconditionFailures(); got != 0 {
-		t.Errorf("%d PUTs answered 412, want 0", got)
-	}
-	lbPath := "/loadBalancers/kubernetes/backendAddressPools/"
-	if gets, puts := e.gets(lbPath), e.puts(lbPath); gets > 2 || puts > 2 {
-		t.Errorf("load balancer kubernetes: %d GETs and %d PUTs of its pools, want at most 2 of each", gets, puts)
-	}
-}
-
-func (e *testEnv) preconditionFailures() int {
-	n := 0
-	for _, r := range e.emu.Requests() {
-		if r.Method == http.MethodPut && r.Status == http.StatusPreconditionFailed {
-			n++
-		}
-	}
-	return n
-}
-
+// A read's 429 parks the pool it was for; other load balancers proceed.
 func TestThrottleParksPool(t *testing.T) {
-	for _, tc := range []struct{ name, method string }{{"on Get", http.MethodGet}, {"on CreateOrUpdate", http.MethodPut}} {
-		t.Run(tc.name, func(t *testing.T) {
-			e := newEnv(t, 3, false)
-			n0, n1 := e.nodes[0], e.nodes[1]
-			throttledBefore := testutil.ToFloat64(armclient.Throttled(map[string]string{http.MethodGet: armclient.OpGetPool, http.MethodPut: armclient.OpUpdatePool}[tc.method]))
-			e.emu.AddFault(armemulator.Fault{Method: tc.method, Path: publicPool, Status: http.StatusTooManyRequests, RetryAfter: "30", Times: 1})
-			failuresBefore := failures()
-			e.m.SetDesired(n0, AdminStateDown)
-			e.tick()
-			if got := e.state("kubernetes-internal", "kubernetes", n0.Name); got != "Down" {
-				t.Errorf("internal pool not updated while the public one is throttled: %s", got)
-			}
-			if got := e.emu.Count(tc.method, publicPool); got != 1 {
-				t.Errorf("%d %s requests to the throttled pool, want 1 (the SDK must not retry a throttle)", got, tc.method)
-			}
-			if got := testutil.ToFloat64(armclient.Throttled(map[string]string{http.MethodGet: armclient.OpGetPool, http.MethodPut: armclient.OpUpdatePool}[tc.method])); got != throttledBefore+1 {
-				t.Errorf("throttle metric went %v → %v, want +1", throttledBefore, got)
-			}
-			e.wantReasons(n0.Name, ReasonUpdateRetrying)
-			requests := len(e.emu.Requests())
-
-			// Ticks before Retry-After: no call, no event, no retry count, even
-			// with newer work for the parked pool; other pools proceed.
-			e.step(10 * time.Second)
-			e.m.SetDesired(n1, AdminStateDown)
-			e.tick()
-			e.step(10 * time.Second)
-			e.tick()
-			if got := e.gets(publicPool) + e.puts(publicPool); got != map[string]int{http.MethodGet: 1, http.MethodPut: 2}[tc.method] {
-				t.Errorf("parked pool was called: %d requests", got)
-			}
-			if got := e.state("kubernetes-internal", "kubernetes", n1.Name); got != "Down" {
-				t.Errorf("other pool did not proceed while one is parked: %s", got)
-			}
-			if got := e.state("kubernetes", "kubernetes", n1.Name); got != "None" {
-				t.Errorf("parked pool changed: %s", got)
-			}
-			e.wantReasons(n0.Name, ReasonUpdateRetrying)
-			e.wantReasons(n1.Name)
-			if w := e.m.nodes[n0.UID].pools["kubernetes/kubernetes"]; w.retries != 1 {
-				t.Errorf("retry count %d while parked, want 1", w.retries)
-			}
-			if len(e.emu.Requests()) <= requests {
-				t.Errorf("no requests for the other pool")
-			}
-
-			e.step(11 * time.Second) // past Retry-After
-			e.tick()
-			e.wantStates(n0.Name, AdminStateDown)
-			e.wantStates(n1.Name, AdminStateDown)
-			e.wantConfirmed(n0, AdminStateDown)
-			e.wantConfirmed(n1, AdminStateDown)
-			e.wantReasons(n0.Name, ReasonUpdateRetrying, ReasonDown)
-			e.wantReasons(n1.Name, ReasonDown)
-			if failures() != failuresBefore {
-				t.Errorf("failure metric recorded for a throttle that later succeeded")
-			}
-		})
+	e := newEnv(t, 3, false)
+	n0, n1 := e.nodes[0], e.nodes[1]
+	throttledBefore := testutil.ToFloat64(armclient.Throttled(armclient.OpGetPool))
+	e.emu.AddFault(armemulator.Fault{Method: http.MethodGet, Path: publicPool, Status: http.StatusTooManyRequests, RetryAfter: "30", Times: 1})
+	failuresBefore := failures()
+	e.m.SetDesired(n0, AdminStateDown)
+	e.tick()
+	if got := e.state("kubernetes-internal", "kubernetes", n0.Name); got != "Down" {
+		t.Errorf("internal pool not updated while the public one is throttled: %s", got)
 	}
+	if got := e.gets(publicPool); got != 1 {
+		t.Errorf("%d GETs of the throttled pool, want 1 (the SDK must not retry a throttle)", got)
+	}
+	if got := testutil.ToFloat64(armclient.Throttled(armclient.OpGetPool)); got != throttledBefore+1 {
+		t.Errorf("throttle metric went %v → %v, want +1", throttledBefore, got)
+	}
+	e.wantReasons(n0.Name, ReasonUpdateRetrying)
+	requests := len(e.emu.Requests())
+
+	// Ticks before Retry-After: no call, no event, no retry count, even
+	// with newer work for the parked pool; other pools proceed.
+	e.step(10 * time.Second)
+	e.m.SetDesired(n1, AdminStateDown)
+	e.tick()
+	e.step(10 * time.Second)
+	e.tick()
+	if got := e.gets(publicPool) + e.puts(publicPool); got != 1 {
+		t.Errorf("parked pool was called: %d requests", got)
+	}
+	if got := e.state("kubernetes-internal", "kubernetes", n1.Name); got != "Down" {
+		t.Errorf("other pool did not proceed while one is parked: %s", got)
+	}
+	if got := e.state("kubernetes", "kubernetes", n1.Name); got != "None" {
+		t.Errorf("parked pool changed: %s", got)
+	}
+	e.wantReasons(n0.Name, ReasonUpdateRetrying)
+	e.wantReasons(n1.Name)
+	if w := e.m.nodes[n0.UID].pools["kubernetes/kubernetes"]; w.retries != 1 {
+		t.Errorf("retry count %d while parked, want 1", w.retries)
+	}
+	if len(e.emu.Requests()) <= requests {
+		t.Errorf("no requests for the other pool")
+	}
+
+	e.step(11 * time.Second) // past Retry-After
+	e.tick()
+	e.wantStates(n0.Name, AdminStateDown)
+	e.wantStates(n1.Name, AdminStateDown)
+	e.wantConfirmed(n0, AdminStateDown)
+	e.wantConfirmed(n1, AdminStateDown)
+	e.wantReasons(n0.Name, ReasonUpdateRetrying, ReasonDown)
+	e.wantReasons(n1.Name, ReasonDown)
+	if failures() != failuresBefore {
+		t.Errorf("failure metric recorded for a throttle that later succeeded")
+	}
+	if n := e.emu.Status("", "", http.StatusPreconditionFailed); n != 0 {
+		t.Errorf("%d answers 412, want 0", n)
+	}
+}
+
+// A write's 429 is the subscription's write budget: until its Retry-After
+// no write reaches ARM, for any load balancer, while reads go on.
+func TestWriteThrottleParksEveryWriteOfTheSubscription(t *testing.T) {
+	e := newEnv(t, 3, false)
+	n0, n1 := e.nodes[0], e.nodes[1]
+	throttledBefore := testutil.ToFloat64(armclient.Throttled(armclient.OpUpdatePool))
+	// The public pool's PUT is refused once the internal one went through,
+	// so that the first round is the same whichever writer runs first.
+	e.emu.AddFault(armemulator.Fault{Method: http.MethodPut, Path: publicPool, Status: http.StatusTooManyRequests, RetryAfter: "30", Times: 1,
+		Before: func() { waitFor(t, func() bool { return e.puts(internalPool) == 1 }) }})
+	e.m.SetDesired(n0, AdminStateDown)
+	e.tick()
+	if got := e.state("kubernetes-internal", "kubernetes", n0.Name); got != "Down" {
+		t.Fatalf("internal pool = %s, want Down", got)
+	}
+	if got := testutil.ToFloat64(armclient.Throttled(armclient.OpUpdatePool)); got != throttledBefore+1 {
+		t.Errorf("throttle metric went %v → %v, want +1", throttledBefore, got)
+	}
+	e.wantReasons(n0.Name, ReasonUpdateRetrying)
+
+	e.step(10 * time.Second)
+	e.m.SetDesired(n1, AdminStateDown)
+	e.tick()
+	if got := e.puts(internalPool); got != 1 {
+		t.Errorf("%d PUTs to the internal pool while the subscription's writes are throttled, want 1 (the first)", got)
+	}
+	if got := e.gets(internalPool); got != 2 {
+		t.Errorf("%d GETs of the internal pool, want 2 (reads are not gated by a write's 429)", got)
+	}
+	if got := e.state("kubernetes-internal", "kubernetes", n1.Name); got != "None" {
+		t.Errorf("internal pool written past the write gate: %s", got)
+	}
+	e.wantReasons(n1.Name, ReasonUpdateRetrying)
+
+	e.step(21 * time.Second) // past Retry-After
+	e.tick()
+	e.wantStates(n0.Name, AdminStateDown)
+	e.wantStates(n1.Name, AdminStateDown)
+	e.wantReasons(n0.Name, ReasonUpdateRetrying, ReasonDown)
+	e.wantReasons(n1.Name, ReasonUpdateRetrying, ReasonDown)
 }
 
 func TestThrottleRetryAfterNotInFutureFallsBackToNextTick(t *testing.T) {
@@ -707,45 +720,6 @@ func TestForgetAndWait(t *testing.T) {
 	e.m.SetDesired(ghost, AdminStateDown)
 	e.tick()
 	e.wantConfirmed(ghost, AdminStateDown)
-}
-
-// A NIC-based pool that lists a node only in backendIPConfigurations has no
-// entry to carry its admin state: the node is reported not Down (Warning
-// event, a metric, WaitConfirmed's error), never confirmed without a write.
-func TestNICPoolMemberWithoutEntryIsNeverConfirmedDown(t *testing.T) {
-	vmss := "azure:///subscriptions/" + testSub + "/resourceGroups/" + testRG + "/providers/Microsoft.Compute/virtualMachineScaleSets/aks-nodepool1-vmss/virtualMachines/"
-	seedNode := armemulator.Node{Name: "aks-nodepool1-vmss000000", IPs: []string{"10.224.0.4"}, ProviderID: vmss + "0"}
-	node := testNode(seedNode.Name, seedNode.IPs...)
-	node.Spec.ProviderID = seedNode.ProviderID
-	e := newEnvWithSeed(t, armemulator.SeedForNodes(testSub, testRG, []armemulator.Node{seedNode},
-		armemulator.Topology{NICBased: true, NICMembersOnly: true, Internal: true}), []*corev1.Node{node})
-	before := testutil.ToFloat64(entryless)
-	e.m.SetDesired(node, AdminStateDown)
-	e.tick()
-	if got := e.state("kubernetes-internal", "kubernetes", node.Name); got != "Down" {
-		t.Errorf("the IP-based entry is %s, want Down", got)
-	}
-	if got := e.puts("/loadBalancers/kubernetes/backendAddressPools/kubernetes"); got != 0 {
-		t.Errorf("%d PUTs of the pool without entries, want 0", got)
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
-	defer cancel()
-	err := e.m.WaitConfirmed(ctx, node.UID, AdminStateDown)
-	var failed *UpdateFailedError
-	if !errors.As(err, &failed) || !errors.Is(err, ErrNoEntry) {
-		t.Errorf("WaitConfirmed = %v, want an UpdateFailedError for the pool without an entry", err)
-	}
-	if got := testutil.ToFloat64(entryless) - before; got != 1 {
-		t.Errorf("%s went up by %v, want 1", "loadbalancer_adminstate_members_without_entry_total", got)
-	}
-	for _, ev := range e.rec.all() {
-		if ev.reason == ReasonDown {
-			t.Errorf("event %s claims a Down no write carried: %s", ev.reason, ev.note)
-		}
-	}
-	if !slices.Contains(e.rec.reasons(node.Name), ReasonUpdateFailed) {
-		t.Errorf("events %v, want %s", e.rec.reasons(node.Name), ReasonUpdateFailed)
-	}
 }
 
 func TestNICBasedPools(t *testing.T) {

@@ -11,8 +11,9 @@ const (
 	labelCaller = "caller"
 	labelResult = "result"
 	labelState  = "state"
+	labelPool   = "pool"
 
-	lockBackendPool  = "backend_pool"
+	lockLoadBalancer = "load_balancer"
 	callerAdminState = "AdminStateController"
 	resultSuccess    = "success"
 	resultFailure    = "failure"
@@ -22,7 +23,7 @@ const (
 var (
 	lockWait = prometheus.NewHistogramVec(prometheus.HistogramOpts{
 		Name:    "cloudprovider_azure_lock_wait_duration_seconds",
-		Help:    "Time spent waiting to acquire a lock that serializes backend pool updates, by lock and caller.",
+		Help:    "Time spent waiting to acquire a lock that serializes backend pool updates (one per load balancer, whose pools share one ETag), by lock and caller.",
 		Buckets: prometheus.ExponentialBuckets(0.001, 2, 14),
 	}, []string{labelLock, labelCaller})
 	poolUpdates = prometheus.NewCounterVec(prometheus.CounterOpts{
@@ -35,11 +36,26 @@ var (
 		Name:      "throttled_pool_skips_total",
 		Help:      "Times a backend pool was skipped because a 429's Retry-After had not passed yet.",
 	})
-	entryless = prometheus.NewCounter(prometheus.CounterOpts{
+	noEntryDown = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Namespace: metricsNamespace,
 		Name:      "members_without_entry_total",
-		Help:      "Times a node was to be set Down in a backend pool that lists it only in backendIPConfigurations, with no entry to carry an admin state: its traffic there is not cut.",
+		Help:      "Times a node's Down could not be set in a backend pool because the pool lists the node only in backendIPConfigurations, with no backend-address entry to carry an admin state (once per pool and desired-state change), by pool (load balancer/pool).",
+	}, []string{labelPool})
+	recordWrites = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: metricsNamespace,
+		Name:      "record_writes_total",
+		Help:      "Writes of the durable record of the backend entries nodeguard set Down (a Lease per pool in kube-node-maintenance), by result. A failed write before a Down is retried; no Down is written unrecorded.",
+	}, []string{labelResult})
+	recordedEntries = prometheus.NewGauge(prometheus.GaugeOpts{
+		Namespace: metricsNamespace,
+		Name:      "recorded_entries",
+		Help:      "Backend entries recorded as set Down by nodeguard (nodeguard restores None only on these).",
 	})
+	goneRestored = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: metricsNamespace,
+		Name:      "gone_node_restores_total",
+		Help:      "Gone nodes whose recorded Down entries nodeguard restored to None, by reason: replaced (a node of the same name registered with a new UID) or gone (the grace period passed).",
+	}, []string{"reason"})
 	confirmDuration = prometheus.NewHistogramVec(prometheus.HistogramOpts{
 		Namespace: metricsNamespace,
 		Name:      "confirmation_duration_seconds",
@@ -49,5 +65,5 @@ var (
 )
 
 func init() {
-	metrics.Registry.MustRegister(lockWait, poolUpdates, parkedTicks, entryless, confirmDuration)
+	metrics.Registry.MustRegister(lockWait, poolUpdates, parkedTicks, noEntryDown, recordWrites, recordedEntries, goneRestored, confirmDuration)
 }

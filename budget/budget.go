@@ -24,11 +24,10 @@ func Unavailable(node *corev1.Node) (bool, string) {
 		return true, "deleting"
 	}
 	for _, t := range node.Spec.Taints {
-		switch {
-		case t.Key == ngv1alpha1.DrainingTaintKey:
+		if ngv1alpha1.IsDrainingTaint(t) {
 			return true, "draining"
-		case t.Key == ngv1alpha1.OutOfServiceTaintKey, t.Key == ngv1alpha1.CloudShutdownTaintKey,
-			t.Key == ngv1alpha1.SpotEvictionTaintKey && t.Value == ngv1alpha1.SpotEvictionTaintValue:
+		}
+		if _, signal := ngv1alpha1.SignalOf(t); signal {
 			return true, "tainted " + t.Key
 		}
 	}

@@ -12,7 +12,6 @@ package finalizer
 import (
 	"context"
 	"fmt"
-	"slices"
 	"sync"
 	"time"
 
@@ -85,6 +84,16 @@ type Options struct {
 	VolumeDetachTimeout time.Duration
 	// MaxConcurrentNodes bounds nodes terminated in parallel.
 	MaxConcurrentNodes int
+	// BlockedPDBPolicy is what a drain does about pods under a PDB blocked by
+	// design (empty: replace); annotations on a Deployment or PDB override it.
+	BlockedPDBPolicy drain.BlockedPDBPolicy
+	// BlockedPDBSettle is how long a queue must stay blocked by design before
+	// nodeguard acts on it.
+	BlockedPDBSettle time.Duration
+	// ReplacementTimeout is how long a restart's new pod may stay not Ready
+	// before the replacement counts as stalled and the drain falls back to
+	// waiting (0: never).
+	ReplacementTimeout time.Duration
 }
 
 // Reconciler terminates nodes.
@@ -102,6 +111,7 @@ type Reconciler struct {
 	Opts       Options
 
 	phases phases
+	repl   replacements
 	// seen remembers what was already reported, so that a waiting drain does
 	// not repeat itself: pod UIDs reported once, and each node's last waiting
 	// message and backstop.
@@ -123,6 +133,8 @@ type Reconciler struct {
 // +kubebuilder:rbac:groups="",resources=pods,verbs=list;delete
 // +kubebuilder:rbac:groups="",resources=pods/eviction,verbs=create
 // +kubebuilder:rbac:groups=policy,resources=poddisruptionbudgets,verbs=list;watch
+// +kubebuilder:rbac:groups=apps,resources=replicasets,verbs=get
+// +kubebuilder:rbac:groups=apps,resources=deployments,verbs=get;patch
 // +kubebuilder:rbac:groups=storage.k8s.io,resources=volumeattachments,verbs=list
 // +kubebuilder:rbac:groups=coordination.k8s.io,resources=leases,verbs=get;list;watch;create;update
 
@@ -131,14 +143,10 @@ type Reconciler struct {
 func (r *Reconciler) SetupWithManager(mgr ctrl.Manager) error {
 	return ctrl.NewControllerManagedBy(mgr).
 		Named("termination").
-		For(&corev1.Node{}, builder.WithPredicates(predicate.NewPredicateFuncs(terminating))).
+		For(&corev1.Node{}, builder.WithPredicates(predicate.NewPredicateFuncs(func(o client.Object) bool { return ngv1alpha1.TerminatingUnderFinalizer(o) }))).
 		Watches(&policyv1.PodDisruptionBudget{}, handler.EnqueueRequestsFromMapFunc(r.terminatingNodes)).
 		WithOptions(controller.Options{MaxConcurrentReconciles: max(r.Opts.MaxConcurrentNodes, 1)}).
 		Complete(r)
-}
-
-func terminating(obj client.Object) bool {
-	return obj.GetDeletionTimestamp() != nil && slices.Contains(obj.GetFinalizers(), ngv1alpha1.TerminationFinalizer)
 }
 
 // terminatingNodes maps a PDB change to the nodes being terminated whose
@@ -153,7 +161,7 @@ func (r *Reconciler) terminatingNodes(ctx context.Context, pdb client.Object) []
 	defer r.mu.Unlock()
 	var reqs []reconcile.Request
 	for i := range nodes.Items {
-		if !terminating(&nodes.Items[i]) {
+		if !ngv1alpha1.TerminatingUnderFinalizer(&nodes.Items[i]) {
 			continue
 		}
 		if queues, known := r.queues[nodes.Items[i].Name]; !known || queues[pdb.GetUID()] {
@@ -195,7 +203,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reco
 		}
 		return reconcile.Result{}, client.IgnoreNotFound(err)
 	}
-	if !terminating(&node) {
+	if !ngv1alpha1.TerminatingUnderFinalizer(&node) {
 		r.forget(node.UID)
 		return reconcile.Result{}, nil
 	}
@@ -241,6 +249,7 @@ func (r *Reconciler) forget(uid types.UID) {
 	name := r.phases.names[uid]
 	r.phases.mu.Unlock()
 	r.phases.forget(uid)
+	r.repl.forget(uid)
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	delete(r.queues, name)

@@ -38,6 +38,10 @@ func (r *Reconciler) drain(ctx context.Context, node *corev1.Node) (reconcile.Re
 		r.event(node, corev1.EventTypeNormal, ReasonDrained, "every evictable pod is gone")
 		return reconcile.Result{}, r.annotate(ctx, node, ngv1alpha1.DrainedAtAnnotation)
 	}
+	settling, err := r.replaceBlocked(ctx, node, plan, pastDeadline)
+	if err != nil {
+		return reconcile.Result{}, err
+	}
 	if pastDeadline {
 		return r.deleteRemaining(ctx, node, plan, deadline)
 	}
@@ -51,7 +55,11 @@ func (r *Reconciler) drain(ctx context.Context, node *corev1.Node) (reconcile.Re
 		msg += "; deadline in " + roughly(deadline.Sub(r.Clock.Now()))
 	}
 	r.waitFor(node.UID, "%s", msg)
-	return reconcile.Result{RequeueAfter: r.nextDrainPass(node.UID, plan, out)}, nil
+	next := r.nextDrainPass(node.UID, plan, out)
+	if settling > 0 && settling < next {
+		next = settling
+	}
+	return reconcile.Result{RequeueAfter: next}, nil
 }
 
 // plan lists the node's pods (field selector, from the API server: no pod
@@ -199,10 +207,13 @@ func waitingMessage(plan *drain.Plan, out drain.Outcome) string {
 	}
 	for _, g := range plan.Groups {
 		state := fmt.Sprintf("allows %d disruptions", g.Allowed)
-		if blocked[g.PDB] {
+		switch {
+		case g.Note != "":
+			state += "; " + g.Note
+		case blocked[g.PDB]:
 			state += "; eviction refused, waiting for its status to change"
 		}
-		parts = append(parts, fmt.Sprintf("%d under PDB %s (%s)", len(g.Pods), g.PDB, state))
+		parts = append(parts, fmt.Sprintf("%d under PDB %s (%s)", len(g.Pods)+len(g.Replacing), g.PDB, state))
 	}
 	add := func(n int, what string) {
 		if n > 0 {
@@ -241,21 +252,44 @@ func (r *Reconciler) drainDeadline(node *corev1.Node) (time.Time, bool) {
 }
 
 // deleteRemaining is the deadline's policy: the pods still on the node are
-// deleted (not evicted), PDBs and do-not-evict notwithstanding.
+// deleted (not evicted), PDBs and do-not-evict notwithstanding; except pods
+// a restart of their Deployment is replacing, which are left to its
+// controller while the replacement progresses: the budget promise holds.
 func (r *Reconciler) deleteRemaining(ctx context.Context, node *corev1.Node, plan *drain.Plan, deadline time.Time) (reconcile.Result, error) {
-	pods := append(append(append(append([]*corev1.Pod{}, plan.Unprotected...), plan.MultiplePDBs...), plan.DoNotEvict...), plan.Later...)
+	doomed := append(append(append(append([]*corev1.Pod{}, plan.Unprotected...), plan.MultiplePDBs...), plan.DoNotEvict...), plan.Later...)
+	var replacing []string
 	for _, g := range plan.Groups {
-		pods = append(pods, g.Pods...)
+		doomed = append(doomed, g.Pods...)
+		for _, p := range g.Replacing {
+			replacing = append(replacing, p.Namespace+"/"+p.Name)
+		}
 	}
 	if r.once(node.UID, "deadline") {
-		r.event(node, corev1.EventTypeWarning, ReasonDrainDeadlineExceeded,
-			"drain deadline %s passed with %d pods left: deleting them without regard to PodDisruptionBudgets",
-			deadline.UTC().Format(time.RFC3339), plan.Remaining())
+		msg := fmt.Sprintf("drain deadline %s passed with %s left: deleting %d without regard to PodDisruptionBudgets",
+			deadline.UTC().Format(time.RFC3339), pods(plan.Remaining()), len(doomed))
+		if len(replacing) > 0 {
+			msg += fmt.Sprintf("; leaving %v to the rollouts replacing them", replacing)
+		}
+		r.event(node, corev1.EventTypeWarning, ReasonDrainDeadlineExceeded, "%s", msg)
 	}
-	if err := r.Evictor.Delete(ctx, pods); err != nil {
+	if len(replacing) > 0 {
+		r.waitFor(node.UID, "drain deadline passed; waiting for %s that their Deployments' rollouts replace: %s", pods(len(replacing)), groupNotes(plan))
+	}
+	if err := r.Evictor.Delete(ctx, doomed); err != nil {
 		return reconcile.Result{}, err
 	}
 	return reconcile.Result{RequeueAfter: podsGonePoll}, nil
+}
+
+// groupNotes joins what replacement first says about the queues.
+func groupNotes(plan *drain.Plan) string {
+	var notes []string
+	for _, g := range plan.Groups {
+		if g.Note != "" {
+			notes = append(notes, fmt.Sprintf("PDB %s: %s", g.PDB, g.Note))
+		}
+	}
+	return strings.Join(notes, "; ")
 }
 
 // pods counts pods in words: "1 pod", "3 pods".

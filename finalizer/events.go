@@ -15,10 +15,20 @@ const (
 	ReasonEvictingBarePod           = "EvictingPodWithoutController"
 	ReasonEvictingLocalData         = "EvictingPodWithLocalData"
 	ReasonDrainDeadlineExceeded     = "DrainDeadlineExceeded"
+	ReasonDrainBlockedByBudget      = "DrainBlockedByBudget"
+	ReasonWaitingForReplacement     = "WaitingForReplacement"
+	ReasonReplacementStalled        = "ReplacementStalled"
 	ReasonDrained                   = "Drained"
 	ReasonWaitingForVolumeDetach    = "WaitingForVolumeDetach"
 	ReasonVolumeDetachTimedOut      = "VolumeDetachTimedOut"
 	ReasonReleased                  = "NodeReleased"
 
 	actionTerminate = "TerminateNode"
+)
+
+// Event reasons on a Deployment nodeguard restarted.
+const (
+	ReasonRestartedForDrain = "RestartedForDrain"
+
+	actionRestart = "RestartForDrain"
 )

@@ -15,7 +15,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	ngv1alpha1 "github.com/nodeguard/nodeguard/api/v1alpha1"
-	"github.com/nodeguard/nodeguard/maintenance"
+	"github.com/nodeguard/nodeguard/budget"
 )
 
 // maintenanceLeaseSeconds is the duration nodeguard writes in a node's
@@ -36,7 +36,7 @@ func (r *Reconciler) holdMaintenanceLease(ctx context.Context, node *corev1.Node
 	if err != nil {
 		return reconcile.Result{}, fmt.Errorf("reading maintenance Lease: %w", err)
 	}
-	if hold := maintenance.HeldAt(&lease, now); hold != nil && !maintenance.IsNodeguard(hold.Holder) {
+	if hold := budget.HeldAt(&lease, now); hold != nil && !budget.IsNodeguardHolder(hold.Holder) {
 		r.waitFor(node.UID, "waiting for maintenance Lease %s/%s: %s", lease.Namespace, lease.Name, hold)
 		if r.once(node.UID, "hold/"+hold.Holder) {
 			r.event(node, corev1.EventTypeWarning, ReasonWaitingForMaintenanceHold,
@@ -44,7 +44,7 @@ func (r *Reconciler) holdMaintenanceLease(ctx context.Context, node *corev1.Node
 		}
 		return reconcile.Result{RequeueAfter: holdPoll}, nil
 	}
-	holder := maintenance.HolderIdentity(r.Opts.Identity)
+	holder := budget.HolderIdentity(r.Opts.Identity)
 	current := ptr.Deref(lease.Spec.HolderIdentity, "")
 	renewed := lease.Spec.RenewTime != nil && now.Sub(lease.Spec.RenewTime.Time) < maintenanceLeaseSeconds*time.Second/3
 	if current == holder && renewed && ptr.Deref(lease.Spec.LeaseDurationSeconds, 0) > 0 && isOwnedBy(&lease, node) {
@@ -68,7 +68,7 @@ func (r *Reconciler) holdMaintenanceLease(ctx context.Context, node *corev1.Node
 }
 
 func (r *Reconciler) createLease(ctx context.Context, node *corev1.Node, now time.Time) error {
-	holder := maintenance.HolderIdentity(r.Opts.Identity)
+	holder := budget.HolderIdentity(r.Opts.Identity)
 	lease := &coordinationv1.Lease{
 		ObjectMeta: metav1.ObjectMeta{Namespace: ngv1alpha1.MaintenanceLeaseNamespace, Name: node.Name},
 		Spec: coordinationv1.LeaseSpec{
@@ -100,7 +100,7 @@ func (r *Reconciler) createLease(ctx context.Context, node *corev1.Node, now tim
 func (r *Reconciler) releaseMaintenanceLease(ctx context.Context, node *corev1.Node) {
 	var lease coordinationv1.Lease
 	err := r.Reader.Get(ctx, client.ObjectKey{Namespace: ngv1alpha1.MaintenanceLeaseNamespace, Name: node.Name}, &lease)
-	if err != nil || !maintenance.IsNodeguard(ptr.Deref(lease.Spec.HolderIdentity, "")) {
+	if err != nil || !budget.IsNodeguardHolder(ptr.Deref(lease.Spec.HolderIdentity, "")) {
 		return
 	}
 	lease.Spec.HolderIdentity = nil

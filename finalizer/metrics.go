@@ -23,6 +23,14 @@ const (
 	labelCause   = "cause"
 )
 
+// Replacement restarts: the namespace label and the results.
+const (
+	labelNamespace = "namespace"
+	restartDone    = "restarted"
+	restartFailed  = "failed"
+	restartStalled = "stalled"
+)
+
 var (
 	nodesInPhase = prometheus.NewGaugeVec(prometheus.GaugeOpts{
 		Name: "nodeguard_termination_nodes",
@@ -36,6 +44,10 @@ var (
 		Name: "nodeguard_drain_pods_given_up_total",
 		Help: "Terminating pods a drain stopped waiting for, by cause: stuck (past grace period plus --stuck-pod-margin), unreachable (the node's kubelet is gone), deadline (past the drain deadline).",
 	}, []string{labelCause})
+	replacementRestarts = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "nodeguard_replacement_restarts_total",
+		Help: "Deployments restarted so that pods under a PodDisruptionBudget blocked by design are replaced before they stop, by namespace and result: restarted, failed (the API server refused the restart), stalled (a new pod was not Ready within --replacement-timeout, so the drain fell back to waiting).",
+	}, []string{labelNamespace, labelResult})
 	drainDuration = prometheus.NewHistogram(prometheus.HistogramOpts{
 		Name:    "nodeguard_drain_duration_seconds",
 		Help:    "Time from the start of a node's termination (cordon) until its pods are gone.",
@@ -49,7 +61,7 @@ var (
 )
 
 func init() {
-	metrics.Registry.MustRegister(nodesInPhase, evictions, podsGivenUp, drainDuration, terminationDuration)
+	metrics.Registry.MustRegister(nodesInPhase, evictions, podsGivenUp, replacementRestarts, drainDuration, terminationDuration)
 	for _, c := range []string{drain.GiveUpStuck, drain.GiveUpUnreachable, drain.GiveUpDeadline} {
 		podsGivenUp.WithLabelValues(c)
 	}

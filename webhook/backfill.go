@@ -4,12 +4,12 @@ import (
 	"context"
 	"fmt"
 	"slices"
-	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/client-go/tools/events"
+	"k8s.io/utils/clock"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/builder"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -26,12 +26,13 @@ type Backfill struct {
 	Client   client.Client
 	Managed  labels.Selector
 	Recorder events.EventRecorder
+	Clock    clock.PassiveClock
 }
 
 // SetupBackfill registers the backfill controller; it sees only managed nodes
 // that lack the finalizer and are not being deleted.
 func SetupBackfill(mgr ctrl.Manager, managed labels.Selector) error {
-	b := &Backfill{Client: mgr.GetClient(), Managed: managed, Recorder: mgr.GetEventRecorder("nodeguard-backfill")}
+	b := &Backfill{Client: mgr.GetClient(), Managed: managed, Recorder: mgr.GetEventRecorder("nodeguard-backfill"), Clock: clock.RealClock{}}
 	return ctrl.NewControllerManagedBy(mgr).
 		Named("finalizer-backfill").
 		For(&corev1.Node{}, builder.WithPredicates(predicate.NewPredicateFuncs(b.interesting))).
@@ -63,7 +64,7 @@ func (b *Backfill) Reconcile(ctx context.Context, req reconcile.Request) (reconc
 		return b.clearMark(ctx, &node)
 	}
 	patch := client.MergeFromWithOptions(node.DeepCopy(), client.MergeFromWithOptimisticLock{})
-	markFinalizerAdded(&node, time.Now())
+	markFinalizerAdded(&node, b.Clock.Now())
 	if err := b.Client.Patch(ctx, &node, patch); err != nil {
 		if apierrors.IsNotFound(err) {
 			return reconcile.Result{}, nil
@@ -84,8 +85,9 @@ func (b *Backfill) clearMark(ctx context.Context, node *corev1.Node) (reconcile.
 		return reconcile.Result{}, nil
 	}
 	// An unreadable mark is removed at once: admission treats it as fresh.
-	if addedAt, err := time.Parse(time.RFC3339Nano, value); err == nil && time.Now().Before(addedAt.Add(finalizerAddedHold)) {
-		return reconcile.Result{RequeueAfter: time.Until(addedAt.Add(finalizerAddedHold))}, nil
+	now := b.Clock.Now()
+	if addedAt, err := ngv1alpha1.ParseTime(value); err == nil && now.Before(addedAt.Add(finalizerAddedHold)) {
+		return reconcile.Result{RequeueAfter: addedAt.Add(finalizerAddedHold).Sub(now)}, nil
 	}
 	patch := client.MergeFrom(node.DeepCopy())
 	delete(node.Annotations, ngv1alpha1.FinalizerAddedAtAnnotation)

@@ -23,7 +23,6 @@ import (
 
 	ngv1alpha1 "github.com/nodeguard/nodeguard/api/v1alpha1"
 	"github.com/nodeguard/nodeguard/budget"
-	"github.com/nodeguard/nodeguard/maintenance"
 )
 
 // DeletePath serves the validating webhook for Node DELETE.
@@ -137,8 +136,8 @@ func (h *DeleteHandler) checkMaintenanceHold(ctx context.Context, node *corev1.N
 	if err != nil {
 		return decision{}, false, nil // no Lease: no hold
 	}
-	hold := maintenance.HeldAt(&lease, h.Clock.Now())
-	if hold == nil || maintenance.IsNodeguard(hold.Holder) {
+	hold := budget.HeldAt(&lease, h.Clock.Now())
+	if hold == nil || budget.IsNodeguardHolder(hold.Holder) {
 		return decision{}, false, nil
 	}
 	return decision{code: http.StatusTooManyRequests, reason: reasonMaintenanceHold, message: fmt.Sprintf(

@@ -21,7 +21,7 @@ func markFinalizerAdded(node *corev1.Node, now time.Time) {
 	if node.Annotations == nil {
 		node.Annotations = map[string]string{}
 	}
-	node.Annotations[ngv1alpha1.FinalizerAddedAtAnnotation] = now.UTC().Format(time.RFC3339Nano)
+	node.Annotations[ngv1alpha1.FinalizerAddedAtAnnotation] = ngv1alpha1.FormatTime(now)
 }
 
 // finalizerJustAdded returns when nodeguard added its finalizer to the node,
@@ -32,7 +32,7 @@ func finalizerJustAdded(node *corev1.Node, now time.Time) (time.Time, bool) {
 	if !ok {
 		return time.Time{}, false
 	}
-	addedAt, err := time.Parse(time.RFC3339Nano, value)
+	addedAt, err := ngv1alpha1.ParseTime(value)
 	if err != nil {
 		return now, true
 	}

@@ -53,6 +53,20 @@ const (
 	// DoNotEvictAnnotation ("true") on a pod makes the drain wait for the pod to
 	// go on its own instead of evicting it.
 	DoNotEvictAnnotation = "nodeguard.io/do-not-evict"
+
+	// BlockedPDBPolicyAnnotation on a Deployment or a PodDisruptionBudget
+	// ("replace" or "wait") overrides --blocked-pdb-policy for the pods under
+	// it; the Deployment's wins over the PDB's.
+	BlockedPDBPolicyAnnotation = "nodeguard.io/blocked-pdb-policy"
+	BlockedPDBPolicyReplace    = "replace"
+	BlockedPDBPolicyWait       = "wait"
+
+	// RestartedAtAnnotation (RFC 3339 time) on a Deployment's pod template is
+	// nodeguard's rollout restart, the same mechanism as kubectl rollout
+	// restart: the Deployment controller starts new pods elsewhere before it
+	// stops the old ones on a draining node. The time also says which drains
+	// the restart serves: those that began (cordon) before it.
+	RestartedAtAnnotation = "nodeguard.io/restartedAt"
 )
 
 // Signal taints: while a node carries one, its load-balancer traffic is cut

@@ -130,3 +130,40 @@ func TestUpdatePoolIfMatchAndAsync(t *testing.T) {
 		}
 	}
 }
+
+// A write's 429 gates every write in the subscription (ARM's write budget is
+// per subscription), while reads go on.
+func TestWriteThrottleGatesTheSubscription(t *testing.T) {
+	ctx := context.Background()
+	c, emu, clk := newClient(t, armemulator.Options{WriteThrottle: &armemulator.WriteThrottle{Writes: 1, Window: time.Hour}})
+	write := func(lb, pool string) error {
+		p, err := c.GetPool(ctx, "rg", lb, pool)
+		if err != nil {
+			t.Fatalf("GetPool %s/%s: %v", lb, pool, err)
+		}
+		_, err = c.UpdatePool(ctx, "rg", lb, p)
+		return err
+	}
+	if err := write("kubernetes", "kubernetes"); err != nil {
+		t.Fatalf("first write: %v", err)
+	}
+	var te *ThrottleError
+	if err := write("kubernetes", "kubernetes"); !errors.As(err, &te) || te.FromGate {
+		t.Fatalf("second write = %v, want ARM's 429 as a ThrottleError", err)
+	}
+	puts := emu.Count(http.MethodPut, "")
+	clk.Step(time.Second)
+	// Another pool: same subscription, so gated locally.
+	if err := write("kubernetes", "aksOutboundBackendPool"); !errors.As(err, &te) || !te.FromGate {
+		t.Fatalf("write to another load balancer = %v, want a gate ThrottleError", err)
+	}
+	if got := emu.Count(http.MethodPut, ""); got != puts {
+		t.Errorf("the gate let a write through: %d PUTs, want %d", got, puts)
+	}
+	if GateKey(http.MethodPut, "/subscriptions/A/resourceGroups/x") != GateKey(http.MethodPut, "/subscriptions/a/resourceGroups/y/z") {
+		t.Errorf("writes of one subscription fall under different gates")
+	}
+	if GateKey(http.MethodPut, "/subscriptions/a/x") == GateKey(http.MethodPut, "/subscriptions/b/x") {
+		t.Errorf("two subscriptions share a write gate")
+	}
+}

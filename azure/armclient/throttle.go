@@ -16,8 +16,8 @@ import (
 var ErrTooManyRequests = errors.New("too many requests to Azure Resource Manager")
 
 // ThrottleError is a call refused for throttling: either ARM answered 429, or
-// the local gate held the call back because an earlier 429 for the same
-// resource asked to wait. RetryAfter is when the resource may be called again;
+// the local gate held the call back because an earlier 429 asked to wait (for
+// a write: any write in the subscription; for a read: the same resource). RetryAfter is when the resource may be called again;
 // it is not in the future when ARM gave no usable Retry-After.
 type ThrottleError struct {
 	RetryAfter time.Time
@@ -37,9 +37,10 @@ func (e *ThrottleError) Unwrap() error { return ErrTooManyRequests }
 func (e *ThrottleError) NonRetriable() {}
 
 // ThrottlingPolicy is a per-retry pipeline policy. It turns a 429 response
-// into a *ThrottleError and remembers its Retry-After per resource (the URL
-// path); later calls to that resource before then fail with a *ThrottleError
-// without reaching ARM.
+// into a *ThrottleError and remembers its Retry-After; later calls under the
+// same gate before then fail with a *ThrottleError without reaching ARM. ARM
+// counts writes per subscription, so a write's 429 gates every write in the
+// subscription; a read's gates reads of that resource (the URL path).
 type ThrottlingPolicy struct {
 	clock clock.PassiveClock
 
@@ -57,7 +58,7 @@ func NewThrottlingPolicy(clk clock.PassiveClock) *ThrottlingPolicy {
 
 // Do implements policy.Policy.
 func (p *ThrottlingPolicy) Do(req *policy.Request) (*http.Response, error) {
-	gateKey := strings.ToLower(req.Raw().URL.Path)
+	gateKey := GateKey(req.Raw().Method, req.Raw().URL.Path)
 	now := p.clock.Now()
 	p.mu.Lock()
 	until, gated := p.gates[gateKey]
@@ -80,6 +81,22 @@ func (p *ThrottlingPolicy) Do(req *policy.Request) (*http.Response, error) {
 	}
 	_ = resp.Body.Close()
 	return nil, &ThrottleError{RetryAfter: retryAfter}
+}
+
+// GateKey is the throttling gate a request falls under: "write:<subscription>"
+// for PUT, PATCH, POST and DELETE (ARM's write budget is per subscription),
+// else "read:<path>".
+func GateKey(method, path string) string {
+	p := strings.ToLower(path)
+	switch method {
+	case http.MethodPut, http.MethodPatch, http.MethodPost, http.MethodDelete:
+		if rest, ok := strings.CutPrefix(p, "/subscriptions/"); ok {
+			sub, _, _ := strings.Cut(rest, "/")
+			return "write:" + sub
+		}
+		return "write:"
+	}
+	return "read:" + p
 }
 
 // parseRetryAfter reads integer seconds or an HTTP date. A missing header

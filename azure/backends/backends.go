@@ -13,10 +13,12 @@ import (
 	"net/netip"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/Azure/azure-sdk-for-go/sdk/azcore"
 	"github.com/Azure/azure-sdk-for-go/sdk/resourcemanager/network/armnetwork/v9"
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/utils/clock"
 )
 
 // OutboundPoolName is the pool AKS uses for outbound rules only.
@@ -161,6 +163,33 @@ func (ix *Index) Members(ctx context.Context, p *armnetwork.BackendAddressPool, 
 	return out, nil
 }
 
+// WithoutEntry returns the keys of the nodes the pool lists in its
+// BackendIPConfigurations that no entry matched (keys is Match's answer):
+// members with nothing to carry an admin state.
+func (ix *Index) WithoutEntry(ctx context.Context, p *armnetwork.BackendAddressPool, keys []string, nics NICResolver) (map[string]bool, error) {
+	out := map[string]bool{}
+	if p == nil || p.Properties == nil || len(p.Properties.BackendIPConfigurations) == 0 {
+		return out, nil
+	}
+	entered := make(map[string]bool, len(keys))
+	for _, k := range keys {
+		entered[k] = true
+	}
+	for _, c := range p.Properties.BackendIPConfigurations {
+		if c == nil || c.ID == nil {
+			continue
+		}
+		k, err := ix.matchIPConfig(ctx, *c.ID, nics)
+		if err != nil {
+			return nil, err
+		}
+		if k != "" && !entered[k] {
+			out[k] = true
+		}
+	}
+	return out, nil
+}
+
 func (ix *Index) matchEntry(ctx context.Context, e *armnetwork.LoadBalancerBackendAddress, nics NICResolver) (string, error) {
 	if e == nil || e.Properties == nil {
 		return "", nil
@@ -212,49 +241,97 @@ func (ix *Index) matchIPConfig(ctx context.Context, id string, nics NICResolver)
 	return ix.byVM[strings.TrimRight(strings.ToLower(vm), "/")], nil
 }
 
-// NICCache resolves NICs with a GET, remembering the answers (a NIC does not
-// move between VMs; Forget drops an answer).
+// NICCache resolves NICs with a GET and remembers each answer for a while.
+// A NIC can be detached from its VM and attached to another (a VMAS or VMSS
+// flex VM rebuilt around its NIC), so no answer is kept for good: one naming
+// a VM lives attachedTTL, and "attached to none" or "gone" (404), which a VM
+// may take up at any moment, only detachedTTL.
 type NICCache struct {
-	get func(ctx context.Context, id string) (*armnetwork.Interface, error)
+	get         func(ctx context.Context, id string) (*armnetwork.Interface, error)
+	clock       clock.PassiveClock
+	attachedTTL time.Duration
+	detachedTTL time.Duration
 
-	mu sync.Mutex
-	vm map[string]string
+	mu      sync.Mutex
+	answers map[string]nicAnswer // by lower(NIC ID)
+	// nextSweep is when expired answers are next dropped, so that NICs no
+	// longer asked about do not pile up.
+	nextSweep time.Time
 }
 
-// NewNICCache returns a cache over get.
-func NewNICCache(get func(ctx context.Context, id string) (*armnetwork.Interface, error)) *NICCache {
-	return &NICCache{get: get, vm: map[string]string{}}
+type nicAnswer struct {
+	vm      string
+	expires time.Time
+}
+
+// NewNICCache returns a cache over get whose answers expire on clk: after
+// attachedTTL for a NIC attached to a VM, after detachedTTL for one attached
+// to none or gone. A TTL of zero or less keeps no such answer.
+func NewNICCache(get func(ctx context.Context, id string) (*armnetwork.Interface, error), clk clock.PassiveClock, attachedTTL, detachedTTL time.Duration) *NICCache {
+	return &NICCache{get: get, clock: clk, attachedTTL: attachedTTL, detachedTTL: detachedTTL, answers: map[string]nicAnswer{}}
 }
 
 // VirtualMachineID implements NICResolver. A NIC that is gone (404) has no VM.
 func (c *NICCache) VirtualMachineID(ctx context.Context, nicID string) (string, error) {
 	k := strings.ToLower(nicID)
 	c.mu.Lock()
-	vm, ok := c.vm[k]
+	a, ok := c.answers[k]
 	c.mu.Unlock()
-	if ok {
-		return vm, nil
+	if ok && c.clock.Now().Before(a.expires) {
+		return a.vm, nil
 	}
 	nic, err := c.get(ctx, nicID)
 	var re *azcore.ResponseError
 	if errors.As(err, &re) && re.StatusCode == http.StatusNotFound {
+		c.remember(k, "")
 		return "", nil
 	}
 	if err != nil {
 		return "", err
 	}
+	var vm string
 	if nic.Properties != nil && nic.Properties.VirtualMachine != nil && nic.Properties.VirtualMachine.ID != nil {
 		vm = *nic.Properties.VirtualMachine.ID
 	}
-	c.mu.Lock()
-	c.vm[k] = vm
-	c.mu.Unlock()
+	c.remember(k, vm)
 	return vm, nil
 }
 
-// Len is the number of NICs remembered.
-func (c *NICCache) Len() int {
+// remember stores an answer with its expiry, and drops expired ones now and
+// then.
+func (c *NICCache) remember(k, vm string) {
+	ttl := c.attachedTTL
+	if vm == "" {
+		ttl = c.detachedTTL
+	}
+	now := c.clock.Now()
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	return len(c.vm)
+	if !now.Before(c.nextSweep) {
+		for key, a := range c.answers {
+			if !now.Before(a.expires) {
+				delete(c.answers, key)
+			}
+		}
+		c.nextSweep = now.Add(max(c.attachedTTL, c.detachedTTL))
+	}
+	if ttl <= 0 {
+		delete(c.answers, k)
+		return
+	}
+	c.answers[k] = nicAnswer{vm: vm, expires: now.Add(ttl)}
+}
+
+// Len is the number of NIC answers still valid.
+func (c *NICCache) Len() int {
+	now := c.clock.Now()
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	n := 0
+	for _, a := range c.answers {
+		if now.Before(a.expires) {
+			n++
+		}
+	}
+	return n
 }

@@ -3,13 +3,22 @@ package backends
 import (
 	"context"
 	"encoding/json"
+	"net/http"
 	"net/netip"
 	"reflect"
 	"testing"
+	"time"
 
+	"github.com/Azure/azure-sdk-for-go/sdk/azcore"
+	"github.com/Azure/azure-sdk-for-go/sdk/azcore/cloud"
+	"github.com/Azure/azure-sdk-for-go/sdk/azcore/policy"
 	"github.com/Azure/azure-sdk-for-go/sdk/resourcemanager/network/armnetwork/v9"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	testingclock "k8s.io/utils/clock/testing"
+
+	"github.com/nodeguard/nodeguard/azure/armclient"
+	"github.com/nodeguard/nodeguard/test/armemulator"
 )
 
 const (
@@ -206,5 +215,101 @@ func TestFromNodeAndVMPath(t *testing.T) {
 		if got := VMPath(in); got != want {
 			t.Errorf("VMPath(%q) = %q, want %q", in, got, want)
 		}
+	}
+}
+
+type staticToken struct{}
+
+func (staticToken) GetToken(context.Context, policy.TokenRequestOptions) (azcore.AccessToken, error) {
+	return azcore.AccessToken{Token: "t", ExpiresOn: time.Now().Add(time.Hour)}, nil
+}
+
+// TestNICCacheRevalidates: a NIC answer is served from the cache until it
+// expires, then read again from ARM, so a NIC re-attached to another VM, or
+// detached, or deleted, changes owner: an attached answer after the long TTL,
+// "attached to none" and 404 after the short one.
+func TestNICCacheRevalidates(t *testing.T) {
+	const (
+		sub         = "0000"
+		group       = "MC_rg_cluster_westeurope"
+		attachedTTL = 5 * time.Minute
+		detachedTTL = 5 * time.Second
+	)
+	vmID := func(name string) string {
+		return "/subscriptions/" + sub + "/resourceGroups/" + group + "/providers/Microsoft.Compute/virtualMachines/" + name
+	}
+	nicID := "/subscriptions/" + sub + "/resourceGroups/" + group + "/providers/Microsoft.Network/networkInterfaces/flex-nic"
+	emu, err := armemulator.Start("127.0.0.1:0", armemulator.Seed{Subscription: sub, ResourceGroup: group,
+		Interfaces: []armemulator.NetworkInterfaceSeed{{ID: nicID, VirtualMachineID: vmID("vm-a")}}}, armemulator.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = emu.Close() })
+	client, err := armclient.New(armclient.Settings{
+		SubscriptionID: sub, Credential: staticToken{}, InsecureAllowHTTP: true,
+		Cloud: cloud.Configuration{ActiveDirectoryAuthorityHost: "https://login.example/", Services: map[cloud.ServiceName]cloud.ServiceConfiguration{
+			cloud.ResourceManager: {Endpoint: emu.URL(), Audience: emu.URL()},
+		}},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	clk := testingclock.NewFakeClock(time.Now())
+	cache := NewNICCache(client.GetInterface, clk, attachedTTL, detachedTTL)
+
+	// The pool lists the NIC's IP configuration; the nodes are the VMs it
+	// can be attached to.
+	ix := NewIndex([]Node{
+		{Key: "uid-a", Name: "vm-a", IPs: []netip.Addr{netip.MustParseAddr("10.224.0.4")}, ProviderID: "azure://" + vmID("vm-a")},
+		{Key: "uid-b", Name: "vm-b", IPs: []netip.Addr{netip.MustParseAddr("10.224.0.5")}, ProviderID: "azure://" + vmID("vm-b")},
+	})
+	p := pool(t, `{"name":"kubernetes","properties":{"loadBalancingRules":[{"id":"x"}],
+	  "backendIPConfigurations":[{"id":"`+nicID+`/ipConfigurations/ipconfig1"}],
+	  "loadBalancerBackendAddresses":[{"name":"e1","properties":{"networkInterfaceIPConfiguration":{"id":"`+nicID+`/ipConfigurations/ipconfig1"}}}]}}`)
+
+	nicGets := func() int { return emu.Count(http.MethodGet, "/networkInterfaces/") }
+	// check looks the NIC up through the index and wants the node that owns
+	// it (or none), and the number of NIC GETs so far.
+	check := func(step, wantOwner string, wantGets int) {
+		t.Helper()
+		keys, err := ix.Match(context.Background(), p, cache)
+		if err != nil {
+			t.Fatalf("%s: %v", step, err)
+		}
+		if keys[0] != wantOwner {
+			t.Errorf("%s: entry belongs to %q, want %q", step, keys[0], wantOwner)
+		}
+		if got := nicGets(); got != wantGets {
+			t.Errorf("%s: %d NIC GETs, want %d", step, got, wantGets)
+		}
+	}
+
+	check("first lookup", "uid-a", 1)
+	emu.SetInterfaceVM(nicID, vmID("vm-b"))
+	check("re-attached, attached answer still valid", "uid-a", 1)
+	clk.Step(attachedTTL - time.Second)
+	check("re-attached, just before the attached TTL", "uid-a", 1)
+	clk.Step(time.Second)
+	check("re-attached, at the attached TTL", "uid-b", 2)
+
+	emu.SetInterfaceVM(nicID, "")
+	clk.Step(attachedTTL)
+	check("detached", "", 3)
+	emu.SetInterfaceVM(nicID, vmID("vm-a"))
+	clk.Step(detachedTTL - time.Second)
+	check("attached again, detached answer still valid", "", 3)
+	clk.Step(time.Second)
+	check("attached again, at the detached TTL", "uid-a", 4)
+
+	emu.DeleteInterface(nicID)
+	clk.Step(attachedTTL)
+	check("deleted (404)", "", 5)
+	clk.Step(detachedTTL - time.Second)
+	check("deleted, 404 answer still valid", "", 5)
+	emu.SetInterfaceVM(nicID, vmID("vm-b"))
+	clk.Step(time.Second)
+	check("created again, at the detached TTL", "uid-b", 6)
+	if got := cache.Len(); got != 1 {
+		t.Errorf("cache holds %d valid answers, want 1", got)
 	}
 }

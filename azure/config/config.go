@@ -29,6 +29,7 @@ const (
 	DefaultRetryInterval  = 5 * time.Second
 	DefaultRequestTimeout = 2 * time.Minute
 	DefaultWorkers        = 4
+	DefaultGoneNodeGrace  = 10 * time.Minute
 )
 
 // ErrNotConfigured means no Azure configuration was given at all: admin state
@@ -108,6 +109,7 @@ type Options struct {
 	RetryInterval             time.Duration
 	RequestTimeout            time.Duration
 	Workers                   int
+	GoneNodeGrace             time.Duration
 
 	// Getenv reads the environment (os.Getenv when nil; tests).
 	Getenv func(string) string
@@ -142,6 +144,7 @@ func NewOptions() Options {
 		RetryInterval:  DefaultRetryInterval,
 		RequestTimeout: DefaultRequestTimeout,
 		Workers:        DefaultWorkers,
+		GoneNodeGrace:  DefaultGoneNodeGrace,
 	}
 }
 
@@ -177,8 +180,13 @@ func (o *Options) BindFlags(fs *flag.FlagSet) {
 	fs.DurationVar(&o.RetryInterval, "azure-admin-state-retry-interval", o.RetryInterval,
 		"Wait before retrying a backend pool update that failed retriably (a 429's Retry-After, when later, wins).")
 	fs.DurationVar(&o.RequestTimeout, "azure-request-timeout", o.RequestTimeout,
-		"Bound on one ARM call, including the SDK's own retries and polling of a long-running write.")
+		"Bound on one attempt at a backend pool (its GET, NIC lookups, PUT and the polling of a long-running write, "+
+			"with the SDK's own retries). Each try of a call gets a quarter of it, so a hung try is tried again within the attempt; "+
+			"an attempt that runs out is retried after --azure-admin-state-retry-interval.")
 	fs.IntVar(&o.Workers, "azure-admin-state-workers", o.Workers, "How many backend pools are updated in parallel.")
+	fs.DurationVar(&o.GoneNodeGrace, "azure-admin-state-gone-node-grace", o.GoneNodeGrace,
+		"How long the backend entries nodeguard set Down stay Down after their node is gone (its VM may still be shutting down); "+
+			"then nodeguard restores None on them. A node of the same name that registers again (a new UID) restores them at once.")
 }
 
 // Config is the resolved configuration.
@@ -201,6 +209,7 @@ type Config struct {
 	RetryInterval  time.Duration
 	RequestTimeout time.Duration
 	Workers        int
+	GoneNodeGrace  time.Duration
 }
 
 // CredentialConfig says how to authenticate.
@@ -260,6 +269,7 @@ func (o Options) Load() (*Config, error) {
 		RetryInterval:  o.RetryInterval,
 		RequestTimeout: o.RequestTimeout,
 		Workers:        o.Workers,
+		GoneNodeGrace:  o.GoneNodeGrace,
 	}
 	if lbrg := pick(o.LoadBalancerResourceGroup, EnvLoadBalancerRGroup, f.LoadBalancerResourceGroup); lbrg != "" {
 		c.ResourceGroup = lbrg
@@ -304,6 +314,9 @@ func (o Options) Load() (*Config, error) {
 	}
 	if c.RequestTimeout <= 0 {
 		c.RequestTimeout = DefaultRequestTimeout
+	}
+	if c.GoneNodeGrace < 0 {
+		c.GoneNodeGrace = 0
 	}
 	if c.Workers <= 0 {
 		c.Workers = DefaultWorkers

@@ -9,10 +9,10 @@ import (
 	"k8s.io/apimachinery/pkg/labels"
 
 	"github.com/nodeguard/nodeguard/azure"
+	"github.com/nodeguard/nodeguard/azure/taintwatch"
 	"github.com/nodeguard/nodeguard/budget"
 	"github.com/nodeguard/nodeguard/finalizer"
 	"github.com/nodeguard/nodeguard/finalizer/drain"
-	"github.com/nodeguard/nodeguard/signal"
 	"github.com/nodeguard/nodeguard/webhook"
 )
 
@@ -39,10 +39,13 @@ type options struct {
 	drainTimeout        time.Duration
 	volumeDetachTimeout time.Duration
 	stuckPodMargin      time.Duration
+	blockedPDBPolicy    string
+	blockedPDBSettle    time.Duration
+	replacementTimeout  time.Duration
 	maxConcurrentDrains int
 	parallelEvictions   int
 	azure               azure.Options
-	signal              signal.Options
+	taintWatch          taintwatch.Options
 }
 
 // defaultNamespace is where nodeguard runs: the pod's namespace when the
@@ -93,6 +96,14 @@ func (o *options) bind(fs *flag.FlagSet) {
 		"Deadline of a drain, counted from the node's deletion; 0 means none. Past it the remaining pods are deleted without regard to PodDisruptionBudgets or do-not-evict (Warning event DrainDeadlineExceeded). A node annotation nodeguard.io/drain-timeout overrides it.")
 	fs.DurationVar(&o.stuckPodMargin, "stuck-pod-margin", finalizer.DefaultStuckPodMargin,
 		"How long past its grace period a terminating pod holds its node; then the drain stops waiting for it (Warning event DrainGaveUpOnPod) and the pod garbage collector finishes it once the node is gone. 0 waits forever. On an unreachable node (Ready Unknown; not Ready with the cloud shutdown taint; or the out-of-service taint) terminating pods are waited for only 5s.")
+	fs.StringVar(&o.blockedPDBPolicy, "blocked-pdb-policy", string(drain.BlockedPDBReplace),
+		"What a drain does about pods whose PodDisruptionBudget allows no disruption although every pod it expects is healthy (blocked by design: one replica under minAvailable: 1). "+
+			"'replace' restarts their Deployment as kubectl rollout restart does, when its rolling update surges and cannot take the PDB below its desired healthy count, so that new pods start elsewhere before the old ones stop; 'wait' waits for the PDB. "+
+			"StatefulSets, pods without a Deployment and Deployments with maxSurge 0 always wait. The annotation nodeguard.io/blocked-pdb-policy on a Deployment or PDB overrides it.")
+	fs.DurationVar(&o.blockedPDBSettle, "blocked-pdb-settle", finalizer.DefaultBlockedPDBSettle,
+		"How long a PodDisruptionBudget must stay blocked by design before the drain acts on it (at least 1s).")
+	fs.DurationVar(&o.replacementTimeout, "replacement-timeout", finalizer.DefaultReplacementTimeout,
+		"How long a new pod of a restarted Deployment may stay unscheduled or not Ready before the replacement counts as stalled: the drain then falls back to waiting for the PDB (Warning event ReplacementStalled), and --drain-timeout applies to those pods again. 0 never gives up.")
 	fs.DurationVar(&o.volumeDetachTimeout, "volume-detach-timeout", finalizer.DefaultVolumeDetachTimeout,
 		"After the drain, how long to wait for the node's VolumeAttachments to go before releasing it; 0 does not wait.")
 	fs.IntVar(&o.maxConcurrentDrains, "max-concurrent-drains", finalizer.DefaultMaxConcurrentNodes,
@@ -101,8 +112,8 @@ func (o *options) bind(fs *flag.FlagSet) {
 		"Concurrent evictions of pods that no PodDisruptionBudget covers (pods under a PDB are always evicted one at a time per PDB).")
 	o.azure = azure.NewOptions()
 	o.azure.BindFlags(fs)
-	o.signal = signal.NewOptions()
-	o.signal.BindFlags(fs)
+	o.taintWatch = taintwatch.NewOptions()
+	o.taintWatch.BindFlags(fs)
 	fs.DurationVar(&o.gracefulShutdown, "graceful-shutdown-timeout", 30*time.Second,
 		"How long to wait on SIGTERM for in-flight work to finish before exiting.")
 }
@@ -116,6 +127,12 @@ func (o *options) validate() error {
 	}
 	if o.daemonSets != string(drain.DaemonSetsLast) && o.daemonSets != string(drain.DaemonSetsSkip) {
 		return fmt.Errorf("--daemonset-pods %q: must be 'last' or 'skip'", o.daemonSets)
+	}
+	if _, err := drain.ParseBlockedPDBPolicy(o.blockedPDBPolicy); err != nil {
+		return fmt.Errorf("--blocked-pdb-policy: %w", err)
+	}
+	if o.blockedPDBSettle < time.Second || o.replacementTimeout < 0 {
+		return fmt.Errorf("--blocked-pdb-settle (%s) must be at least 1s; --replacement-timeout must not be negative", o.blockedPDBSettle)
 	}
 	if o.adminStateTimeout <= 0 || o.drainTimeout < 0 || o.volumeDetachTimeout < 0 || o.cutoverPause < 0 || o.stuckPodMargin < 0 {
 		return fmt.Errorf("--admin-state-timeout must be positive; --drain-timeout, --volume-detach-timeout, --stuck-pod-margin and --cutover-pause must not be negative")

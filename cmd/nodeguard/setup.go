@@ -22,17 +22,18 @@ import (
 
 	ngv1alpha1 "github.com/nodeguard/nodeguard/api/v1alpha1"
 	"github.com/nodeguard/nodeguard/azure"
+	"github.com/nodeguard/nodeguard/azure/taintwatch"
 	"github.com/nodeguard/nodeguard/budget"
 	"github.com/nodeguard/nodeguard/finalizer"
 	"github.com/nodeguard/nodeguard/finalizer/drain"
-	"github.com/nodeguard/nodeguard/signal"
 	ngwebhook "github.com/nodeguard/nodeguard/webhook"
 )
 
 // setupTermination adds the Azure admin-state manager (when Azure is
 // configured), the taint watcher and the termination controller.
 func setupTermination(mgr ctrl.Manager, opts options) error {
-	adminState, err := azure.NewManager(opts.azure, mgr.GetEventRecorder("nodeguard-adminstate"))
+	adminState, err := azure.NewManager(opts.azure, mgr.GetEventRecorder("nodeguard-adminstate"),
+		azure.InCluster(mgr.GetClient(), mgr.GetAPIReader())...)
 	if err != nil {
 		return fmt.Errorf("configuring Azure admin state: %w", err)
 	}
@@ -51,6 +52,9 @@ func setupTermination(mgr ctrl.Manager, opts options) error {
 			VolumeDetachTimeout: opts.volumeDetachTimeout,
 			StuckPodMargin:      opts.stuckPodMargin,
 			MaxConcurrentNodes:  opts.maxConcurrentDrains,
+			BlockedPDBPolicy:    drain.BlockedPDBPolicy(opts.blockedPDBPolicy),
+			BlockedPDBSettle:    opts.blockedPDBSettle,
+			ReplacementTimeout:  opts.replacementTimeout,
 		},
 	}
 	if adminState == nil {
@@ -61,7 +65,7 @@ func setupTermination(mgr ctrl.Manager, opts options) error {
 		}
 		r.AdminState = adminState
 	}
-	if err := signal.Setup(mgr, adminState, opts.signal); err != nil {
+	if err := taintwatch.Setup(mgr, adminState, opts.taintWatch); err != nil {
 		return fmt.Errorf("setting up the taint watcher: %w", err)
 	}
 	return r.SetupWithManager(mgr)

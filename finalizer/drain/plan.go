@@ -8,6 +8,7 @@ package drain
 
 import (
 	"fmt"
+	"slices"
 	"sort"
 	"time"
 
@@ -128,15 +129,38 @@ type Group struct {
 	// every pod is Ready: an eviction now would certainly be refused (429),
 	// so the queue waits for the PDB's status to change without sending one.
 	Blocked bool
-	// Allowed is the PDB's disruptionsAllowed as last computed.
-	Allowed int32
+	// ByDesign is true when the queue is Blocked although every pod the PDB
+	// counts is healthy and none is being disrupted: the PDB will never allow
+	// a disruption by itself (one replica under minAvailable: 1, N under
+	// minAvailable: N or maxUnavailable: 0).
+	ByDesign bool
+	// Allowed, Healthy, Desired and Expected are the PDB's disruptionsAllowed,
+	// currentHealthy, desiredHealthy and expectedPods as last computed.
+	Allowed, Healthy, Desired, Expected int32
+	// Budget is the PDB itself.
+	Budget *policyv1.PodDisruptionBudget
+	// Replacing are pods taken out of the queue (Hold) because their
+	// Deployment's rollout replaces them: they are never evicted, nor deleted
+	// at the drain deadline; their controller stops them.
+	Replacing []*corev1.Pod
+	// Note says what nodeguard does about the queue beyond evicting, for the
+	// node condition (e.g. a replacement in progress).
+	Note string
+}
+
+// Hold takes a pod out of the queue into Replacing.
+func (g *Group) Hold(pod *corev1.Pod) {
+	if i := slices.Index(g.Pods, pod); i >= 0 {
+		g.Pods = slices.Delete(g.Pods, i, i+1)
+		g.Replacing = append(g.Replacing, pod)
+	}
 }
 
 // Remaining counts the pods the drain still waits for.
 func (p *Plan) Remaining() int {
 	n := len(p.Unprotected) + len(p.MultiplePDBs) + len(p.DoNotEvict) + len(p.Terminating) + len(p.Later)
 	for _, g := range p.Groups {
-		n += len(g.Pods)
+		n += len(g.Pods) + len(g.Replacing)
 	}
 	return n
 }
@@ -276,7 +300,10 @@ func (p *Plan) group(pods []*corev1.Pod, pdbs []policyv1.PodDisruptionBudget) er
 		pdb := pdbByUID(pdbs, g.UID)
 		g.Blocked = blocked(pdb, g.Pods)
 		if pdb != nil {
-			g.Allowed = pdb.Status.DisruptionsAllowed
+			g.Budget = pdb
+			g.Allowed, g.Healthy = pdb.Status.DisruptionsAllowed, pdb.Status.CurrentHealthy
+			g.Desired, g.Expected = pdb.Status.DesiredHealthy, pdb.Status.ExpectedPods
+			g.ByDesign = g.Blocked && blockedByDesign(pdb)
 		}
 		p.Groups = append(p.Groups, *g)
 	}
@@ -317,6 +344,14 @@ func blocked(pdb *policyv1.PodDisruptionBudget, pods []*corev1.Pod) bool {
 		}
 	}
 	return true
+}
+
+// blockedByDesign reports whether a PDB that allows no disruption is healthy
+// (currentHealthy >= desiredHealthy) with every pod it expects healthy and
+// none being disrupted: no disruption in progress will end and free one.
+func blockedByDesign(pdb *policyv1.PodDisruptionBudget) bool {
+	s := pdb.Status
+	return s.ExpectedPods > 0 && s.CurrentHealthy >= s.DesiredHealthy && s.CurrentHealthy >= s.ExpectedPods && len(s.DisruptedPods) == 0
 }
 
 func pdbByUID(pdbs []policyv1.PodDisruptionBudget, uid types.UID) *policyv1.PodDisruptionBudget {

@@ -5,9 +5,14 @@
 // Azure (a custom cloud endpoint, InsecureAllowCredentialWithHTTP,
 // DisableRPRegistration).
 //
-// It keeps ETags as ARM does, one per load balancer, reported by all its pools
-// and bumped by a write to any of them (If-Match answered with 412 on a
-// mismatch), can run writes as asynchronous operations (Azure-AsyncOperation
+// It plays ARM's ETag rule: a load balancer has one ETag, which every one of
+// its backend pools reports, and a write to any pool bumps it (a pool is a
+// child resource); If-Match with another ETag is answered with 412. A
+// NIC-based pool can list members only in backendIPConfigurations, with no
+// backend-address entry (as the REST specification's example does), and a
+// PUT cannot add NIC-based entries: networkInterfaceIPConfiguration is
+// read-only in the specification, so such entries are ignored. Writes can be
+// throttled per subscription (ARM's write budget). It can run writes as asynchronous operations (Azure-AsyncOperation
 // plus status polling), injects faults per path (any status with Retry-After,
 // added latency, hanging until the client gives up, a failed long-running
 // operation, or a hook that runs before the request, e.g. a concurrent writer),
@@ -20,7 +25,6 @@ import (
 	"fmt"
 	"net"
 	"net/http"
-	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -53,10 +57,6 @@ type PoolSeed struct {
 	// load-balancing rule (like AKS's aksOutboundBackendPool).
 	OutboundOnly bool        `json:"outboundOnly,omitempty"`
 	Entries      []EntrySeed `json:"entries,omitempty"`
-	// MembersOnly lists NIC-based members only in backendIPConfigurations,
-	// with no loadBalancerBackendAddresses, as the REST specification's
-	// example of a NIC-based pool GET shows.
-	MembersOnly bool `json:"membersOnly,omitempty"`
 }
 
 // EntrySeed is one backend address: IP-based (IP set) or NIC-based (IPConfigID
@@ -66,6 +66,10 @@ type EntrySeed struct {
 	IP         string `json:"ip,omitempty"`
 	IPConfigID string `json:"ipConfigId,omitempty"`
 	AdminState string `json:"adminState,omitempty"`
+	// MemberOnly lists a NIC-based member only in the pool's
+	// backendIPConfigurations, with no backend-address entry to carry an
+	// admin state (the REST specification's NIC pool example).
+	MemberOnly bool `json:"memberOnly,omitempty"`
 }
 
 // NetworkInterfaceSeed is a standalone NIC (VMAS or VMSS flex) attached to a VM.
@@ -76,43 +80,6 @@ type NetworkInterfaceSeed struct {
 	VirtualMachineID string `json:"virtualMachineId"`
 }
 
-// Fault is an injected misbehaviour for the requests it matches.
-type Fault struct {
-	// Method matches the HTTP method; empty matches any.
-	Method string
-	// Path matches when the request path contains it (case-insensitive);
-	// empty matches any path.
-	Path string
-	// Times is how many matching requests the fault applies to; 0 is forever.
-	Times int
-
-	// Before runs before the request is served, without the emulator's lock
-	// (it may call MutatePool: a concurrent writer).
-	Before func()
-	// Delay is added latency.
-	Delay time.Duration
-	// Hang holds the request until the client gives up (its context ends).
-	Hang bool
-	// Status, when non-zero, is answered instead of serving the request, with
-	// an ARM error body carrying ErrorCode (a default per status when empty).
-	Status     int
-	RetryAfter string
-	ErrorCode  string
-	// OperationStatus, for a PUT served as an asynchronous operation, is the
-	// operation's terminal status instead of Succeeded ("Canceled", "Failed");
-	// the write is then not applied.
-	OperationStatus string
-}
-
-// Request is one recorded request.
-type Request struct {
-	Method  string
-	Path    string
-	IfMatch string
-	Status  int
-	Time    time.Time
-}
-
 // Options change how the emulator serves writes.
 type Options struct {
 	// Async serves a pool PUT as an asynchronous operation: 201 with an
@@ -121,6 +88,16 @@ type Options struct {
 	// AsyncPolls is how many status polls answer InProgress before the
 	// operation completes.
 	AsyncPolls int
+	// WriteThrottle, when set, limits writes per subscription as ARM does:
+	// past the limit a write is answered 429 SubscriptionRequestsThrottled
+	// with a Retry-After.
+	WriteThrottle *WriteThrottle
+}
+
+// WriteThrottle allows Writes writes per Window in the subscription.
+type WriteThrottle struct {
+	Writes int
+	Window time.Duration
 }
 
 type pool struct {
@@ -143,7 +120,8 @@ type Server struct {
 
 	mu       sync.Mutex
 	lbs      []string         // names in seed order
-	lbWrites map[string]int   // ETag counter per load balancer (lower-cased name)
+	lbEtag   map[string]int   // key: lower(lb); ETag counter of the load balancer
+	writes   []time.Time      // accepted writes, for WriteThrottle
 	pools    map[string]*pool // key: lower(lb)/lower(pool)
 	poolKeys []string
 	nics     map[string]NetworkInterfaceSeed // key: lower(id)
@@ -163,15 +141,16 @@ func New(seed Seed, opts Options) *Server {
 	if seed.Location == "" {
 		seed.Location = "westeurope"
 	}
-	s := &Server{seed: seed, opts: opts, pools: map[string]*pool{}, nics: map[string]NetworkInterfaceSeed{}, ops: map[string]*operation{}, lbWrites: map[string]int{}}
-	for _, lb := range seed.LoadBalancers {
+	s := &Server{seed: seed, opts: opts, lbEtag: map[string]int{}, pools: map[string]*pool{}, nics: map[string]NetworkInterfaceSeed{}, ops: map[string]*operation{}}
+	for i, lb := range seed.LoadBalancers {
 		s.lbs = append(s.lbs, lb.Name)
+		// Distinct load balancers start from distinct ETags.
+		s.lbEtag[strings.ToLower(lb.Name)] = 1 + i*1000
 		for _, p := range lb.Pools {
 			k := key(lb.Name, p.Name)
 			s.pools[k] = &pool{lb: lb.Name, data: s.seedPool(lb.Name, p)}
 			s.poolKeys = append(s.poolKeys, k)
 		}
-		s.bumpETag(lb.Name)
 	}
 	for _, n := range seed.Interfaces {
 		s.nics[strings.ToLower(n.ID)] = n
@@ -219,23 +198,24 @@ func (s *Server) SetOptions(o Options) {
 
 func key(lb, p string) string { return strings.ToLower(lb) + "/" + strings.ToLower(p) }
 
-// bumpETag records a write to a load balancer. ARM keeps one ETag per load
-// balancer: a pool is a child resource and reports its load balancer's ETag,
-// so a write to one pool changes the ETag every other pool of it reports.
-// Callers hold s.mu.
-func (s *Server) bumpETag(lb string) {
-	s.lbWrites[strings.ToLower(lb)]++
-	tag := etag(s.lbWrites[strings.ToLower(lb)])
-	for _, p := range s.pools {
-		if strings.EqualFold(p.lb, lb) {
-			p.data.Etag = tag
-		}
-	}
-}
-
 func etag(n int) *string {
 	v := fmt.Sprintf("W/\"%08x-0000-4000-8000-%012x\"", n, n*7919)
 	return &v
+}
+
+// etagOf is the current ETag of a load balancer, which all its pools report.
+// Call with s.mu held.
+func (s *Server) etagOf(lb string) *string { return etag(s.lbEtag[strings.ToLower(lb)]) }
+
+// bump records a write to a load balancer or any of its pools. Call with s.mu held.
+func (s *Server) bump(lb string) { s.lbEtag[strings.ToLower(lb)]++ }
+
+// view is a pool as ARM returns it: a copy carrying its load balancer's ETag.
+// Call with s.mu held.
+func (s *Server) view(p *pool) armnetwork.BackendAddressPool {
+	c := clonePool(p.data)
+	c.Etag = s.etagOf(p.lb)
+	return c
 }
 
 func (s *Server) lbID(lb string) string {
@@ -263,13 +243,14 @@ func (s *Server) seedPool(lb string, p PoolSeed) armnetwork.BackendAddressPool {
 		if e.IPConfigID != "" {
 			entry.Properties.NetworkInterfaceIPConfiguration = &armnetwork.SubResource{ID: ptr(e.IPConfigID)}
 			props.BackendIPConfigurations = append(props.BackendIPConfigurations, &armnetwork.InterfaceIPConfiguration{ID: ptr(e.IPConfigID)})
+			if e.MemberOnly {
+				continue
+			}
 		}
 		if e.AdminState != "" {
 			entry.Properties.AdminState = ptr(armnetwork.LoadBalancerBackendAddressAdminState(e.AdminState))
 		}
-		if !p.MembersOnly {
-			props.LoadBalancerBackendAddresses = append(props.LoadBalancerBackendAddresses, entry)
-		}
+		props.LoadBalancerBackendAddresses = append(props.LoadBalancerBackendAddresses, entry)
 	}
 	return armnetwork.BackendAddressPool{
 		ID: ptr(id), Name: ptr(p.Name), Type: ptr("Microsoft.Network/loadBalancers/backendAddressPools"), Properties: props,
@@ -277,154 +258,6 @@ func (s *Server) seedPool(lb string, p PoolSeed) armnetwork.BackendAddressPool {
 }
 
 func ptr[T any](v T) *T { return &v }
-
-// AddFault injects a fault; the returned function removes it.
-func (s *Server) AddFault(f Fault) (remove func()) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	fp := &f
-	s.faults = append(s.faults, fp)
-	return func() {
-		s.mu.Lock()
-		defer s.mu.Unlock()
-		for i, g := range s.faults {
-			if g == fp {
-				s.faults = append(s.faults[:i], s.faults[i+1:]...)
-				return
-			}
-		}
-	}
-}
-
-// ClearFaults removes every fault.
-func (s *Server) ClearFaults() {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	s.faults = nil
-}
-
-// Requests returns a copy of every request served so far.
-func (s *Server) Requests() []Request {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return append([]Request(nil), s.requests...)
-}
-
-// Count is how many recorded requests have the method (empty: any) and a
-// path containing pathContains (case-insensitive).
-func (s *Server) Count(method, pathContains string) int {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	n := 0
-	for _, r := range s.requests {
-		if (method == "" || r.Method == method) && strings.Contains(strings.ToLower(r.Path), strings.ToLower(pathContains)) {
-			n++
-		}
-	}
-	return n
-}
-
-// ResetRequests forgets the recorded requests.
-func (s *Server) ResetRequests() {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	s.requests = nil
-}
-
-// Pool returns a copy of a backend pool as stored (nil when absent).
-func (s *Server) Pool(lb, name string) *armnetwork.BackendAddressPool {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	p, ok := s.pools[key(lb, name)]
-	if !ok {
-		return nil
-	}
-	c := clonePool(p.data)
-	return &c
-}
-
-// MutatePool changes a pool as another writer would, bumping its load
-// balancer's ETag. It
-// reports false when the pool does not exist.
-func (s *Server) MutatePool(lb, name string, mutate func(*armnetwork.BackendAddressPool)) bool {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	p, ok := s.pools[key(lb, name)]
-	if !ok {
-		return false
-	}
-	mutate(&p.data)
-	s.bumpETag(lb)
-	return true
-}
-
-// DeletePool removes a pool (later requests for it get 404).
-func (s *Server) DeletePool(lb, name string) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	k := key(lb, name)
-	delete(s.pools, k)
-	for i, pk := range s.poolKeys {
-		if pk == k {
-			s.poolKeys = append(s.poolKeys[:i], s.poolKeys[i+1:]...)
-			break
-		}
-	}
-}
-
-// EntryState is one backend address in a State dump.
-type EntryState struct {
-	Name       string `json:"name"`
-	IP         string `json:"ip,omitempty"`
-	IPConfigID string `json:"ipConfigId,omitempty"`
-	AdminState string `json:"adminState"`
-}
-
-// PoolState is one pool in a State dump.
-type PoolState struct {
-	LoadBalancer string       `json:"loadBalancer"`
-	Pool         string       `json:"pool"`
-	Etag         string       `json:"etag"`
-	Entries      []EntryState `json:"entries"`
-}
-
-// State dumps every pool's entries and admin states (also served at
-// GET /emulator/state).
-func (s *Server) State() []PoolState {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	var out []PoolState
-	for _, k := range s.poolKeys {
-		p := s.pools[k]
-		ps := PoolState{LoadBalancer: p.lb, Pool: deref(p.data.Name), Etag: deref(p.data.Etag)}
-		for _, e := range p.data.Properties.LoadBalancerBackendAddresses {
-			es := EntryState{Name: deref(e.Name), AdminState: "None"}
-			if e.Properties != nil {
-				es.IP = deref(e.Properties.IPAddress)
-				if e.Properties.NetworkInterfaceIPConfiguration != nil {
-					es.IPConfigID = deref(e.Properties.NetworkInterfaceIPConfiguration.ID)
-				}
-				if e.Properties.AdminState != nil {
-					es.AdminState = string(*e.Properties.AdminState)
-				}
-			}
-			ps.Entries = append(ps.Entries, es)
-		}
-		out = append(out, ps)
-	}
-	return out
-}
-
-// AdminStates maps "lb/pool/entry" to each entry's admin state ("None" when unset).
-func (s *Server) AdminStates() map[string]string {
-	out := map[string]string{}
-	for _, p := range s.State() {
-		for _, e := range p.Entries {
-			out[p.LoadBalancer+"/"+p.Pool+"/"+e.Name] = e.AdminState
-		}
-	}
-	return out
-}
 
 func deref[T any](p *T) T {
 	var zero T
@@ -449,9 +282,10 @@ func clonePool(p armnetwork.BackendAddressPool) armnetwork.BackendAddressPool {
 // ServeHTTP implements http.Handler.
 func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	rec := &recorder{ResponseWriter: w, status: http.StatusOK}
+	start := time.Now()
 	defer func() {
 		s.mu.Lock()
-		s.requests = append(s.requests, Request{Method: r.Method, Path: r.URL.Path, IfMatch: r.Header.Get("If-Match"), Status: rec.status, Time: time.Now()})
+		s.requests = append(s.requests, Request{Method: r.Method, Path: r.URL.Path, IfMatch: r.Header.Get("If-Match"), Status: rec.status, Start: start, Time: time.Now()})
 		s.mu.Unlock()
 	}()
 	if strings.HasPrefix(r.URL.Path, "/emulator/") {
@@ -471,7 +305,7 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			}
 		}
 		if f.Hang {
-			<-r.Context().Done()
+			hang(r)
 			return
 		}
 		if f.Status != 0 {
@@ -493,318 +327,4 @@ type recorder struct {
 func (r *recorder) WriteHeader(code int) {
 	r.status = code
 	r.ResponseWriter.WriteHeader(code)
-}
-
-func (s *Server) matchFault(r *http.Request) *Fault {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	path := strings.ToLower(r.URL.Path)
-	for i, f := range s.faults {
-		if f.Method != "" && !strings.EqualFold(f.Method, r.Method) {
-			continue
-		}
-		if f.Path != "" && !strings.Contains(path, strings.ToLower(f.Path)) {
-			continue
-		}
-		if f.Times > 0 {
-			f.Times--
-			if f.Times == 0 {
-				s.faults = append(s.faults[:i], s.faults[i+1:]...)
-			}
-		}
-		c := *f
-		return &c
-	}
-	return nil
-}
-
-var defaultCodes = map[int]string{
-	http.StatusTooManyRequests:     "SubscriptionRequestsThrottled",
-	http.StatusConflict:            "AnotherOperationInProgress",
-	http.StatusPreconditionFailed:  "PreconditionFailed",
-	http.StatusNotFound:            "NotFound",
-	http.StatusInternalServerError: "InternalServerError",
-	http.StatusBadRequest:          "InvalidRequestFormat",
-	http.StatusForbidden:           "AuthorizationFailed",
-}
-
-func writeError(w http.ResponseWriter, status int, code, msg string) {
-	if code == "" {
-		code = defaultCodes[status]
-		if code == "" {
-			code = http.StatusText(status)
-		}
-	}
-	w.Header().Set("Content-Type", "application/json; charset=utf-8")
-	w.Header().Set("x-ms-failure-cause", "gateway")
-	w.WriteHeader(status)
-	_ = json.NewEncoder(w).Encode(map[string]any{"error": map[string]string{"code": code, "message": msg}})
-}
-
-func writeJSON(w http.ResponseWriter, status int, v any) {
-	w.Header().Set("Content-Type", "application/json; charset=utf-8")
-	w.WriteHeader(status)
-	_ = json.NewEncoder(w).Encode(v)
-}
-
-// serveARM routes /subscriptions/{s}/resourceGroups/{rg}/providers/Microsoft.Network/...
-// and the operation status endpoint, case-insensitively.
-func (s *Server) serveARM(w http.ResponseWriter, r *http.Request, f *Fault) {
-	parts := strings.Split(strings.Trim(r.URL.Path, "/"), "/")
-	lower := make([]string, len(parts))
-	for i, p := range parts {
-		lower[i] = strings.ToLower(p)
-	}
-	// /subscriptions/{s}/providers/Microsoft.Network/locations/{loc}/operations/{id}
-	if len(lower) == 8 && lower[0] == "subscriptions" && lower[2] == "providers" && lower[4] == "locations" && lower[6] == "operations" {
-		s.serveOperation(w, parts[7])
-		return
-	}
-	if len(lower) < 6 || lower[0] != "subscriptions" || lower[2] != "resourcegroups" || lower[4] != "providers" || lower[5] != "microsoft.network" {
-		writeError(w, http.StatusNotFound, "InvalidResourceType", "unknown path "+r.URL.Path)
-		return
-	}
-	if !strings.EqualFold(parts[1], s.seed.Subscription) || !strings.EqualFold(parts[3], s.seed.ResourceGroup) {
-		writeError(w, http.StatusNotFound, "ResourceGroupNotFound", fmt.Sprintf("Resource group '%s' could not be found.", parts[3]))
-		return
-	}
-	rest := lower[6:]
-	switch {
-	case len(rest) == 1 && rest[0] == "loadbalancers" && r.Method == http.MethodGet:
-		s.listLoadBalancers(w)
-	case len(rest) == 2 && rest[0] == "loadbalancers" && r.Method == http.MethodGet:
-		s.getLoadBalancer(w, parts[7])
-	case len(rest) == 3 && rest[0] == "loadbalancers" && rest[2] == "backendaddresspools" && r.Method == http.MethodGet:
-		s.listPools(w, parts[7])
-	case len(rest) == 4 && rest[0] == "loadbalancers" && rest[2] == "backendaddresspools" && r.Method == http.MethodGet:
-		s.getPool(w, parts[7], parts[9])
-	case len(rest) == 4 && rest[0] == "loadbalancers" && rest[2] == "backendaddresspools" && r.Method == http.MethodPut:
-		s.putPool(w, r, parts[7], parts[9], f)
-	case len(rest) == 2 && rest[0] == "networkinterfaces" && r.Method == http.MethodGet:
-		s.getInterface(w, r.URL.Path)
-	default:
-		writeError(w, http.StatusMethodNotAllowed, "MethodNotAllowed", r.Method+" "+r.URL.Path)
-	}
-}
-
-func (s *Server) loadBalancer(name string) (armnetwork.LoadBalancer, bool) {
-	var found string
-	for _, n := range s.lbs {
-		if strings.EqualFold(n, name) {
-			found = n
-		}
-	}
-	if found == "" {
-		return armnetwork.LoadBalancer{}, false
-	}
-	lb := armnetwork.LoadBalancer{
-		ID: ptr(s.lbID(found)), Name: ptr(found), Location: ptr(s.seed.Location), Type: ptr("Microsoft.Network/loadBalancers"),
-		Etag: etag(s.lbWrites[strings.ToLower(found)]),
-		SKU:  &armnetwork.LoadBalancerSKU{Name: ptr(armnetwork.LoadBalancerSKUNameStandard), Tier: ptr(armnetwork.LoadBalancerSKUTierRegional)},
-		Properties: &armnetwork.LoadBalancerPropertiesFormat{
-			ProvisioningState:   ptr(armnetwork.ProvisioningStateSucceeded),
-			BackendAddressPools: []*armnetwork.BackendAddressPool{},
-		},
-	}
-	for _, k := range s.poolKeys {
-		p := s.pools[k]
-		if strings.EqualFold(p.lb, found) {
-			c := clonePool(p.data)
-			lb.Properties.BackendAddressPools = append(lb.Properties.BackendAddressPools, &c)
-		}
-	}
-	return lb, true
-}
-
-func (s *Server) listLoadBalancers(w http.ResponseWriter) {
-	s.mu.Lock()
-	var res armnetwork.LoadBalancerListResult
-	for _, n := range s.lbs {
-		lb, _ := s.loadBalancer(n)
-		res.Value = append(res.Value, &lb)
-	}
-	s.mu.Unlock()
-	if res.Value == nil {
-		res.Value = []*armnetwork.LoadBalancer{}
-	}
-	writeJSON(w, http.StatusOK, res)
-}
-
-func (s *Server) getLoadBalancer(w http.ResponseWriter, name string) {
-	s.mu.Lock()
-	lb, ok := s.loadBalancer(name)
-	s.mu.Unlock()
-	if !ok {
-		writeError(w, http.StatusNotFound, "ResourceNotFound", fmt.Sprintf("The Resource 'Microsoft.Network/loadBalancers/%s' under resource group '%s' was not found.", name, s.seed.ResourceGroup))
-		return
-	}
-	writeJSON(w, http.StatusOK, lb)
-}
-
-func (s *Server) listPools(w http.ResponseWriter, lbName string) {
-	s.mu.Lock()
-	lb, ok := s.loadBalancer(lbName)
-	s.mu.Unlock()
-	if !ok {
-		writeError(w, http.StatusNotFound, "ResourceNotFound", "load balancer "+lbName+" not found")
-		return
-	}
-	writeJSON(w, http.StatusOK, armnetwork.LoadBalancerBackendAddressPoolListResult{Value: lb.Properties.BackendAddressPools})
-}
-
-func (s *Server) getPool(w http.ResponseWriter, lb, name string) {
-	s.mu.Lock()
-	p, ok := s.pools[key(lb, name)]
-	var c armnetwork.BackendAddressPool
-	if ok {
-		c = clonePool(p.data)
-	}
-	s.mu.Unlock()
-	if !ok {
-		writeError(w, http.StatusNotFound, "NotFound", fmt.Sprintf("Resource /subscriptions/%s/resourceGroups/%s/providers/Microsoft.Network/loadBalancers/%s/backendAddressPools/%s not found.", s.seed.Subscription, s.seed.ResourceGroup, lb, name))
-		return
-	}
-	if c.Etag != nil {
-		w.Header().Set("ETag", *c.Etag)
-	}
-	writeJSON(w, http.StatusOK, c)
-}
-
-func (s *Server) putPool(w http.ResponseWriter, r *http.Request, lb, name string, f *Fault) {
-	var body armnetwork.BackendAddressPool
-	if err := json.NewDecoder(r.Body).Decode(&body); err != nil {
-		writeError(w, http.StatusBadRequest, "InvalidRequestFormat", "cannot parse the request: "+err.Error())
-		return
-	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	p, ok := s.pools[key(lb, name)]
-	if !ok {
-		// Creating pools is out of scope: nodeguard only updates them.
-		writeError(w, http.StatusNotFound, "NotFound", "backend pool "+lb+"/"+name+" not found")
-		return
-	}
-	if im := r.Header.Get("If-Match"); im != "" && im != "*" && im != deref(p.data.Etag) {
-		writeError(w, http.StatusPreconditionFailed, "PreconditionFailed", fmt.Sprintf("Precondition failed: If-Match %s does not match the current ETag %s.", im, deref(p.data.Etag)))
-		return
-	}
-	var entries []*armnetwork.LoadBalancerBackendAddress
-	if body.Properties != nil {
-		entries = body.Properties.LoadBalancerBackendAddresses
-	}
-	apply := func() {
-		p.data.Properties.LoadBalancerBackendAddresses = entries
-		s.bumpETag(lb)
-	}
-	if !s.opts.Async {
-		apply()
-		c := clonePool(p.data)
-		w.Header().Set("ETag", *c.Etag)
-		writeJSON(w, http.StatusOK, c)
-		return
-	}
-	s.opSeq++
-	op := &operation{id: fmt.Sprintf("op-%06d", s.opSeq), polls: s.opts.AsyncPolls, status: "Succeeded", apply: apply}
-	if f != nil && f.OperationStatus != "" {
-		op.status = f.OperationStatus
-	}
-	s.ops[strings.ToLower(op.id)] = op
-	c := clonePool(p.data)
-	c.Properties.LoadBalancerBackendAddresses = entries
-	c.Properties.ProvisioningState = ptr(armnetwork.ProvisioningStateUpdating)
-	scheme := "http"
-	w.Header().Set("Azure-AsyncOperation", fmt.Sprintf("%s://%s/subscriptions/%s/providers/Microsoft.Network/locations/%s/operations/%s?api-version=%s",
-		scheme, r.Host, s.seed.Subscription, s.seed.Location, op.id, APIVersion))
-	w.Header().Set("Retry-After", "0")
-	writeJSON(w, http.StatusCreated, c)
-}
-
-func (s *Server) serveOperation(w http.ResponseWriter, id string) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	op, ok := s.ops[strings.ToLower(id)]
-	if !ok {
-		writeError(w, http.StatusNotFound, "NotFound", "operation "+id+" not found")
-		return
-	}
-	if op.polls > 0 {
-		op.polls--
-		writeJSON(w, http.StatusOK, map[string]string{"name": op.id, "status": "InProgress"})
-		return
-	}
-	if !op.completed {
-		op.completed = true
-		if op.status == "Succeeded" {
-			op.apply()
-		}
-	}
-	res := map[string]any{"name": op.id, "status": op.status}
-	if op.status != "Succeeded" {
-		code := op.status
-		res["error"] = map[string]string{"code": code, "message": "Operation was " + strings.ToLower(op.status) + "."}
-	}
-	writeJSON(w, http.StatusOK, res)
-}
-
-func (s *Server) getInterface(w http.ResponseWriter, path string) {
-	s.mu.Lock()
-	n, ok := s.nics[strings.ToLower(path)]
-	s.mu.Unlock()
-	if !ok {
-		writeError(w, http.StatusNotFound, "NotFound", "network interface "+path+" not found")
-		return
-	}
-	segs := strings.Split(n.ID, "/")
-	nic := armnetwork.Interface{
-		ID: ptr(n.ID), Name: ptr(segs[len(segs)-1]), Location: ptr(s.seed.Location), Etag: ptr(`W/"nic"`),
-		Type: ptr("Microsoft.Network/networkInterfaces"),
-		Properties: &armnetwork.InterfacePropertiesFormat{
-			ProvisioningState: ptr(armnetwork.ProvisioningStateSucceeded),
-			VirtualMachine:    &armnetwork.SubResource{ID: ptr(n.VirtualMachineID)},
-			IPConfigurations: []*armnetwork.InterfaceIPConfiguration{{
-				ID: ptr(n.ID + "/ipConfigurations/ipconfig1"), Name: ptr("ipconfig1"),
-			}},
-		},
-	}
-	writeJSON(w, http.StatusOK, nic)
-}
-
-// serveControl serves the emulator's own endpoints:
-//
-//	GET /emulator/state     every pool's entries and admin states
-//	GET /emulator/requests  every recorded request
-//	GET /emulator/counts    requests counted by method and resource kind
-func (s *Server) serveControl(w http.ResponseWriter, r *http.Request) {
-	switch r.URL.Path {
-	case "/emulator/state":
-		writeJSON(w, http.StatusOK, s.State())
-	case "/emulator/requests":
-		writeJSON(w, http.StatusOK, s.Requests())
-	case "/emulator/counts":
-		counts := map[string]int{}
-		for _, q := range s.Requests() {
-			if strings.HasPrefix(q.Path, "/emulator/") {
-				continue
-			}
-			counts[q.Method+" "+kind(q.Path)+" "+strconv.Itoa(q.Status)]++
-		}
-		writeJSON(w, http.StatusOK, counts)
-	default:
-		writeError(w, http.StatusNotFound, "NotFound", r.URL.Path)
-	}
-}
-
-func kind(path string) string {
-	p := strings.ToLower(path)
-	switch {
-	case strings.Contains(p, "/operations/"):
-		return "operation"
-	case strings.Contains(p, "/backendaddresspools/"):
-		return "backendAddressPool"
-	case strings.Contains(p, "/networkinterfaces/"):
-		return "networkInterface"
-	case strings.Contains(p, "/loadbalancers"):
-		return "loadBalancer"
-	}
-	return "other"
 }

@@ -75,3 +75,81 @@ func TestWireFormatAndControl(t *testing.T) {
 		t.Errorf("state has %d pools: %+v", len(state), state)
 	}
 }
+
+// armRules covers the ARM rules the emulator plays: one ETag per load
+// balancer, NIC members without entries, read-only NIC references, and the
+// per-subscription write budget.
+func TestARMRules(t *testing.T) {
+	vm := "/subscriptions/sub/resourceGroups/RG/providers/Microsoft.Compute/virtualMachines/"
+	seed := SeedForNodes("sub", "RG", []Node{
+		{Name: "n0", IPs: []string{"10.0.0.4", "fd00::4"}, ProviderID: "azure://" + vm + "n0"},
+		{Name: "n1", IPs: []string{"10.0.0.5", "fd00::5"}, ProviderID: "azure://" + vm + "n1"},
+	}, Topology{NICBased: true, MembersOnly: true, Internal: true})
+	s, err := Start("127.0.0.1:0", seed, Options{WriteThrottle: &WriteThrottle{Writes: 2, Window: time.Hour}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	base := s.URL() + "/subscriptions/sub/resourceGroups/RG/providers/Microsoft.Network/loadBalancers/"
+	put := func(path, ifMatch string, pool any) int {
+		b, _ := json.Marshal(pool)
+		req, _ := http.NewRequest(http.MethodPut, base+path, strings.NewReader(string(b)))
+		req.Header.Set("If-Match", ifMatch)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		return resp.StatusCode
+	}
+
+	v4, v6 := s.Pool("kubernetes", "kubernetes"), s.Pool("kubernetes", "kubernetes-IPv6")
+	internal := s.Pool("kubernetes-internal", "kubernetes")
+	if *v4.Etag != *v6.Etag {
+		t.Fatalf("pools of one load balancer report different ETags: %s, %s", *v4.Etag, *v6.Etag)
+	}
+	if *v4.Etag == *internal.Etag {
+		t.Fatalf("two load balancers share an ETag")
+	}
+	if got := len(v4.Properties.LoadBalancerBackendAddresses); got != 0 || len(v4.Properties.BackendIPConfigurations) != 2 {
+		t.Fatalf("members-only NIC pool: %d entries, %d backendIPConfigurations; want 0 and 2", got, len(v4.Properties.BackendIPConfigurations))
+	}
+
+	// A write to the IPv6 pool changes the ETag the IPv4 pool reports.
+	if code := put("kubernetes/backendAddressPools/kubernetes-IPv6", *v6.Etag, v6); code != http.StatusOK {
+		t.Fatalf("PUT IPv6 pool = %d", code)
+	}
+	if now := s.Pool("kubernetes", "kubernetes"); *now.Etag == *v4.Etag {
+		t.Errorf("IPv4 pool's ETag unchanged by a write to its sibling")
+	}
+	if got := *s.Pool("kubernetes-internal", "kubernetes").Etag; got != *internal.Etag {
+		t.Errorf("another load balancer's ETag changed")
+	}
+	// ... so a write with the ETag read before it is refused.
+	adminDown := "Down"
+	nicEntry := map[string]any{"name": "n0", "properties": map[string]any{
+		"adminState":                      adminDown,
+		"networkInterfaceIPConfiguration": map[string]any{"id": *v4.Properties.BackendIPConfigurations[0].ID},
+	}}
+	v4.Properties.LoadBalancerBackendAddresses = nil
+	body := map[string]any{"name": "kubernetes", "properties": map[string]any{"loadBalancerBackendAddresses": []any{nicEntry}}}
+	if code := put("kubernetes/backendAddressPools/kubernetes", *v4.Etag, body); code != http.StatusPreconditionFailed {
+		t.Errorf("PUT with a sibling's stale ETag = %d, want 412", code)
+	}
+	if n := s.Status(http.MethodPut, "/backendAddressPools/", http.StatusPreconditionFailed); n != 1 {
+		t.Errorf("Status counted %d 412s, want 1", n)
+	}
+	// networkInterfaceIPConfiguration is read-only: a new NIC entry is ignored.
+	fresh := s.Pool("kubernetes", "kubernetes")
+	if code := put("kubernetes/backendAddressPools/kubernetes", *fresh.Etag, body); code != http.StatusOK {
+		t.Fatalf("PUT with the fresh ETag = %d", code)
+	}
+	if got := s.Pool("kubernetes", "kubernetes").Properties.LoadBalancerBackendAddresses; len(got) != 0 {
+		t.Errorf("a PUT added a NIC-based entry: %d entries", len(got))
+	}
+	// Two writes spent the budget of 2: the third is throttled.
+	fresh = s.Pool("kubernetes-internal", "kubernetes")
+	if code := put("kubernetes-internal/backendAddressPools/kubernetes", *fresh.Etag, fresh); code != http.StatusTooManyRequests {
+		t.Errorf("write past the subscription's budget = %d, want 429", code)
+	}
+}

@@ -23,9 +23,10 @@ type Topology struct {
 	NICBased bool
 	// Internal adds an internal load balancer "kubernetes-internal".
 	Internal bool
-	// NICMembersOnly (with NICBased) lists the NIC-based pool's members only
-	// in backendIPConfigurations, with no entries to carry an admin state.
-	NICMembersOnly bool
+	// MembersOnly, with NICBased, lists the NIC-based pool's members only in
+	// its backendIPConfigurations, with no backend-address entries (the REST
+	// specification's NIC pool example): no entry carries an admin state.
+	MembersOnly bool
 }
 
 // SeedForNodes returns an AKS-like resource group holding nodes:
@@ -60,7 +61,7 @@ func SeedForNodes(subscription, resourceGroup string, nodes []Node, t Topology) 
 		}
 		if t.NICBased {
 			if cfg, iface := ipConfigFor(subscription, resourceGroup, n); cfg != "" {
-				nic = append(nic, EntrySeed{Name: resourceGroup + "-" + n.Name, IPConfigID: cfg})
+				nic = append(nic, EntrySeed{Name: resourceGroup + "-" + n.Name, IPConfigID: cfg, MemberOnly: t.MembersOnly})
 				if iface != nil {
 					seed.Interfaces = append(seed.Interfaces, *iface)
 				}
@@ -69,7 +70,7 @@ func SeedForNodes(subscription, resourceGroup string, nodes []Node, t Topology) 
 	}
 	main := PoolSeed{Name: "kubernetes", Entries: v4}
 	if t.NICBased {
-		main.Entries, main.MembersOnly = nic, t.NICMembersOnly
+		main.Entries = nic
 	}
 	pub := LoadBalancerSeed{Name: "kubernetes", Pools: []PoolSeed{main}}
 	if len(v6) > 0 {

@@ -31,10 +31,20 @@ type Eviction struct {
 	Status int       `json:"status"`
 }
 
+// Write is one write request (POST, PUT, PATCH, DELETE) that went through an
+// APIProxy, evictions included.
+type Write struct {
+	Method string `json:"method"`
+	// Path is the URL path, e.g. /api/v1/namespaces/ns/pods/web-1/eviction.
+	Path   string `json:"path"`
+	Status int    `json:"status"`
+}
+
 // APIProxy sits between a client (nodeguard, kubectl) and kube-apiserver and
 // records what a drain does through it: every eviction request, the most ever
 // in flight at once per workload (from a request's start to the first byte of
-// its answer), and the LISTs of pods by field selector (one per drain pass).
+// its answer), the LISTs of pods by field selector (one per drain pass), and
+// every write request.
 type APIProxy struct {
 	// Kubeconfig points a client at the proxy, as the cluster admin.
 	Kubeconfig string
@@ -48,6 +58,7 @@ type APIProxy struct {
 	maxInFl  map[string]int
 	log      []Eviction
 	podLists map[string]int
+	writes   []Write
 }
 
 // StartAPIProxy starts a proxy to the control plane, with a kubeconfig for it
@@ -73,6 +84,13 @@ func StartAPIProxy(cfg *rest.Config, kubeconfigPath string) (*APIProxy, error) {
 		return nil, err
 	}
 	p.srv = &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Method != http.MethodGet {
+			w = &answerStart{ResponseWriter: w, started: func(status int) {
+				p.mu.Lock()
+				defer p.mu.Unlock()
+				p.writes = append(p.writes, Write{Method: r.Method, Path: r.URL.Path, Status: status})
+			}}
+		}
 		if m := evictionPath.FindStringSubmatch(r.URL.Path); r.Method == http.MethodPost && m != nil {
 			p.evict(rp, w, r, m[1], m[2])
 			return
@@ -171,6 +189,21 @@ func (p *APIProxy) MaxInFlight(namespace, workload string) int {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	return p.maxInFl[namespace+"/"+workload]
+}
+
+// Writes are the answered write requests whose path starts with prefix
+// (method "" for any), in the order their answers started. A pod's prefix,
+// /api/v1/namespaces/<ns>/pods/<name>, covers its deletion and its eviction.
+func (p *APIProxy) Writes(method, prefix string) []Write {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	var out []Write
+	for _, w := range p.writes {
+		if (method == "" || w.Method == method) && strings.HasPrefix(w.Path, prefix) {
+			out = append(out, w)
+		}
+	}
+	return out
 }
 
 // PodListsOf counts the LISTs of a node's pods (one per drain pass).

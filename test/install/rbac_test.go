@@ -16,18 +16,20 @@ import (
 	"testing"
 	"time"
 
+	appsv1 "k8s.io/api/apps/v1"
 	authenticationv1 "k8s.io/api/authentication/v1"
 	corev1 "k8s.io/api/core/v1"
 	eventsv1 "k8s.io/api/events/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/yaml"
 
 	ngv1alpha1 "github.com/nodeguard/nodeguard/api/v1alpha1"
-	"github.com/nodeguard/nodeguard/signal"
+	"github.com/nodeguard/nodeguard/azure/taintwatch"
 	"github.com/nodeguard/nodeguard/test/armemulator"
 	"github.com/nodeguard/nodeguard/test/builder"
 	"github.com/nodeguard/nodeguard/test/harness"
@@ -156,7 +158,7 @@ var knownUnused = func() map[permission]string {
 		{"", "events", "patch", namespace}: "client-go's leader-election recorder (core/v1 events) patches an event only when it repeats within its aggregation window",
 	}
 	for _, p := range []permission{
-		{"", "events", "list", ""}, {"coordination.k8s.io", "leases", "list", ""}, {"coordination.k8s.io", "leases", "list", namespace},
+		{"", "events", "list", ""}, {"coordination.k8s.io", "leases", "list", namespace},
 		{"nodeguard.io", "nodedisruptionbudgets", "list", ""}, {"", "nodes", "list", ""}, {"policy", "poddisruptionbudgets", "list", ""},
 	} {
 		m[p] = watchList
@@ -172,7 +174,7 @@ var leastPrivilegeRuns int
 // uses every feature: the guard (finalizer on create, backfill, a delete
 // admitted within a NodeDisruptionBudget and one denied), the drain (evictions
 // under a PDB, a do-not-evict pod deleted past its deadline, the maintenance
-// Lease), the taint watcher (admin state Down and back to None, the
+// Lease, a Deployment restarted under a PDB blocked by design), the taint watcher (admin state Down and back to None, the
 // spot-eviction taint from a PreemptScheduled event), budget status, leader
 // election and the secure metrics endpoint. Then, from the API server's audit
 // log: no request of nodeguard was forbidden, and every verb the roles grant
@@ -205,11 +207,24 @@ func TestLeastPrivilege(t *testing.T) {
 	harness.MustCreate(t, env.Client, builder.PDB(ns, "web", builder.MaxUnavailable("1")))
 	harness.MustCreate(t, env.Client, barePod(ns, "keep", target, map[string]string{ngv1alpha1.DoNotEvictAnnotation: "true"}))
 	waitRunning(t, ns, "keep")
+	// Replacement first: the only replica of a Deployment under minAvailable:
+	// 1, on the target; it may also run on names[1], cordoned until the pod is
+	// placed, where its replacement goes.
+	setUnschedulable(t, names[1], true)
+	harness.MustCreate(t, env.Client, builder.Deployment(ns, "solo", 1, onNodes(target, names[1])))
+	harness.MustCreate(t, env.Client, builder.PDB(ns, "solo", builder.MinAvailable("1")))
+	harness.Eventually(t, time.Minute, func(ctx context.Context) (bool, error) {
+		var pods corev1.PodList
+		err := env.Client.List(ctx, &pods, client.InNamespace(ns), client.MatchingLabels{"app": "solo"})
+		return err == nil && len(pods.Items) == 1 && pods.Items[0].Spec.NodeName == target && pods.Items[0].Status.Phase == corev1.PodRunning, err
+	}, "the solo pod runs on %s", target)
+	setUnschedulable(t, names[1], false)
 	harness.MustCreate(t, env.Client, builder.NDB(run, builder.NDBSelecting("pool", pool), builder.NDBMaxUnavailable("1")))
 
 	const secret = "nodeguard-install-test-client-secret-0c4f"
 	metricsPort := harness.FreePort(t)
-	ng := startNodeguard(t, emu, azureJSON(secret), fmt.Sprintf("--metrics-bind-address=127.0.0.1:%d", metricsPort))
+	ng := startNodeguard(t, emu, azureJSON(secret), fmt.Sprintf("--metrics-bind-address=127.0.0.1:%d", metricsPort),
+		"--blocked-pdb-settle=1s", "--azure-admin-state-gone-node-grace=1s")
 
 	// Guard: the backfill puts the finalizer on existing nodes, the webhook on
 	// new ones.
@@ -265,7 +280,7 @@ func TestLeastPrivilege(t *testing.T) {
 	harness.MustCreate(t, env.Client, &corev1.Event{
 		ObjectMeta:     metav1.ObjectMeta{Namespace: "default", Name: "preempt-" + spot},
 		InvolvedObject: corev1.ObjectReference{Kind: "Node", Name: spot, APIVersion: "v1"},
-		Reason:         signal.PreemptScheduledReason, Message: "Preempt scheduled", Type: corev1.EventTypeWarning,
+		Reason:         taintwatch.PreemptScheduledReason, Message: "Preempt scheduled", Type: corev1.EventTypeWarning,
 		FirstTimestamp: metav1.Now(), LastTimestamp: metav1.Now(), Count: 1,
 		Source: corev1.EventSource{Component: "install-test"},
 	})
@@ -278,6 +293,17 @@ func TestLeastPrivilege(t *testing.T) {
 	harness.Eventually(t, 90*time.Second, func(ctx context.Context) (bool, error) {
 		return harness.NodeGone(ctx, env.Client, target)
 	}, "the deleted node is drained and released")
+	var solo appsv1.Deployment
+	if err := env.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: "solo"}, &solo); err != nil || solo.Spec.Template.Annotations[ngv1alpha1.RestartedAtAnnotation] == "" {
+		t.Errorf("the Deployment under a PDB blocked by design was not restarted (%v): template annotations %v", err, solo.Spec.Template.Annotations)
+	}
+	// Its entries were set Down for the drain; once it is gone for the grace
+	// period they are None again. With the spot node back, no entry is
+	// recorded Down any more and the pool's record goes.
+	waitAdminState(t, emu, target, "None")
+	waitAdminState(t, emu, spot, "Down")
+	setTaints(t, spot)
+	waitAdminState(t, emu, spot, "None")
 
 	// Secure metrics: a caller allowed to GET /metrics is served, another is not.
 	token := metricsToken(t, true)
@@ -337,6 +363,26 @@ func TestLeastPrivilege(t *testing.T) {
 		t.Errorf("granted but never used in the scenario (remove the rule, or exercise it): %s", u)
 	}
 	t.Logf("%d granted verbs, %d distinct requests of nodeguard audited, %d forbidden", len(granted), len(used), len(forbidden))
+}
+
+// setUnschedulable cordons or uncordons a node.
+func setUnschedulable(t *testing.T, node string, unschedulable bool) {
+	t.Helper()
+	patch := fmt.Sprintf(`{"spec":{"unschedulable":%t}}`, unschedulable)
+	if err := env.Client.Patch(context.Background(), &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: node}}, client.RawPatch(types.MergePatchType, []byte(patch))); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// onNodes lets a Deployment's pods run only on the named nodes.
+func onNodes(names ...string) builder.WorkloadOption {
+	return func(d *appsv1.Deployment) {
+		d.Spec.Template.Spec.Affinity = &corev1.Affinity{NodeAffinity: &corev1.NodeAffinity{
+			RequiredDuringSchedulingIgnoredDuringExecution: &corev1.NodeSelector{NodeSelectorTerms: []corev1.NodeSelectorTerm{{
+				MatchExpressions: []corev1.NodeSelectorRequirement{{Key: corev1.LabelHostname, Operator: corev1.NodeSelectorOpIn, Values: names}},
+			}}},
+		}}
+	}
 }
 
 func setTaints(t *testing.T, node string, taints ...corev1.Taint) {

@@ -9,6 +9,7 @@ import (
 	"net"
 	"net/http"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -26,15 +27,72 @@ import (
 // outOfService is the signal taint the cutover section toggles.
 var outOfService = corev1.Taint{Key: "node.kubernetes.io/out-of-service", Value: "nodeshutdown", Effect: corev1.TaintEffectNoExecute}
 
-// cutoverResult is the admin-state cut-over section.
+// Cut-over topology: dual-stack nodes, each in two pools of one load
+// balancer, "kubernetes" (IPv4) and "kubernetes-IPv6", both carrying
+// load-balancing rules, as on an AKS public load balancer. Their IPv4
+// addresses are also in "aksOutboundBackendPool", which serves outbound rules
+// only and gets no admin state. The probe node and every other fleet node are
+// on load balancer "kubernetes", the rest on a second standard load balancer
+// (cloud-provider-azure's multiple-SLB mode puts each node on one of them).
+const (
+	cutoverLabel = "bench.nodeguard.io/cutover"
+	cutoverProbe = "cut-probe"
+	poolsPerNode = 2
+)
+
+var cutoverLBs = []string{"kubernetes", "kubernetes-2"}
+
+// cutoverPools are the pools that carry inbound traffic, and so admin state.
+var cutoverPools = []string{"kubernetes", "kubernetes-IPv6"}
+
+type cutoverNode struct{ name, v4, v6 string }
+
+func cutoverSeed(nodes []cutoverNode) armemulator.Seed {
+	seed := armemulator.Seed{Subscription: subscription, ResourceGroup: resourceGroup}
+	for i, lb := range cutoverLBs {
+		var v4, v6 []armemulator.EntrySeed
+		for j, n := range nodes {
+			if j%len(cutoverLBs) == i {
+				v4 = append(v4, armemulator.EntrySeed{Name: n.name, IP: n.v4})
+				v6 = append(v6, armemulator.EntrySeed{Name: n.name, IP: n.v6})
+			}
+		}
+		seed.LoadBalancers = append(seed.LoadBalancers, armemulator.LoadBalancerSeed{Name: lb, Pools: []armemulator.PoolSeed{
+			{Name: cutoverPools[0], Entries: v4},
+			{Name: cutoverPools[1], Entries: v6},
+			{Name: "aksOutboundBackendPool", OutboundOnly: true, Entries: v4},
+		}})
+	}
+	return seed
+}
+
+// cutoverResult is the admin-state cut-over section: nodeguard and the
+// comparator, each against its own emulator seeded alike.
 type cutoverResult struct {
-	ARMLatency time.Duration   `json:"armLatency"`
-	FirstPUT   bench.Summary   `json:"taintToFirstDownPUT"`
-	AllPUTs    bench.Summary   `json:"taintToLastDownPUT"`
-	Busy       bench.Summary   `json:"taintToFirstDownPUTWhileAWriteIsInFlight"`
-	PoolsNode  int             `json:"poolsPerNode"`
-	Fleet      []fleetRound    `json:"fleet"`
-	Raw        []time.Duration `json:"rawTaintToFirstDownPUT"`
+	ARMLatency time.Duration `json:"armLatency"`
+	Topology   string        `json:"topology"`
+	PoolsNode  int           `json:"poolsPerNode"`
+	Nodeguard  *cutoverSide  `json:"nodeguard"`
+	PerPool    *cutoverSide  `json:"onePoolWriterEach"`
+}
+
+// cutoverSide is what one updater measured.
+type cutoverSide struct {
+	Name     string        `json:"name"`
+	FirstPUT bench.Summary `json:"taintToFirstDownPUT"`
+	Applied  bench.Summary `json:"taintToDownInEveryPool"`
+	Busy     bench.Summary `json:"taintToDownInEveryPoolWhileAWriteIsInFlight"`
+	// Answers412 count the PUTs answered 412 Precondition Failed in the
+	// trials and in the busy trials.
+	Answers412     int             `json:"trials412"`
+	BusyAnswers412 int             `json:"busyTrials412"`
+	Fleet          []fleetRound    `json:"fleet"`
+	Raw            []time.Duration `json:"rawTaintToDownInEveryPool"`
+
+	emu *armemulator.Server
+	rec *putRecorder
+	url string
+	srv *http.Server
 }
 
 type fleetRound struct {
@@ -42,77 +100,177 @@ type fleetRound struct {
 	Pools       int           `json:"pools"`
 	PUTs        int           `json:"puts"`
 	GETs        int           `json:"gets"`
+	Answers412  int           `json:"answers412"`
 	Naive       int           `json:"naivePUTs"`
 	AllDown     time.Duration `json:"firstTaintToAllDown"`
 	AfterAccept time.Duration `json:"lastTaintAcceptedToAllDown"`
 	TaintSpread time.Duration `json:"tainting"`
 }
 
-// putEvent is a backend pool PUT as the emulator received it.
+// newCutoverSide starts an emulator with the seed, every call delayed by
+// latency, behind a recorder.
+func newCutoverSide(name string, seed armemulator.Seed, latency time.Duration) (*cutoverSide, error) {
+	emu := armemulator.New(seed, armemulator.Options{})
+	emu.AddFault(armemulator.Fault{Delay: latency})
+	s := &cutoverSide{Name: name, emu: emu, rec: &putRecorder{emu: emu, ch: make(chan struct{}, 1)}}
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return nil, err
+	}
+	s.url = "http://" + l.Addr().String()
+	s.srv = &http.Server{Handler: s.rec, ReadHeaderTimeout: 10 * time.Second}
+	go func() { _ = s.srv.Serve(l) }()
+	return s, nil
+}
+
+func (s *cutoverSide) close() { _ = s.srv.Close() }
+
+// inState reports whether every entry of the nodes in the inbound pools has
+// the admin state.
+func (s *cutoverSide) inState(nodes []string, state string) bool {
+	want := map[string]bool{}
+	for _, n := range nodes {
+		want[n] = true
+	}
+	for _, p := range s.emu.State() {
+		if !slices.Contains(cutoverPools, p.Pool) {
+			continue
+		}
+		for _, e := range p.Entries {
+			if want[e.Name] && e.AdminState != state {
+				return false
+			}
+		}
+	}
+	return true
+}
+
+// answers412 is how many pool PUTs the emulator answered 412.
+func (s *cutoverSide) answers412() int {
+	return s.emu.Status(http.MethodPut, "/backendAddressPools/", http.StatusPreconditionFailed)
+}
+
+// putEvent is a backend pool PUT as the emulator received it, and its answer.
 type putEvent struct {
 	at     time.Time
-	pool   string
-	states map[string]string // entry name -> admin state ("" for none)
+	pool   string            // "lb/pool"
+	states map[string]string // entry name -> admin state (None when unset)
+	status int               // 0 while in flight
+	done   time.Time
 }
 
 // putRecorder is an http.Handler in front of the emulator that records each
-// pool PUT on arrival, before the emulator's added latency.
+// pool PUT on arrival, before the emulator's added latency, and its answer,
+// and counts the pool requests in flight.
 type putRecorder struct {
-	emu *armemulator.Server
-	mu  sync.Mutex
-	put []putEvent
-	get int
-	ch  chan struct{}
+	emu      *armemulator.Server
+	mu       sync.Mutex
+	put      []*putEvent
+	get      int
+	inFlight int
+	// changed is, by pool and entry, the admin state the answered PUTs left
+	// and when it last changed (entries start None).
+	changed map[string]map[string]stateChange
+	ch      chan struct{}
+}
+
+type stateChange struct {
+	state string
+	at    time.Time
+}
+
+type statusWriter struct {
+	http.ResponseWriter
+	status int
+}
+
+func (w *statusWriter) WriteHeader(code int) {
+	w.status = code
+	w.ResponseWriter.WriteHeader(code)
 }
 
 func (p *putRecorder) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	if strings.Contains(strings.ToLower(r.URL.Path), "/backendaddresspools/") {
-		at := time.Now()
-		switch r.Method {
-		case http.MethodPut:
-			body, _ := io.ReadAll(r.Body)
-			r.Body = io.NopCloser(bytes.NewReader(body))
-			var pool armnetwork.BackendAddressPool
-			_ = json.Unmarshal(body, &pool)
-			ev := putEvent{at: at, pool: r.URL.Path[strings.LastIndex(r.URL.Path, "/")+1:], states: map[string]string{}}
-			if pool.Properties != nil {
-				for _, e := range pool.Properties.LoadBalancerBackendAddresses {
-					if e != nil && e.Name != nil && e.Properties != nil {
-						s := ""
-						if e.Properties.AdminState != nil {
-							s = string(*e.Properties.AdminState)
-						}
-						ev.states[*e.Name] = s
-					}
-				}
-			}
-			p.mu.Lock()
-			p.put = append(p.put, ev)
-			p.mu.Unlock()
-			select {
-			case p.ch <- struct{}{}:
-			default:
-			}
-		case http.MethodGet:
-			p.mu.Lock()
-			p.get++
-			p.mu.Unlock()
+	path := strings.ToLower(r.URL.Path)
+	if !strings.Contains(path, "/backendaddresspools/") || (r.Method != http.MethodGet && r.Method != http.MethodPut) {
+		p.emu.ServeHTTP(w, r)
+		return
+	}
+	var ev *putEvent
+	if r.Method == http.MethodPut {
+		ev = parsePUT(r)
+	}
+	p.mu.Lock()
+	p.inFlight++
+	if ev != nil {
+		p.put = append(p.put, ev)
+	} else {
+		p.get++
+	}
+	p.mu.Unlock()
+	p.notify()
+	sw := &statusWriter{ResponseWriter: w, status: http.StatusOK}
+	p.emu.ServeHTTP(sw, r)
+	p.mu.Lock()
+	p.inFlight--
+	if ev != nil {
+		ev.status, ev.done = sw.status, time.Now()
+		if ev.status >= 200 && ev.status < 300 {
+			p.record(ev)
 		}
 	}
-	p.emu.ServeHTTP(w, r)
+	p.mu.Unlock()
+	p.notify()
 }
 
-// since returns the PUTs that arrived at or after t.
-func (p *putRecorder) since(t time.Time) []putEvent {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	var out []putEvent
-	for _, e := range p.put {
-		if !e.at.Before(t) {
-			out = append(out, e)
+// record notes the admin-state changes an applied PUT made. Call with p.mu
+// held.
+func (p *putRecorder) record(ev *putEvent) {
+	if p.changed == nil {
+		p.changed = map[string]map[string]stateChange{}
+	}
+	entries := p.changed[ev.pool]
+	if entries == nil {
+		entries = map[string]stateChange{}
+		p.changed[ev.pool] = entries
+	}
+	for name, state := range ev.states {
+		cur, ok := entries[name]
+		if !ok {
+			cur.state = "None"
+		}
+		if cur.state != state {
+			entries[name] = stateChange{state: state, at: ev.done}
 		}
 	}
-	return out
+}
+
+// parsePUT reads the admin states a pool PUT carries.
+func parsePUT(r *http.Request) *putEvent {
+	body, _ := io.ReadAll(r.Body)
+	r.Body = io.NopCloser(bytes.NewReader(body))
+	var pool armnetwork.BackendAddressPool
+	_ = json.Unmarshal(body, &pool)
+	parts := strings.Split(strings.Trim(r.URL.Path, "/"), "/")
+	ev := &putEvent{at: time.Now(), pool: parts[len(parts)-3] + "/" + parts[len(parts)-1], states: map[string]string{}}
+	if pool.Properties != nil {
+		for _, e := range pool.Properties.LoadBalancerBackendAddresses {
+			if e != nil && e.Name != nil && e.Properties != nil {
+				s := "None"
+				if e.Properties.AdminState != nil && *e.Properties.AdminState != "" {
+					s = string(*e.Properties.AdminState)
+				}
+				ev.states[*e.Name] = s
+			}
+		}
+	}
+	return ev
+}
+
+func (p *putRecorder) notify() {
+	select {
+	case p.ch <- struct{}{}:
+	default:
+	}
 }
 
 func (p *putRecorder) counts() (puts, gets int) {
@@ -121,178 +279,248 @@ func (p *putRecorder) counts() (puts, gets int) {
 	return len(p.put), p.get
 }
 
-// waitPUTs waits until, among the PUTs since t, every pool in pools has
-// received one setting node to state; it returns the arrival of the first
-// and of the last of those.
-func (p *putRecorder) waitPUTs(ctx context.Context, t time.Time, node, state string, pools int) (first, last time.Time, err error) {
-	deadline := time.After(30 * time.Second)
+// poll calls cond with p.mu held after every request and at least every 50
+// ms, until it reports done, for at most a minute.
+func (p *putRecorder) poll(ctx context.Context, what string, cond func() bool) error {
+	deadline := time.After(time.Minute)
 	for {
-		seen := map[string]bool{}
-		first, last = time.Time{}, time.Time{}
-		for _, e := range p.since(t) {
-			if s, ok := e.states[node]; ok && (s == state || state == "None" && s == "") && !seen[e.pool] {
-				seen[e.pool] = true
-				if first.IsZero() {
-					first = e.at
-				}
-				last = e.at
-			}
-		}
-		if len(seen) >= pools {
-			return first, last, nil
+		p.mu.Lock()
+		done := cond()
+		p.mu.Unlock()
+		if done {
+			return nil
 		}
 		select {
 		case <-p.ch:
 		case <-time.After(50 * time.Millisecond):
 		case <-deadline:
-			return first, last, fmt.Errorf("node %s: %d of %d pools got a PUT setting %s", node, len(seen), pools, state)
+			return fmt.Errorf("timed out waiting until %s", what)
 		case <-ctx.Done():
-			return first, last, ctx.Err()
+			return ctx.Err()
 		}
 	}
 }
 
-// runCutover measures the taint watcher and admin-state manager against the
-// ARM emulator with a fixed latency on every call.
+// firstPUT waits for the first PUT since t that sets node to state, and
+// returns its arrival.
+func (p *putRecorder) firstPUT(ctx context.Context, t time.Time, node, state string) (time.Time, error) {
+	var at time.Time
+	err := p.poll(ctx, fmt.Sprintf("a PUT sets %s %s", node, state), func() bool {
+		for _, e := range p.put {
+			if !e.at.Before(t) && e.states[node] == state {
+				at = e.at
+				return true
+			}
+		}
+		return false
+	})
+	return at, err
+}
+
+// settled waits until no pool request is in flight and the emulator holds
+// every entry of nodes in state. It returns since when that holds, by the
+// answered PUTs, but not before from: an entry that never left state counts
+// from from (an updater that finds nothing to change writes nothing).
+func (s *cutoverSide) settled(ctx context.Context, from time.Time, nodes []string, state string) (time.Time, error) {
+	var since time.Time
+	err := s.rec.poll(ctx, fmt.Sprintf("%d node(s) are %s", len(nodes), state), func() bool {
+		if s.rec.inFlight > 0 || !s.inState(nodes, state) {
+			return false
+		}
+		since = from
+		for _, entries := range s.rec.changed {
+			for _, n := range nodes {
+				if c, ok := entries[n]; ok && c.state == state {
+					since = latest(since, c.at)
+				}
+			}
+		}
+		return true
+	})
+	return since, err
+}
+
+func latest(a, b time.Time) time.Time {
+	if b.After(a) {
+		return b
+	}
+	return a
+}
+
+// runCutover measures nodeguard's taint watcher and admin-state manager, then
+// the comparator (one writer per pool), against the ARM emulator with a fixed
+// latency on every call, on the same nodes.
 func runCutover(ctx context.Context, c config, env *harness.Env) (*cutoverResult, error) {
-	cl := env.Client
-	const probe = "cut-probe"
-	// Pools: two node groups, each in a pool of the public and of the
-	// internal load balancer: every node is in 2 of the 4 pools.
-	groups := [2][]armemulator.EntrySeed{}
-	var names []string
+	nodes := make([]cutoverNode, 0, c.fleetNodes+1)
 	for i := range c.fleetNodes + 1 {
 		name := fmt.Sprintf("fleet-%03d", i-1)
 		if i == 0 {
-			name = probe
+			name = cutoverProbe
 		}
-		ip := fmt.Sprintf("10.30.%d.%d", i/200, i%200+10)
-		if err := create(ctx, cl, builder.Node(name, builder.WithLabels(managedLabel, "true"), builder.WithInternalIP(ip))); err != nil {
+		n := cutoverNode{name: name, v4: fmt.Sprintf("10.30.%d.%d", i/200, i%200+10), v6: fmt.Sprintf("fd00:30::%x", i+10)}
+		nodes = append(nodes, n)
+		if err := create(ctx, env.Client, builder.Node(name, builder.WithLabels(managedLabel, "true", cutoverLabel, "true"),
+			builder.WithInternalIP(n.v4), builder.WithInternalIP(n.v6))); err != nil {
 			return nil, err
 		}
-		groups[i%2] = append(groups[i%2], armemulator.EntrySeed{Name: name, IP: ip})
-		if i > 0 {
-			names = append(names, name)
-		}
 	}
-	seed := armemulator.Seed{Subscription: subscription, ResourceGroup: resourceGroup, LoadBalancers: []armemulator.LoadBalancerSeed{
-		{Name: "kubernetes", Pools: []armemulator.PoolSeed{{Name: "pool-a", Entries: groups[0]}, {Name: "pool-b", Entries: groups[1]}}},
-		{Name: "kubernetes-internal", Pools: []armemulator.PoolSeed{{Name: "pool-c", Entries: groups[0]}, {Name: "pool-d", Entries: groups[1]}}},
-	}}
-	emu := armemulator.New(seed, armemulator.Options{})
-	emu.AddFault(armemulator.Fault{Delay: c.armLatency})
-	rec := &putRecorder{emu: emu, ch: make(chan struct{}, 1)}
-	l, err := net.Listen("tcp", "127.0.0.1:0")
+	var fleet []string
+	for _, n := range nodes[1:] {
+		fleet = append(fleet, n.name)
+	}
+	seed := cutoverSeed(nodes)
+	r := &cutoverResult{ARMLatency: c.armLatency, PoolsNode: poolsPerNode,
+		Topology: fmt.Sprintf("dual-stack nodes, each in pools %s of one of the load balancers %s (plus the outbound-only aksOutboundBackendPool)",
+			strings.Join(cutoverPools, " and "), strings.Join(cutoverLBs, ", "))}
+
+	ng, err := newCutoverSide("nodeguard", seed, c.armLatency)
 	if err != nil {
 		return nil, err
 	}
-	srv := &http.Server{Handler: rec}
-	go func() { _ = srv.Serve(l) }()
-	defer srv.Close()
-	ng, err := startNodeguard(c.nodeguard, env, env.Kubeconfig, "http://"+l.Addr().String(), filepath.Join(env.Dir, "nodeguard-cutover.log"))
+	defer ng.close()
+	proc, err := startNodeguard(c.nodeguard, env, env.Kubeconfig, ng.url, filepath.Join(env.Dir, "nodeguard-cutover.log"))
 	if err != nil {
 		return nil, err
 	}
-	defer ng.stop()
+	logf("cutover: nodeguard, %d taint/untaint trials on one node, ARM latency %s", c.cutTrials, c.armLatency)
+	err = measureCutover(ctx, c, env.Client, ng, fleet)
+	proc.stop()
+	r.Nodeguard = ng
+	if err != nil {
+		return r, fmt.Errorf("nodeguard: %w", err)
+	}
 
-	r := &cutoverResult{ARMLatency: c.armLatency, PoolsNode: 2}
-	// trial taints the probe node and waits for its Down PUTs, then untaints it
-	// and waits for the None PUTs to arrive and, unless busy, to complete: a
-	// busy trial's taint lands while the previous write is still in flight.
-	trial := func(busy bool) (first, last time.Duration, err error) {
-		sent := time.Now()
-		if err := setTaint(ctx, cl, probe, true); err != nil {
-			return 0, 0, err
-		}
-		accepted := time.Now()
-		f, l, err := rec.waitPUTs(ctx, sent, probe, "Down", 2)
-		if err != nil {
-			return 0, 0, err
-		}
-		sent = time.Now()
-		if err := setTaint(ctx, cl, probe, false); err != nil {
-			return 0, 0, err
-		}
-		if _, _, err := rec.waitPUTs(ctx, sent, probe, "None", 2); err != nil {
-			return 0, 0, err
-		}
-		if !busy {
-			err = harness.Poll(ctx, 30*time.Second, func(context.Context) (bool, error) {
-				for key, s := range emu.AdminStates() {
-					if strings.HasSuffix(key, "/"+probe) && s != "None" {
-						return false, nil
-					}
-				}
-				return true, nil
-			})
-			time.Sleep(20 * time.Millisecond)
-		}
-		return max(f.Sub(accepted), 0), max(l.Sub(accepted), 0), err
+	pp, err := newCutoverSide("one writer per pool", seed, c.armLatency)
+	if err != nil {
+		return r, err
 	}
-	var firsts, lasts, busy []time.Duration
-	logf("cutover: %d taint/untaint trials on one node, ARM latency %s", c.cutTrials, c.armLatency)
-	if _, _, err := trial(false); err != nil { // warm-up: pool discovery
-		return nil, err
-	}
-	for range c.cutTrials {
-		f, l, err := trial(false)
-		if err != nil {
-			return nil, err
+	defer pp.close()
+	ppCtx, stop := context.WithCancel(ctx)
+	defer stop()
+	var pools []poolRef
+	for _, lb := range cutoverLBs {
+		for _, p := range cutoverPools {
+			pools = append(pools, poolRef{lb: lb, name: p})
 		}
-		firsts, lasts = append(firsts, f), append(lasts, l)
 	}
-	for range c.cutTrials / 2 {
-		f, _, err := trial(true)
-		if err != nil {
-			return nil, err
-		}
-		busy = append(busy, f)
+	if _, err := startPerPoolWriters(ppCtx, env.Config, cutoverLabel+"=true", pp.url, pools); err != nil {
+		return r, err
 	}
-	r.FirstPUT, r.AllPUTs, r.Busy, r.Raw = bench.Summarize(firsts), bench.Summarize(lasts), bench.Summarize(busy), firsts
-
-	logf("cutover: %d nodes tainted at once, %d rounds", c.fleetNodes, c.fleetRounds)
-	for range c.fleetRounds {
-		fr, err := fleetRoundRun(ctx, cl, emu, rec, names)
-		if err != nil {
-			return r, err
-		}
-		r.Fleet = append(r.Fleet, fr)
+	// nodeguard without Azure still serves the node webhooks every taint
+	// passes through, so that both runs see the same API server path.
+	webhookOnly, err := startNodeguard(c.nodeguard, env, env.Kubeconfig, "", filepath.Join(env.Dir, "nodeguard-cutover-webhook-only.log"))
+	if err != nil {
+		return r, err
+	}
+	defer webhookOnly.stop()
+	logf("cutover: one writer per pool, the same trials")
+	err = measureCutover(ctx, c, env.Client, pp, fleet)
+	r.PerPool = pp
+	if err != nil {
+		return r, fmt.Errorf("one writer per pool: %w", err)
 	}
 	return r, nil
 }
 
-func fleetRoundRun(ctx context.Context, cl client.Client, emu *armemulator.Server, rec *putRecorder, names []string) (fleetRound, error) {
-	fr := fleetRound{Nodes: len(names), Pools: 4, Naive: 2 * len(names)}
-	puts0, gets0 := rec.counts()
+// measureCutover runs the probe trials, the busy trials and the fleet rounds
+// against one updater.
+func measureCutover(ctx context.Context, c config, cl client.Client, s *cutoverSide, fleet []string) error {
+	probe := []string{cutoverProbe}
+	// trial taints the probe node and waits until it is Down in both its
+	// pools, then untaints it and waits, unless busy, until it is None in
+	// both again; a busy trial returns as soon as the untaint's first PUT
+	// arrives, so that the next taint lands while that write is in flight.
+	trial := func(busy bool) (first, applied time.Duration, err error) {
+		sent := time.Now()
+		if err := setTaint(ctx, cl, cutoverProbe, true); err != nil {
+			return 0, 0, err
+		}
+		accepted := time.Now()
+		downAt, err := s.settled(ctx, accepted, probe, "Down")
+		if err != nil {
+			return 0, 0, err
+		}
+		if !busy {
+			firstAt, err := s.rec.firstPUT(ctx, sent, cutoverProbe, "Down")
+			if err != nil {
+				return 0, 0, err
+			}
+			first = max(firstAt.Sub(accepted), 0)
+		}
+		sent = time.Now()
+		if err := setTaint(ctx, cl, cutoverProbe, false); err != nil {
+			return 0, 0, err
+		}
+		if busy {
+			_, err = s.rec.firstPUT(ctx, sent, cutoverProbe, "None")
+		} else {
+			_, err = s.settled(ctx, sent, probe, "None")
+		}
+		return first, max(downAt.Sub(accepted), 0), err
+	}
+	if _, _, err := trial(false); err != nil { // warm-up: pool discovery
+		return err
+	}
+	var firsts, applied, busy []time.Duration
+	before := s.answers412()
+	for range c.cutTrials {
+		f, a, err := trial(false)
+		if err != nil {
+			return err
+		}
+		firsts, applied = append(firsts, f), append(applied, a)
+	}
+	s.Answers412 = s.answers412() - before
+	before = s.answers412()
+	// The first busy trial's taint follows a settled untaint: not counted.
+	for i := range c.cutTrials/2 + 1 {
+		_, a, err := trial(true)
+		if err != nil {
+			return err
+		}
+		if i > 0 {
+			busy = append(busy, a)
+		}
+	}
+	// The last busy trial's untaint may still be in flight.
+	if _, err := s.settled(ctx, time.Now(), probe, "None"); err != nil {
+		return err
+	}
+	s.BusyAnswers412 = s.answers412() - before
+	s.FirstPUT, s.Applied, s.Busy, s.Raw = bench.Summarize(firsts), bench.Summarize(applied), bench.Summarize(busy), applied
+
+	logf("cutover: %s, %d nodes tainted at once, %d rounds", s.Name, len(fleet), c.fleetRounds)
+	for range c.fleetRounds {
+		fr, err := fleetRoundRun(ctx, cl, s, fleet)
+		if err != nil {
+			return err
+		}
+		s.Fleet = append(s.Fleet, fr)
+	}
+	return nil
+}
+
+func fleetRoundRun(ctx context.Context, cl client.Client, s *cutoverSide, names []string) (fleetRound, error) {
+	fr := fleetRound{Nodes: len(names), Pools: len(cutoverLBs) * len(cutoverPools), Naive: poolsPerNode * len(names)}
+	puts0, gets0 := s.rec.counts()
+	failed0 := s.answers412()
 	start := time.Now()
 	if err := forEach(ctx, names, 20, func(ctx context.Context, n string) error { return setTaint(ctx, cl, n, true) }); err != nil {
 		return fr, err
 	}
 	accepted := time.Now()
 	fr.TaintSpread = accepted.Sub(start)
-	allIn := func(state string) bool {
-		want := map[string]bool{}
-		for _, n := range names {
-			want[n] = true
-		}
-		for key, s := range emu.AdminStates() {
-			if want[key[strings.LastIndex(key, "/")+1:]] && s != state {
-				return false
-			}
-		}
-		return true
-	}
-	if err := harness.Poll(ctx, 2*time.Minute, func(context.Context) (bool, error) { return allIn("Down"), nil }); err != nil {
+	done, err := s.settled(ctx, accepted, names, "Down")
+	if err != nil {
 		return fr, fmt.Errorf("waiting for %d nodes to be Down in every pool: %w", len(names), err)
 	}
-	done := time.Now()
 	fr.AllDown, fr.AfterAccept = done.Sub(start), done.Sub(accepted)
-	puts, gets := rec.counts()
-	fr.PUTs, fr.GETs = puts-puts0, gets-gets0
+	puts, gets := s.rec.counts()
+	fr.PUTs, fr.GETs, fr.Answers412 = puts-puts0, gets-gets0, s.answers412()-failed0
 	if err := forEach(ctx, names, 20, func(ctx context.Context, n string) error { return setTaint(ctx, cl, n, false) }); err != nil {
 		return fr, err
 	}
-	err := harness.Poll(ctx, 2*time.Minute, func(context.Context) (bool, error) { return allIn("None"), nil })
+	_, err = s.settled(ctx, time.Now(), names, "None")
 	return fr, err
 }
 
@@ -337,23 +565,36 @@ func forEach(ctx context.Context, items []string, n int, fn func(context.Context
 }
 
 func cutoverTable(r *cutoverResult) *bench.Table {
-	if r == nil {
+	if r == nil || r.Nodeguard == nil {
 		return nil
 	}
-	t := &bench.Table{
-		Title:  fmt.Sprintf("2. Admin-state cut-over (ARM emulator adds %s to every call)", r.ARMLatency),
-		Header: []string{"measure", "p50", "p99", "max", "n", "in ARM round trips (p50)"},
+	ng, pp := r.Nodeguard, r.PerPool
+	if pp == nil {
+		pp = &cutoverSide{Name: "one writer per pool"}
 	}
-	rt := func(d time.Duration) string { return fmt.Sprintf("%.1f", bench.Ratio(d, r.ARMLatency)) }
-	t.AddRow("taint accepted → first PUT marking the node Down", bench.Millis(r.FirstPUT.P50), bench.Millis(r.FirstPUT.P99), bench.Millis(r.FirstPUT.Max), fmt.Sprint(r.FirstPUT.N), rt(r.FirstPUT.P50))
-	t.AddRow(fmt.Sprintf("taint accepted → PUT in its last pool (%d pools)", r.PoolsNode), bench.Millis(r.AllPUTs.P50), bench.Millis(r.AllPUTs.P99), bench.Millis(r.AllPUTs.Max), fmt.Sprint(r.AllPUTs.N), rt(r.AllPUTs.P50))
-	t.AddRow("same, tainted while the previous write (the untaint's PUT) is in flight", bench.Millis(r.Busy.P50), bench.Millis(r.Busy.P99), bench.Millis(r.Busy.Max), fmt.Sprint(r.Busy.N), rt(r.Busy.P50))
-	t.Note("A PUT needs a fresh GET of its pool first, so the floor is 1 ARM round trip (the GET) plus the watch delay; \"first PUT\" is its arrival at the emulator.")
-	for i, f := range r.Fleet {
-		perPool := (f.Naive + f.Pools - 1) / f.Pools
-		t.Note("%d nodes tainted at once (round %d, tainting took %s): %d PUTs (+%d GETs) vs %d for one PUT per node per pool (%.0f× fewer); all %d entries Down %s after the first taint, %s after the last was accepted. A naive updater serialised per pool by the ETag needs ≥ %d × (GET+PUT) = %s.",
-			f.Nodes, i+1, bench.Seconds(f.TaintSpread), f.PUTs, f.GETs, f.Naive, float64(f.Naive)/float64(max(f.PUTs, 1)), f.Naive,
-			bench.Seconds(f.AllDown), bench.Seconds(f.AfterAccept), perPool, bench.Seconds(time.Duration(perPool)*2*r.ARMLatency))
+	t := &bench.Table{
+		Title: fmt.Sprintf("2. Admin-state cut-over: every node in %d pools of one load balancer (ARM emulator adds %s to every call)", r.PoolsNode, r.ARMLatency),
+		Header: []string{"measure", "nodeguard p50", "nodeguard p99", "nodeguard 412s",
+			pp.Name + " p50", pp.Name + " p99", pp.Name + " 412s", "n"},
+	}
+	cell := func(d time.Duration) string {
+		return fmt.Sprintf("%s (%.1f calls)", bench.Millis(d), bench.Ratio(d, r.ARMLatency))
+	}
+	row := func(measure string, a, b bench.Summary, a412, b412 string) {
+		t.AddRow(measure, cell(a.P50), cell(a.P99), a412, cell(b.P50), cell(b.P99), b412, fmt.Sprint(a.N))
+	}
+	row("taint accepted → first PUT marking the node Down (arrival)", ng.FirstPUT, pp.FirstPUT, "", "")
+	row(fmt.Sprintf("taint accepted → Down answered in all %d pools", r.PoolsNode), ng.Applied, pp.Applied, fmt.Sprint(ng.Answers412), fmt.Sprint(pp.Answers412))
+	row("same, tainted while the previous write (the untaint's PUT) is in flight", ng.Busy, pp.Busy, fmt.Sprint(ng.BusyAnswers412), fmt.Sprint(pp.BusyAnswers412))
+	t.Note("Topology: %s. ARM keeps one ETag per load balancer, so a write to one of a node's pools changes the ETag the other reports: a second PUT with the ETag read before the first is answered 412 Precondition Failed.", r.Topology)
+	t.Note("nodeguard writes the pools of one load balancer one after another, each after a fresh GET; the comparator writes every pool at once, each after its own GET, and retries a 412 at once after a fresh GET (nodeguard before the one-ETag rule waited 5 s). Each PUT needs a GET first, so Down in both pools costs at least 4 calls one way or the other; a 412 is a wasted PUT, and means the updater lost a race it started itself.")
+	for _, s := range []*cutoverSide{ng, pp} {
+		for i, f := range s.Fleet {
+			perLB := (f.Naive + len(cutoverLBs) - 1) / len(cutoverLBs)
+			t.Note("%s, %d nodes tainted at once across %d load balancers × %d pools (round %d, tainting took %s): %d PUTs (+%d GETs), %d answered 412, vs %d for one PUT per node per pool; all %d entries Down %s after the first taint, %s after the last was accepted (%.1f × (GET+PUT)). A naive updater, one PUT per node per pool and one at a time per load balancer (the shared ETag), needs ≥ %d × (GET+PUT) = %s.",
+				s.Name, f.Nodes, len(cutoverLBs), len(cutoverPools), i+1, bench.Seconds(f.TaintSpread), f.PUTs, f.GETs, f.Answers412, f.Naive, f.Naive,
+				bench.Seconds(f.AllDown), bench.Seconds(f.AfterAccept), bench.Ratio(f.AfterAccept, 2*r.ARMLatency), perLB, bench.Seconds(time.Duration(perLB)*2*r.ARMLatency))
+		}
 	}
 	return t
 }

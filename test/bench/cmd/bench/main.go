@@ -4,12 +4,16 @@
 //
 //  1. drain: kubectl drain and nodeguard each empty an identical node
 //     concurrently, under the kwok pod-fast and pod-general stage profiles;
-//  2. cutover: taint-to-PUT latency of the load-balancer admin state, and how
-//     many PUTs 100 nodes tainted at once cost, with a fixed ARM latency;
+//  2. cutover: taint-to-Down latency of the load-balancer admin state for
+//     nodes in two pools of one load balancer, 412s counted, against a writer
+//     per pool; and 100 nodes over 2 load balancers tainted at once;
 //  3. admission: latency of node CREATE/UPDATE/DELETE through the real
 //     apiserver with nodeguard's webhooks against a no-op webhook;
 //  4. scale: nodeguard's RSS and CPU with many kwok nodes and pods, idle and
-//     while 20 nodes drain, beside kube-controller-manager's.
+//     while 20 nodes drain, beside kube-controller-manager's;
+//  5. replace: a node holding the only replica of a Deployment under
+//     minAvailable: 1, kubectl drain --timeout against nodeguard's
+//     replacement first.
 //
 // Every figure is a ratio or a count measured in the same run; absolute times
 // are context. It prints a markdown table and writes it, the raw numbers
@@ -60,6 +64,8 @@ type config struct {
 
 	scaleNodes, scalePods, scaleDrain int
 	scaleIdle                         time.Duration
+
+	replaceTimeout time.Duration
 }
 
 func main() {
@@ -68,7 +74,7 @@ func main() {
 	var scale bool
 	flag.StringVar(&c.nodeguard, "nodeguard", filepath.Join(harness.RepoRoot(), "_output", "bench", "nodeguard"), "The nodeguard binary under test.")
 	flag.StringVar(&c.out, "out", filepath.Join(harness.RepoRoot(), "_output", "bench"), "Directory for results.md, results.json, drain-timeline.svg and the clusters' logs.")
-	flag.StringVar(&sections, "sections", "drain,cutover,admission,scale", "Comma-separated sections to run.")
+	flag.StringVar(&sections, "sections", "drain,cutover,admission,scale,replace", "Comma-separated sections to run.")
 	flag.StringVar(&profiles, "profiles", harness.PodsFast+","+harness.PodsGeneral, "kwok pod-stage profiles of the drain section.")
 	flag.BoolVar(&c.quick, "quick", false, "A smoke run of a few minutes: pod-fast only, small workloads, few trials.")
 	flag.BoolVar(&scale, "scale", false, "Run the scale section at full size (2,000 nodes, 40,000 pods: long and heavy) instead of 200 nodes and 4,000 pods.")
@@ -80,6 +86,7 @@ func main() {
 	c.cutTrials, c.fleetNodes, c.fleetRounds = 200, 100, 3
 	c.admissionN, c.admissionConc, c.admissionRound = 100, 8, 4
 	c.scaleNodes, c.scalePods, c.scaleDrain, c.scaleIdle = 200, 4000, 20, 30*time.Second
+	c.replaceTimeout = 5 * time.Minute
 	if scale {
 		c.scaleNodes, c.scalePods, c.scaleIdle = 2000, 40000, 60*time.Second
 	}
@@ -88,6 +95,7 @@ func main() {
 		c.drainApps, c.drainReplicas, c.drainFree = 2, 5, 4
 		c.cutTrials, c.fleetNodes, c.fleetRounds = 30, 40, 1
 		c.admissionN, c.admissionRound = 30, 1
+		c.replaceTimeout = time.Minute
 		if !scale {
 			c.scaleNodes, c.scalePods, c.scaleDrain, c.scaleIdle = 40, 400, 5, 10*time.Second
 		}
@@ -110,6 +118,7 @@ type results struct {
 	Cutover  *cutoverResult `json:"cutover,omitempty"`
 	Admit    *admitResult   `json:"admission,omitempty"`
 	Scale    *scaleResult   `json:"scale,omitempty"`
+	Replace  *replaceResult `json:"replace,omitempty"`
 	Tables   []*bench.Table `json:"tables"`
 	Panels   []bench.Panel  `json:"panels,omitempty"`
 	Errors   []string       `json:"errors,omitempty"`
@@ -130,13 +139,14 @@ func run(ctx context.Context, c config) error {
 		"cutover":   fmt.Sprintf("%d trials, ARM latency %s, %d nodes x %d rounds", c.cutTrials, c.armLatency, c.fleetNodes, c.fleetRounds),
 		"admission": fmt.Sprintf("%d per operation x %d rounds, %d clients", c.admissionN, c.admissionRound, c.admissionConc),
 		"scale":     fmt.Sprintf("%d nodes, %d pods, %d nodes drained, idle %s", c.scaleNodes, c.scalePods, c.scaleDrain, c.scaleIdle),
+		"replace":   fmt.Sprintf("1 replica under minAvailable 1, kubectl drain --timeout=%s", c.replaceTimeout),
 	}}
 	fail := func(section string, err error) {
 		msg := fmt.Sprintf("%s: %v", section, err)
 		fmt.Fprintln(os.Stderr, "bench: "+msg)
 		res.Errors = append(res.Errors, msg)
 	}
-	needShared := c.has("cutover") || c.has("admission")
+	needShared := c.has("cutover") || c.has("admission") || c.has("replace")
 	for i, profile := range c.profiles {
 		if !c.has("drain") && (i > 0 || !needShared) {
 			break
@@ -173,6 +183,13 @@ func run(ctx context.Context, c config) error {
 			}
 			res.Cutover = r
 		}
+		if i == 0 && c.has("replace") && ctx.Err() == nil {
+			r, err := runReplace(ctx, c, env, profile)
+			if err != nil {
+				fail("replace", err)
+			}
+			res.Replace = r
+		}
 		_ = env.Stop()
 	}
 	if c.has("scale") && ctx.Err() == nil {
@@ -194,7 +211,7 @@ func run(ctx context.Context, c config) error {
 }
 
 func writeResults(c config, res *results) error {
-	res.Tables = append(res.Tables, drainTable(res.Drain), cutoverTable(res.Cutover), admissionTable(res.Admit), scaleTable(res.Scale))
+	res.Tables = append(res.Tables, drainTable(res.Drain), cutoverTable(res.Cutover), admissionTable(res.Admit), scaleTable(res.Scale), replaceTable(res.Replace))
 	res.Tables = slices.DeleteFunc(res.Tables, func(t *bench.Table) bool { return t == nil })
 	var md bytes.Buffer
 	fmt.Fprintf(&md, "## nodeguard benchmark results\n\n")

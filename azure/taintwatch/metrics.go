@@ -1,4 +1,4 @@
-package signal
+package taintwatch
 
 import (
 	"github.com/prometheus/client_golang/prometheus"

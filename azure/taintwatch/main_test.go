@@ -1,4 +1,4 @@
-package signal
+package taintwatch
 
 import (
 	"context"
@@ -21,6 +21,7 @@ import (
 	crmetrics "sigs.k8s.io/controller-runtime/pkg/metrics"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
+	ngv1alpha1 "github.com/nodeguard/nodeguard/api/v1alpha1"
 	"github.com/nodeguard/nodeguard/azure"
 	azureconfig "github.com/nodeguard/nodeguard/azure/config"
 	"github.com/nodeguard/nodeguard/cmd/nodeguard/recorder"
@@ -150,6 +151,7 @@ type nodeguardOptions struct {
 	resync     time.Duration
 	maxRetries int
 	spotEvents bool
+	goneGrace  time.Duration
 }
 
 // startNodeguard runs a controller-runtime manager with the signal package
@@ -174,6 +176,11 @@ func startNodeguard(t *testing.T, emu *armemulator.Server, o nodeguardOptions) (
 	}
 	var adminState *azure.Manager
 	if emu != nil {
+		// The admin-state records live there (the manifests ship it).
+		ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ngv1alpha1.MaintenanceLeaseNamespace}}
+		if err := env.Client.Create(context.Background(), ns); client.IgnoreAlreadyExists(err) != nil {
+			t.Fatal(err)
+		}
 		ao := azure.NewOptions()
 		ao.ConfigFile = ""
 		ao.ARMEndpoint = emu.URL()
@@ -186,9 +193,14 @@ func startNodeguard(t *testing.T, emu *armemulator.Server, o nodeguardOptions) (
 		if o.resync > 0 {
 			ao.ResyncInterval = o.resync
 		}
-		adminState, err = azure.NewManager(ao, mgr.GetEventRecorder("nodeguard-admin-state"),
+		if o.goneGrace > 0 {
+			ao.GoneNodeGrace = o.goneGrace
+		}
+		// As cmd/nodeguard does: records in Leases, nodes from the cache.
+		mo := append(azure.InCluster(mgr.GetClient(), mgr.GetAPIReader()),
 			azure.WithSDKRetry(policy.RetryOptions{MaxRetries: 2, RetryDelay: time.Millisecond, MaxRetryDelay: 5 * time.Millisecond, TryTimeout: 2 * time.Second}),
 			azure.WithPollFrequency(5*time.Millisecond))
+		adminState, err = azure.NewManager(ao, mgr.GetEventRecorder("nodeguard-admin-state"), mo...)
 		if err != nil || adminState == nil {
 			t.Fatalf("azure.NewManager = %v, %v", adminState, err)
 		}

@@ -1,4 +1,4 @@
-package signal
+package taintwatch
 
 import (
 	"context"
@@ -17,6 +17,7 @@ import (
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/builder"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/controller"
 	"sigs.k8s.io/controller-runtime/pkg/event"
 	"sigs.k8s.io/controller-runtime/pkg/predicate"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
@@ -26,6 +27,8 @@ import (
 )
 
 const (
+	// watcherWorkers is how many nodes the watcher reconciles at once.
+	watcherWorkers = 16
 	// restorePollInterval is how often a node being restored to None is
 	// checked for Azure's confirmation (an in-memory check, no API call).
 	restorePollInterval = time.Second
@@ -74,6 +77,9 @@ func (w *Watcher) SetupWithManager(mgr ctrl.Manager) error {
 	return ctrl.NewControllerManagedBy(mgr).
 		Named("signal-taint-watcher").
 		For(&corev1.Node{}, builder.WithPredicates(inputsChanged())).
+		// A burst of taints (a scale-down, a zone outage) records each
+		// node's hold in parallel, so their Downs go into the same writes.
+		WithOptions(controller.Options{MaxConcurrentReconciles: watcherWorkers}).
 		Complete(w)
 }
 
@@ -131,8 +137,9 @@ func (w *Watcher) observe(n *corev1.Node) nodeRecord {
 	return *rec
 }
 
-// forget drops a deleted node: its entries go with it, so the manager forgets
-// it without an ARM call.
+// forget drops a deleted node. The manager restores the entries it recorded
+// Down for it once a node of the same name replaces it, or after the
+// gone-node grace period (its VM may still be going away).
 func (w *Watcher) forget(name string) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
@@ -194,7 +201,7 @@ func (w *Watcher) holdDown(ctx context.Context, n *corev1.Node, rec nodeRecord) 
 		if n.Annotations == nil {
 			n.Annotations = map[string]string{}
 		}
-		n.Annotations[ngv1alpha1.AdminStateDownAnnotation] = w.Clock.Now().UTC().Format(time.RFC3339)
+		n.Annotations[ngv1alpha1.AdminStateDownAnnotation] = ngv1alpha1.FormatTime(w.Clock.Now())
 		if err := w.Client.Patch(ctx, n, patch); err != nil {
 			if apierrors.IsNotFound(err) {
 				return reconcile.Result{}, nil
@@ -220,7 +227,7 @@ func (w *Watcher) restore(ctx context.Context, n *corev1.Node, rec nodeRecord) (
 		return reconcile.Result{}, nil
 	}
 	if n.DeletionTimestamp != nil {
-		// Going away: its entries go with it.
+		// Going away: once it is gone, the manager restores what it recorded.
 		return reconcile.Result{}, nil
 	}
 	if !rec.tracked || rec.desired != azure.AdminStateNone {
@@ -296,10 +303,17 @@ func describe(signals []string) string {
 	return strings.Join(out, ", ")
 }
 
-var signalText = map[string]string{
-	signalOutOfService: "taint " + ngv1alpha1.OutOfServiceTaintKey,
-	signalShutdown:     "taint " + ngv1alpha1.CloudShutdownTaintKey,
-	signalSpotEviction: "taint " + ngv1alpha1.SpotEvictionTaintKey + "=" + ngv1alpha1.SpotEvictionTaintValue,
-	signalDraining:     "taint " + ngv1alpha1.DrainingTaintKey,
-	signalDeleting:     "being deleted under finalizer " + ngv1alpha1.TerminationFinalizer,
-}
+var signalText = func() map[string]string {
+	m := map[string]string{
+		signalDraining: "taint " + ngv1alpha1.DrainingTaintKey,
+		signalDeleting: "being deleted under finalizer " + ngv1alpha1.TerminationFinalizer,
+	}
+	for _, s := range ngv1alpha1.SignalTaints {
+		text := "taint " + s.Key
+		if s.Value != "" {
+			text += "=" + s.Value
+		}
+		m[s.Signal] = text
+	}
+	return m
+}()

@@ -1,7 +1,6 @@
-package signal
+package taintwatch
 
 import (
-	"slices"
 	"strings"
 
 	corev1 "k8s.io/api/core/v1"
@@ -11,16 +10,20 @@ import (
 	"github.com/nodeguard/nodeguard/azure/backends"
 )
 
-// Signal names (values of the metric label "signal").
+// Signal names (values of the metric label "signal"): the signal taints'
+// (api/v1alpha1.SignalTaints), then nodeguard's own two.
 const (
-	signalOutOfService = "out_of_service"
-	signalShutdown     = "shutdown"
-	signalSpotEviction = "spot_eviction"
-	signalDraining     = "draining"
-	signalDeleting     = "deleting"
+	signalDraining = "draining"
+	signalDeleting = "deleting"
 )
 
-var allSignals = []string{signalOutOfService, signalShutdown, signalSpotEviction, signalDraining, signalDeleting}
+var allSignals = func() []string {
+	var out []string
+	for _, s := range ngv1alpha1.SignalTaints {
+		out = append(out, s.Signal)
+	}
+	return append(out, signalDraining, signalDeleting)
+}()
 
 // signalsOf lists the signals a node carries, in allSignals order. It only
 // describes them (for gauges, events and change detection): whether a node is
@@ -28,18 +31,14 @@ var allSignals = []string{signalOutOfService, signalShutdown, signalSpotEviction
 func signalsOf(n *corev1.Node) []string {
 	has := map[string]bool{}
 	for _, t := range n.Spec.Taints {
-		switch {
-		case t.Key == ngv1alpha1.OutOfServiceTaintKey:
-			has[signalOutOfService] = true
-		case t.Key == ngv1alpha1.CloudShutdownTaintKey:
-			has[signalShutdown] = true
-		case t.Key == ngv1alpha1.SpotEvictionTaintKey && t.Value == ngv1alpha1.SpotEvictionTaintValue:
-			has[signalSpotEviction] = true
-		case t.Key == ngv1alpha1.DrainingTaintKey:
+		if s, ok := ngv1alpha1.SignalOf(t); ok {
+			has[s.Signal] = true
+		}
+		if ngv1alpha1.IsDrainingTaint(t) {
 			has[signalDraining] = true
 		}
 	}
-	if n.DeletionTimestamp != nil && slices.Contains(n.Finalizers, ngv1alpha1.TerminationFinalizer) {
+	if ngv1alpha1.TerminatingUnderFinalizer(n) {
 		has[signalDeleting] = true
 	}
 	var out []string

@@ -1,7 +1,9 @@
-// Package maintenance reads node maintenance Leases (KEP "Node Maintenance
+// Maintenance holds: node maintenance Leases (KEP "Node Maintenance
 // Lease", provisional): a Lease named after the node in namespace
-// kube-node-maintenance says who is working on the node.
-package maintenance
+// kube-node-maintenance says who is working on the node. A held node may not
+// be disrupted now, whatever its budgets allow.
+
+package budget
 
 import (
 	"strings"
@@ -21,8 +23,8 @@ const holderPrefix = "nodeguard/"
 // HolderIdentity is the holder identity nodeguard writes for a replica.
 func HolderIdentity(replica string) string { return holderPrefix + replica }
 
-// IsNodeguard reports whether a holder identity is a nodeguard replica's.
-func IsNodeguard(holder string) bool { return strings.HasPrefix(holder, holderPrefix) }
+// IsNodeguardHolder reports whether a holder identity is a nodeguard replica's.
+func IsNodeguardHolder(holder string) bool { return strings.HasPrefix(holder, holderPrefix) }
 
 // Hold describes who holds a node's maintenance Lease.
 type Hold struct {

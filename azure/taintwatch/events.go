@@ -1,4 +1,4 @@
-package signal
+package taintwatch
 
 // Event reasons on the Node (an API: keep them stable). The admin-state
 // manager adds its own (azure.ReasonDown, azure.ReasonNone,

@@ -15,7 +15,7 @@
 //
 // Setup wires both. Without Azure configuration only SpotTainter and the
 // signal gauges run.
-package signal
+package taintwatch
 
 import (
 	corev1 "k8s.io/api/core/v1"

@@ -1,4 +1,4 @@
-package signal
+package taintwatch
 
 import (
 	"context"
@@ -126,7 +126,7 @@ func (s *SpotTainter) Reconcile(ctx context.Context, req reconcile.Request) (rec
 	if node.Annotations == nil {
 		node.Annotations = map[string]string{}
 	}
-	node.Annotations[ngv1alpha1.SpotEventHandledAnnotation] = newest.UTC().Format(time.RFC3339)
+	node.Annotations[ngv1alpha1.SpotEventHandledAnnotation] = ngv1alpha1.FormatTime(newest)
 	if err := s.Client.Patch(ctx, &node, patch); err != nil {
 		switch {
 		case apierrors.IsNotFound(err):
@@ -157,7 +157,7 @@ func (s *SpotTainter) newEvent(ctx context.Context, node *corev1.Node) (*corev1.
 	}
 	var handled time.Time
 	if v, ok := node.Annotations[ngv1alpha1.SpotEventHandledAnnotation]; ok {
-		handled, _ = time.Parse(time.RFC3339, v) // unparsable: zero, nothing handled
+		handled, _ = ngv1alpha1.ParseTime(v) // unparsable: zero, nothing handled
 	}
 	var first *corev1.Event
 	var newest time.Time
@@ -192,7 +192,7 @@ func appliesTo(e *corev1.Event, node *corev1.Node) bool {
 // hasSpotTaint: the node carries the spot-eviction taint (any effect).
 func hasSpotTaint(n *corev1.Node) bool {
 	for _, t := range n.Spec.Taints {
-		if t.Key == ngv1alpha1.SpotEvictionTaintKey && t.Value == ngv1alpha1.SpotEvictionTaintValue {
+		if s, ok := ngv1alpha1.SignalOf(t); ok && s.Key == ngv1alpha1.SpotEvictionTaintKey {
 			return true
 		}
 	}

@@ -1,0 +1,119 @@
+package azure
+
+import (
+	"maps"
+
+	"github.com/Azure/azure-sdk-for-go/sdk/resourcemanager/network/armnetwork/v9"
+	"k8s.io/apimachinery/pkg/types"
+)
+
+// poolPlan is what one attempt does to a pool's entries and its record.
+type poolPlan struct {
+	// changed: nodes (by UID) whose entries the write changes.
+	changed map[string]bool
+	// matched: nodes with an entry in the pool, or with a recorded one.
+	matched map[string]bool
+	// before is the record to save before the write (entries it sets Down
+	// are recorded first); after is the record once the write succeeded.
+	// Either is nil when unchanged.
+	before, after poolRecord
+}
+
+// planPool sets the admin state of the pool's entries (in place) for one
+// write, from the fresh pool, the node each entry belongs to (keys, as
+// Index.Match returns), the snapshot and the pool's record:
+//
+//   - an entry of a node whose desired state is Down is set Down and recorded
+//     as set for that node, unless it is Down already; a Down recorded for
+//     another node (a gone one with the same identity) passes to this one;
+//   - an entry recorded Down for its node, whose desired state is None, or
+//     for a gone node that is due, is set None and leaves the record;
+//   - a Down nodeguard did not record is never changed;
+//   - a recorded entry that is no longer Down, or no longer in the pool,
+//     leaves the record without a write.
+func planPool(pool *armnetwork.BackendAddressPool, keys []string, snap snapshot, rec poolRecord) poolPlan {
+	plan := poolPlan{changed: map[string]bool{}, matched: map[string]bool{}}
+	before := maps.Clone(rec)
+	if before == nil {
+		before = poolRecord{}
+	}
+	release := map[string]bool{}
+	seen := map[string]bool{}
+	for i, k := range keys {
+		e := pool.Properties.LoadBalancerBackendAddresses[i]
+		name := entryName(e)
+		if name == "" {
+			continue
+		}
+		seen[name] = true
+		o, owned := rec[name]
+		if owned {
+			plan.matched[string(o.UID)] = true
+		}
+		if k != "" {
+			plan.matched[k] = true
+		}
+		down := isDown(e.Properties.AdminState)
+		switch {
+		case k != "" && snap.desired[k] == AdminStateDown:
+			if !down {
+				setState(e, AdminStateDown)
+				plan.changed[k] = true
+			}
+			if !down || (owned && o.UID != types.UID(k)) {
+				before[name] = owner{UID: types.UID(k), Node: snap.names[types.UID(k)]}
+			}
+		case owned && (o.UID == types.UID(k) || snap.due[o.UID]):
+			if down {
+				setState(e, AdminStateNone)
+				plan.changed[string(o.UID)] = true
+			}
+			release[name] = true
+		case owned && !down:
+			release[name] = true
+		}
+	}
+	for name, o := range rec {
+		if !seen[name] {
+			plan.matched[string(o.UID)] = true
+			release[name] = true
+		}
+	}
+	after := maps.Clone(before)
+	for name := range release {
+		delete(after, name)
+	}
+	if !maps.Equal(before, rec) {
+		plan.before = before
+	}
+	if !maps.Equal(after, before) {
+		plan.after = after
+	}
+	return plan
+}
+
+// entryName identifies an entry within its pool.
+func entryName(e *armnetwork.LoadBalancerBackendAddress) string {
+	if e == nil || e.Properties == nil {
+		return ""
+	}
+	if e.Name != nil && *e.Name != "" {
+		return *e.Name
+	}
+	if e.Properties.IPAddress != nil {
+		return *e.Properties.IPAddress
+	}
+	if c := e.Properties.NetworkInterfaceIPConfiguration; c != nil && c.ID != nil {
+		return *c.ID
+	}
+	return ""
+}
+
+func isDown(s *armnetwork.LoadBalancerBackendAddressAdminState) bool {
+	return s != nil && *s == armnetwork.LoadBalancerBackendAddressAdminStateDown
+}
+
+func setState(e *armnetwork.LoadBalancerBackendAddress, state AdminState) {
+	s := armnetwork.LoadBalancerBackendAddressAdminState(state)
+	e.Properties.AdminState = &s
+}

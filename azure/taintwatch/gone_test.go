@@ -1,0 +1,92 @@
+package taintwatch
+
+import (
+	"context"
+	"testing"
+
+	"github.com/Azure/azure-sdk-for-go/sdk/resourcemanager/network/armnetwork/v9"
+	coordinationv1 "k8s.io/api/coordination/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	ngv1alpha1 "github.com/nodeguard/nodeguard/api/v1alpha1"
+	"github.com/nodeguard/nodeguard/azure"
+	"github.com/nodeguard/nodeguard/test/harness"
+)
+
+// The done-when of "Down never outlives its node", on a real API server with
+// the records in Leases: a node deleted while Down and re-registered under
+// its name (VMSS reimage: a new UID) ends with its entries None; a Down
+// another writer set on a node is left alone; both across a nodeguard
+// restart in between.
+func TestDownNeverOutlivesItsNodeAcrossRestart(t *testing.T) {
+	harness.SkipWithoutEnv(t, env)
+	reimaged, bystander := vmssNode("gone-reimaged", 20), vmssNode("gone-bystander", 21)
+	emu := startEmulator(t, reimaged, bystander)
+	createNode(t, reimaged)
+	createNode(t, bystander)
+	stop := startNodeguard(t, emu, nodeguardOptions{maxRetries: 3})
+
+	updateTaints(t, reimaged.name, withTaint(outOfService))
+	waitEntries(t, emu, reimaged.name, "Down")
+	// Another writer takes one of the bystander's entries Down; nodeguard
+	// then takes the bystander Down too (a signal) and restores it later.
+	foreign := "kubernetes-internal/kubernetes/" + bystander.name
+	setEntryDown(t, emu, "kubernetes-internal", "kubernetes", bystander.name)
+	updateTaints(t, bystander.name, withTaint(outOfService))
+	waitEntries(t, emu, bystander.name, "Down")
+	if n := recordLeases(t); n == 0 {
+		t.Fatal("no admin-state record Lease while entries are Down")
+	}
+
+	stop()
+	deleteNode(t, reimaged.name)
+	updateTaints(t, bystander.name, withoutTaint(outOfService.Key))
+	again := createNode(t, reimaged) // same name, new UID
+	startNodeguard(t, emu, nodeguardOptions{maxRetries: 3})
+
+	waitEntries(t, emu, reimaged.name, "None")
+	waitEvent(t, again, azure.ReasonRestoredAfterNodeGone)
+	harness.Eventually(t, waitTimeout, func(context.Context) (bool, error) {
+		es := entries(emu, bystander.name)
+		for k, v := range es {
+			if k != foreign && v != "None" {
+				return false, nil
+			}
+		}
+		return len(es) == entriesPerNode, nil
+	}, "the bystander's entries nodeguard set Down are None again")
+	if got := emu.AdminStates()[foreign]; got != "Down" {
+		t.Errorf("the Down another writer set on %s = %s, want it left Down", foreign, got)
+	}
+	harness.Eventually(t, waitTimeout, func(context.Context) (bool, error) {
+		return recordLeases(t) == 0, nil
+	}, "no admin-state record is left once every entry nodeguard set Down is restored")
+}
+
+func setEntryDown(t *testing.T, emu interface {
+	MutatePool(lb, name string, mutate func(*armnetwork.BackendAddressPool)) bool
+}, lb, pool, entry string) {
+	t.Helper()
+	ok := emu.MutatePool(lb, pool, func(p *armnetwork.BackendAddressPool) {
+		for _, a := range p.Properties.LoadBalancerBackendAddresses {
+			if a.Name != nil && *a.Name == entry {
+				s := armnetwork.LoadBalancerBackendAddressAdminStateDown
+				a.Properties.AdminState = &s
+			}
+		}
+	})
+	if !ok {
+		t.Fatalf("no pool %s/%s", lb, pool)
+	}
+}
+
+// recordLeases counts the admin-state record Leases.
+func recordLeases(t *testing.T) int {
+	t.Helper()
+	var list coordinationv1.LeaseList
+	if err := env.Client.List(context.Background(), &list, client.InNamespace(ngv1alpha1.MaintenanceLeaseNamespace),
+		client.MatchingLabels{"nodeguard.io/record": "load-balancer-admin-state"}); err != nil {
+		t.Fatal(err)
+	}
+	return len(list.Items)
+}

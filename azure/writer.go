@@ -1,0 +1,284 @@
+package azure
+
+import (
+	"context"
+	"fmt"
+	"maps"
+	"sort"
+	"strings"
+	"sync"
+	"time"
+
+	"k8s.io/apimachinery/pkg/types"
+	ctrl "sigs.k8s.io/controller-runtime"
+
+	"github.com/nodeguard/nodeguard/azure/backends"
+)
+
+// minWake keeps the loop from spinning.
+const minWake = 10 * time.Millisecond
+
+// group is one backend pool's pending work, snapshotted for one attempt.
+type group struct {
+	pool *poolState
+	// participants: nodes with pending work in the pool, with their
+	// generation at snapshot time.
+	participants map[types.UID]uint64
+}
+
+// snapshot is what one pool attempt reads of the nodes and the pool's
+// record.
+type snapshot struct {
+	index   *backends.Index       // live nodes only
+	desired map[string]AdminState // by node UID
+	gens    map[types.UID]uint64
+	names   map[types.UID]string
+	// due: gone nodes whose recorded entries are to be restored now.
+	due    map[types.UID]bool
+	record poolRecord
+}
+
+// result is the outcome of one pool attempt.
+type result struct {
+	err error
+	// wrote: a CreateOrUpdate completed.
+	wrote bool
+	// matched: nodes with an entry in the fresh pool.
+	matched map[string]bool
+	// noEntry: nodes listed only in the pool's backendIPConfigurations, with
+	// no entry to carry an admin state.
+	noEntry map[string]bool
+	// changed: nodes whose entries this attempt wrote.
+	changed map[string]bool
+}
+
+// tickEvents sends at most one event per node, generation and reason among
+// the writers started together.
+type tickEvents struct {
+	mu   sync.Mutex
+	seen map[string]bool
+}
+
+func newTickEvents() *tickEvents { return &tickEvents{seen: map[string]bool{}} }
+
+// round is one pass of the loop: discovery when needed, then a writer for
+// every load balancer with work and no writer yet. Writers run on their own,
+// so a slow or throttled load balancer delays no other. It returns how long
+// the loop may sleep at most.
+func (m *Manager) round(ctx context.Context, writers *sync.WaitGroup) time.Duration {
+	ev := newTickEvents()
+	if err := m.loadRecords(ctx); err != nil {
+		if ctx.Err() == nil {
+			ctrl.LoggerFrom(ctx).Error(err, "Reading the admin-state records failed; no backend pool is written until they are read")
+		}
+		return m.cfg.RetryInterval
+	}
+	m.reviewGone(ctx)
+	if err := m.discover(ctx, ev); err != nil && ctx.Err() == nil {
+		ctrl.LoggerFrom(ctx).Error(err, "Listing load balancers failed; retrying")
+	}
+	m.startWriters(ctx, writers, ev)
+	return m.nextWake()
+}
+
+// tick runs one round and waits for its writers: tests step through rounds.
+func (m *Manager) tick(ctx context.Context) time.Duration {
+	var writers sync.WaitGroup
+	m.round(ctx, &writers)
+	writers.Wait()
+	return m.nextWake()
+}
+
+// startWriters starts a writer for every load balancer that has eligible
+// work and none running, at most Workers at once.
+func (m *Manager) startWriters(ctx context.Context, writers *sync.WaitGroup, ev *tickEvents) {
+	for _, lb := range m.claimWriters() {
+		writers.Add(1)
+		go func() {
+			defer writers.Done()
+			defer m.wake() // a finished writer may let another start
+			m.runWriter(ctx, lb, ev)
+		}()
+	}
+}
+
+// claimWriters marks as running, and returns, the load balancers to start
+// a writer for.
+func (m *Manager) claimWriters() []string {
+	now := m.clock.Now()
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	withWork := map[string]bool{}
+	for _, n := range m.nodes {
+		if !n.known {
+			continue
+		}
+		for k, w := range n.pools {
+			p := m.pools[k]
+			if !w.pending || p == nil || withWork[lbKey(p.lb)] {
+				continue
+			}
+			if p.notBefore.After(now) {
+				continue
+			}
+			withWork[lbKey(p.lb)] = true
+		}
+	}
+	for _, p := range m.pools {
+		if p.notBefore.After(now) && m.hasPending(p.key) {
+			// Parked: no call, no event, no retry count, for old and new work alike.
+			parkedTicks.Inc()
+		}
+	}
+	lbs := make([]string, 0, len(withWork))
+	for lb := range withWork {
+		if !m.writers[lb] {
+			lbs = append(lbs, lb)
+		}
+	}
+	sort.Strings(lbs)
+	free := max(1, m.cfg.Workers) - len(m.writers)
+	if len(lbs) > free {
+		lbs = lbs[:max(free, 0)]
+	}
+	for _, lb := range lbs {
+		m.writers[lb] = true
+	}
+	return lbs
+}
+
+func lbKey(lb string) string { return strings.ToLower(lb) }
+
+// hasPending reports whether any node has pending work in a pool. Call with
+// m.mu held.
+func (m *Manager) hasPending(key string) bool {
+	for _, n := range m.nodes {
+		if w := n.pools[key]; n.known && w != nil && w.pending {
+			return true
+		}
+	}
+	return false
+}
+
+// runWriter is a load balancer's one writer: it updates the balancer's pools
+// one after another, each with a fresh Get (a pool write changes the ETag
+// all of them report), until none has eligible work. Work that arrives
+// meanwhile, even for the pool being written, is taken right after.
+func (m *Manager) runWriter(ctx context.Context, lb string, ev *tickEvents) {
+	for {
+		p, ok := m.nextPool(ctx, lb)
+		if !ok {
+			return
+		}
+		g, snap, res := m.processPool(ctx, p)
+		m.apply(ctx, g, snap, res, ev)
+	}
+}
+
+// nextPool picks the load balancer's eligible pool served longest ago. With
+// none (or on shutdown), it ends the writer.
+func (m *Manager) nextPool(ctx context.Context, lb string) (*poolState, bool) {
+	now := m.clock.Now()
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	var pick *poolState
+	for _, p := range m.pools {
+		if lbKey(p.lb) != lb || p.notBefore.After(now) || !m.hasPending(p.key) {
+			continue
+		}
+		if pick == nil || p.lastAttempt < pick.lastAttempt || (p.lastAttempt == pick.lastAttempt && p.key < pick.key) {
+			pick = p
+		}
+	}
+	if pick == nil || ctx.Err() != nil {
+		delete(m.writers, lb)
+		return nil, false
+	}
+	m.attempts++
+	pick.lastAttempt = m.attempts
+	return &poolState{key: pick.key, lb: pick.lb, name: pick.name}, true
+}
+
+// snapshotFor reads the nodes' desired states and the pool's record for one
+// attempt at a pool, right after its fresh Get, so that the write carries
+// every change made until then.
+func (m *Manager) snapshotFor(p *poolState) (group, snapshot) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	g := group{pool: p, participants: map[types.UID]uint64{}}
+	snap := snapshot{
+		desired: make(map[string]AdminState, len(m.nodes)), gens: make(map[types.UID]uint64, len(m.nodes)),
+		names: make(map[types.UID]string, len(m.nodes)), due: map[types.UID]bool{}, record: maps.Clone(m.recorded[p.key]),
+	}
+	idents := make([]backends.Node, 0, len(m.nodes))
+	for uid, n := range m.nodes {
+		snap.gens[uid] = n.gen
+		snap.names[uid] = n.name
+		if w := n.pools[p.key]; n.known && w != nil && w.pending {
+			g.participants[uid] = n.gen
+		}
+		if n.gone != nil {
+			snap.due[uid] = n.gone.due != ""
+			continue
+		}
+		idents = append(idents, n.ident)
+		snap.desired[string(uid)] = n.desired
+	}
+	snap.index = backends.NewIndex(idents)
+	return g, snap
+}
+
+// processPool makes one attempt at a pool: lock its load balancer, fresh
+// Get, plan the entries' admin state (planPool), record the entries it sets
+// Down, write with If-Match when anything changed, then drop from the record
+// the entries it restored.
+func (m *Manager) processPool(ctx context.Context, p *poolState) (group, snapshot, result) {
+	res := result{matched: map[string]bool{}, noEntry: map[string]bool{}, changed: map[string]bool{}}
+	lock := m.lbLock(p.lb)
+	start := time.Now()
+	lock.Lock()
+	lockWait.WithLabelValues(lockLoadBalancer, callerAdminState).Observe(time.Since(start).Seconds())
+	defer lock.Unlock()
+
+	ctx, cancel := context.WithTimeout(ctx, m.cfg.RequestTimeout)
+	defer cancel()
+	pool, err := m.client.GetPool(ctx, m.cfg.ResourceGroup, p.lb, p.name)
+	g, snap := m.snapshotFor(p)
+	if err != nil {
+		res.err = fmt.Errorf("getting backend pool %s: %w", p.key, err)
+		return g, snap, res
+	}
+	keys, err := snap.index.Match(ctx, pool, m.nics)
+	if err == nil {
+		res.noEntry, err = snap.index.WithoutEntry(ctx, pool, keys, m.nics)
+	}
+	if err != nil {
+		res.err = fmt.Errorf("matching nodes to backend pool %s: %w", p.key, err)
+		return g, snap, res
+	}
+	plan := planPool(pool, keys, snap, snap.record)
+	res.matched, res.changed = plan.matched, plan.changed
+	if plan.before != nil {
+		// Recorded before the write: a crash after it never leaves a Down
+		// that nobody restores.
+		if err := m.saveRecord(ctx, p.key, plan.before); err != nil {
+			res.err = err
+			return g, snap, res
+		}
+	}
+	if len(res.changed) > 0 {
+		if _, err := m.client.UpdatePool(ctx, m.cfg.ResourceGroup, p.lb, pool); err != nil {
+			res.err = fmt.Errorf("updating backend pool %s: %w", p.key, err)
+			return g, snap, res
+		}
+		res.wrote = true
+		ctrl.LoggerFrom(ctx).V(1).Info("Updated backend pool admin state", "pool", p.key, "entries", len(res.changed))
+	}
+	if plan.after != nil {
+		if err := m.saveRecord(ctx, p.key, plan.after); err != nil {
+			// The entries stay recorded: the next resync drops them.
+			ctrl.LoggerFrom(ctx).Error(err, "Removing restored entries from the admin-state record failed", "pool", p.key)
+		}
+	}
+	return g, snap, res
+}

@@ -1,0 +1,505 @@
+package finalizer
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/utils/ptr"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	ngv1alpha1 "github.com/nodeguard/nodeguard/api/v1alpha1"
+	"github.com/nodeguard/nodeguard/finalizer/drain"
+)
+
+// Replacement first. A PDB that allows no disruption while every pod it counts
+// is healthy (one replica under minAvailable: 1, N under minAvailable: N) is
+// blocked by design: evictions get 429 forever. Once a queue has been so for
+// --blocked-pdb-settle, nodeguard restarts the pods' Deployment, as kubectl
+// rollout restart does (pod-template annotation nodeguard.io/restartedAt), when
+// its rolling update surges and cannot take the PDB below its desired healthy
+// count. The Deployment controller then starts new pods on other nodes (this
+// one is cordoned), waits for them to be Ready and only then stops the old
+// ones. nodeguard never evicts or deletes those pods itself.
+//
+// The restart's time, on the Deployment, is the durable record: a restart made
+// after a drain began replaces every old pod of that drain, so it serves every
+// node cordoned before it (once per Deployment for several draining nodes), and
+// a drain it serves never restarts the Deployment again.
+
+// Defaults of the replacement options.
+const (
+	DefaultBlockedPDBSettle   = 10 * time.Second
+	DefaultReplacementTimeout = 5 * time.Minute
+)
+
+// restartLead: a restart serves a drain when it came at least this long after
+// the drain began. The start (the draining taint's time) has whole seconds, and
+// the scheduler must have seen the node cordoned before the new pods were
+// created, or one could land on it.
+const restartLead = time.Second
+
+// replacements is what the controller remembers between passes; the cluster
+// (restart times on Deployments, cordon times on nodes) says the rest.
+type replacements struct {
+	mu sync.Mutex
+	// since: when each node's queue (by PDB) was first seen blocked by design.
+	since map[types.UID]map[types.UID]time.Time
+	// restarted: the Deployments restarted for each node's drain.
+	restarted map[types.UID]map[types.UID]bool
+	// watched: PDBs under which a restart was made or found. Their queues are
+	// looked at on every pass, blocked or not: once the first new pod is
+	// Ready the PDB allows a disruption, and the old pods must still be left
+	// to their controller.
+	watched map[types.UID]bool
+	// surveyed: nodes whose queues were all looked at once since this process
+	// started, to find restarts made before it.
+	surveyed map[types.UID]bool
+	// stalled: restarts already counted as stalled (Deployment UID/time).
+	stalled map[string]bool
+}
+
+// settle tracks how long the queue has been blocked by design: settled once
+// it has been so for at least d; otherwise wait is how long is left.
+func (s *replacements) settle(node types.UID, g *drain.Group, now time.Time, d time.Duration) (settled bool, wait time.Duration) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if !g.ByDesign {
+		delete(s.since[node], g.UID)
+		return false, 0
+	}
+	if s.since == nil {
+		s.since = map[types.UID]map[types.UID]time.Time{}
+	}
+	if s.since[node] == nil {
+		s.since[node] = map[types.UID]time.Time{}
+	}
+	since, ok := s.since[node][g.UID]
+	if !ok {
+		since = now
+		s.since[node][g.UID] = now
+	}
+	if left := since.Add(d).Sub(now); left > 0 {
+		return false, left
+	}
+	return true, 0
+}
+
+func (s *replacements) wasSurveyed(node types.UID) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.surveyed[node]
+}
+
+func (s *replacements) markSurveyed(node types.UID) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.surveyed == nil {
+		s.surveyed = map[types.UID]bool{}
+	}
+	s.surveyed[node] = true
+}
+
+func (s *replacements) watch(pdb types.UID) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.watched == nil {
+		s.watched = map[types.UID]bool{}
+	}
+	s.watched[pdb] = true
+}
+
+func (s *replacements) watching(pdb types.UID) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.watched[pdb]
+}
+
+func (s *replacements) markRestarted(node, deployment types.UID) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.restarted == nil {
+		s.restarted = map[types.UID]map[types.UID]bool{}
+	}
+	if s.restarted[node] == nil {
+		s.restarted[node] = map[types.UID]bool{}
+	}
+	s.restarted[node][deployment] = true
+}
+
+func (s *replacements) wasRestarted(node, deployment types.UID) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.restarted[node][deployment]
+}
+
+// countStall reports whether the restart is newly stalled.
+func (s *replacements) countStall(key string) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.stalled[key] {
+		return false
+	}
+	if s.stalled == nil {
+		s.stalled = map[string]bool{}
+	}
+	s.stalled[key] = true
+	return true
+}
+
+func (s *replacements) forget(node types.UID) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	delete(s.since, node)
+	delete(s.restarted, node)
+	delete(s.surveyed, node)
+}
+
+// replaceBlocked runs replacement first over the plan's queues: it holds the
+// pods a restart of their Deployment replaces (Group.Hold), restarts a
+// Deployment when the policy and the rule allow, and otherwise leaves the pods
+// queued, saying why in Group.Note and in events. It returns how soon a queue
+// that is settling is due for its decision (0: none is).
+func (r *Reconciler) replaceBlocked(ctx context.Context, node *corev1.Node, plan *drain.Plan, pastDeadline bool) (time.Duration, error) {
+	p := &replacePass{
+		r: r, node: node, started: terminationStarted(node), now: r.Clock.Now(), pastDeadline: pastDeadline,
+		replicaSets: map[types.NamespacedName]*appsv1.ReplicaSet{}, deployments: map[types.NamespacedName]*appsv1.Deployment{},
+		rollouts: map[types.UID]*rollout{}, conflicted: map[types.UID]bool{}, unavailable: map[types.UID]map[types.UID]int32{},
+	}
+	first := !r.repl.wasSurveyed(node.UID)
+	var due time.Duration
+	for i := range plan.Groups {
+		g := &plan.Groups[i]
+		settled, wait := r.repl.settle(node.UID, g, p.now, r.Opts.BlockedPDBSettle)
+		if wait > 0 && (due == 0 || wait < due) {
+			due = wait
+		}
+		if !g.ByDesign && !first && !r.repl.watching(g.UID) {
+			continue
+		}
+		var notes []string
+		for _, pod := range slices.Clone(g.Pods) {
+			note, err := p.decide(ctx, g, pod, settled, wait)
+			if err != nil {
+				return 0, err
+			}
+			if note != "" && !slices.Contains(notes, note) {
+				notes = append(notes, note)
+			}
+		}
+		g.Note = strings.Join(notes, "; ")
+	}
+	r.repl.markSurveyed(node.UID)
+	return due, nil
+}
+
+// replacePass is one drain pass's replacement work; it reads each
+// ReplicaSet, Deployment and rollout at most once.
+type replacePass struct {
+	r            *Reconciler
+	node         *corev1.Node
+	started, now time.Time
+	pastDeadline bool
+
+	replicaSets map[types.NamespacedName]*appsv1.ReplicaSet
+	deployments map[types.NamespacedName]*appsv1.Deployment
+	rollouts    map[types.UID]*rollout
+	// conflicted: Deployments whose restart lost a race in this pass; the next
+	// pass reads them again.
+	conflicted map[types.UID]bool
+	// unavailable: per PDB, the maxUnavailable of each Deployment whose
+	// rollout replaces pods of the queue.
+	unavailable map[types.UID]map[types.UID]int32
+}
+
+// decide handles one queued pod and returns what the condition should say.
+func (p *replacePass) decide(ctx context.Context, g *drain.Group, pod *corev1.Pod, settled bool, wait time.Duration) (string, error) {
+	d, owner, err := p.deploymentOf(ctx, pod)
+	if err != nil {
+		return "", err
+	}
+	if d != nil {
+		if at, ok := restartedAt(d); ok && !at.Before(p.started.Add(restartLead)) {
+			return p.replaced(ctx, g, pod, d, at)
+		}
+	}
+	switch {
+	case !g.ByDesign, p.pastDeadline: // past the deadline, no new restart
+		return "", nil
+	case !settled:
+		return fmt.Sprintf("blocked by design (%s): deciding in %s", budgetNumbers(g), wait.Round(time.Second)), nil
+	case d == nil:
+		return p.wait(g, pod, fmt.Sprintf("blocked-pdb-policy wait: %s is never restarted, only Deployments whose rolling update surges are; "+
+			"to let the node go, scale it up or relax the PDB so that it allows a disruption, or delete the pod yourself", owner)), nil
+	}
+	name := d.Namespace + "/" + d.Name
+	policy, source, err := drain.PolicyFor(d, g.Budget, p.r.Opts.BlockedPDBPolicy)
+	switch {
+	case err != nil:
+		return p.wait(g, pod, fmt.Sprintf("blocked-pdb-policy wait: %v", err)), nil
+	case policy == drain.BlockedPDBWait:
+		return p.wait(g, pod, fmt.Sprintf("blocked-pdb-policy wait (%s); to let the node go, annotate Deployment %s with %s: replace, scale it up or relax the PDB",
+			source, name, ngv1alpha1.BlockedPDBPolicyAnnotation)), nil
+	case p.r.repl.wasRestarted(p.node.UID, d.UID):
+		return p.wait(g, pod, fmt.Sprintf("blocked-pdb-policy replace (%s), but Deployment %s was restarted for this drain already and its template changed since; scale it up or relax the PDB", source, name)), nil
+	}
+	if ok, why := drain.CanReplace(d, g.Healthy, g.Desired, p.otherUnavailable(g, d)); !ok {
+		return p.wait(g, pod, fmt.Sprintf("blocked-pdb-policy replace (%s), but %s", source, why)), nil
+	}
+	if !drain.RolloutDone(d) {
+		return fmt.Sprintf("blocked by design (%s); a rollout of Deployment %s is in progress: deciding once it is done", budgetNumbers(g), name), nil
+	}
+	return p.restart(ctx, g, pod, d, source)
+}
+
+// deploymentOf finds the pod's Deployment through its ReplicaSet; owner names
+// the pod's controller in words when there is no Deployment.
+func (p *replacePass) deploymentOf(ctx context.Context, pod *corev1.Pod) (*appsv1.Deployment, string, error) {
+	ref := metav1.GetControllerOf(pod)
+	if ref == nil {
+		return nil, fmt.Sprintf("pod %s/%s has no controller, and a pod without one", pod.Namespace, pod.Name), nil
+	}
+	owner := fmt.Sprintf("%s %s/%s", ref.Kind, pod.Namespace, ref.Name)
+	if ref.Kind != "ReplicaSet" || ref.APIVersion != appsv1.SchemeGroupVersion.String() {
+		return nil, owner, nil
+	}
+	key := types.NamespacedName{Namespace: pod.Namespace, Name: ref.Name}
+	rs, err := get(ctx, p.r.Reader, p.replicaSets, key, &appsv1.ReplicaSet{})
+	if err != nil || rs == nil || rs.UID != ref.UID {
+		return nil, owner, err
+	}
+	dref := metav1.GetControllerOf(rs)
+	if dref == nil || dref.Kind != "Deployment" {
+		return nil, owner, nil
+	}
+	key.Name = dref.Name
+	d, err := get(ctx, p.r.Reader, p.deployments, key, &appsv1.Deployment{})
+	if err != nil || d == nil || d.UID != dref.UID {
+		return nil, owner, err
+	}
+	return d, "Deployment " + key.String(), nil
+}
+
+// get reads an object from the API server once per pass; nil when not found.
+func get[T client.Object](ctx context.Context, reader client.Reader, seen map[types.NamespacedName]T, key types.NamespacedName, obj T) (T, error) {
+	if o, ok := seen[key]; ok {
+		return o, nil
+	}
+	var none T
+	if err := reader.Get(ctx, key, obj); err != nil {
+		if apierrors.IsNotFound(err) {
+			seen[key] = none
+			return none, nil
+		}
+		return none, fmt.Errorf("reading %T %s: %w", obj, key, err)
+	}
+	seen[key] = obj
+	return obj, nil
+}
+
+func restartedAt(d *appsv1.Deployment) (time.Time, bool) {
+	v, ok := d.Spec.Template.Annotations[ngv1alpha1.RestartedAtAnnotation]
+	if !ok {
+		return time.Time{}, false
+	}
+	t, err := ngv1alpha1.ParseTime(v)
+	return t, err == nil
+}
+
+// otherUnavailable is what the rollouts of the queue's other Deployments
+// may take down meanwhile.
+func (p *replacePass) otherUnavailable(g *drain.Group, d *appsv1.Deployment) int32 {
+	var n int32
+	for uid, u := range p.unavailable[g.UID] {
+		if uid != d.UID {
+			n += u
+		}
+	}
+	return n
+}
+
+// restart annotates the Deployment's pod template, with an optimistic lock:
+// of two drains deciding at once, one restarts and the other finds the
+// restart on its next pass.
+func (p *replacePass) restart(ctx context.Context, g *drain.Group, pod *corev1.Pod, d *appsv1.Deployment, source string) (string, error) {
+	name := d.Namespace + "/" + d.Name
+	if p.conflicted[d.UID] {
+		return fmt.Sprintf("blocked by design (%s); restarting Deployment %s", budgetNumbers(g), name), nil
+	}
+	restarted := d.DeepCopy()
+	if restarted.Spec.Template.Annotations == nil {
+		restarted.Spec.Template.Annotations = map[string]string{}
+	}
+	restarted.Spec.Template.Annotations[ngv1alpha1.RestartedAtAnnotation] = ngv1alpha1.FormatTime(p.now)
+	err := p.r.Client.Patch(ctx, restarted, client.MergeFromWithOptions(d, client.MergeFromWithOptimisticLock{}))
+	switch {
+	case apierrors.IsConflict(err):
+		p.conflicted[d.UID] = true
+		return fmt.Sprintf("blocked by design (%s); restarting Deployment %s", budgetNumbers(g), name), nil
+	case err != nil:
+		replacementRestarts.WithLabelValues(d.Namespace, restartFailed).Inc()
+		return "", fmt.Errorf("restarting Deployment %s to replace pod %s/%s: %w", name, pod.Namespace, pod.Name, err)
+	}
+	replacementRestarts.WithLabelValues(d.Namespace, restartDone).Inc()
+	p.deployments[types.NamespacedName{Namespace: d.Namespace, Name: d.Name}] = restarted
+	p.r.repl.markRestarted(p.node.UID, d.UID)
+	p.r.repl.watch(g.UID)
+	p.r.once(p.node.UID, "held/"+string(pod.UID)) // this event says it
+	p.r.event(p.node, corev1.EventTypeNormal, ReasonDrainBlockedByBudget,
+		"pod %s/%s is under PDB %s, which allows no disruption although every pod it expects is healthy (%s): nodeguard restarted Deployment %s (blocked-pdb-policy replace, %s), so that its controller starts a replacement on another node before it stops this pod",
+		pod.Namespace, pod.Name, g.PDB, budgetNumbers(g), name, source)
+	if p.r.Recorder != nil {
+		p.r.Recorder.Eventf(restarted, p.node, corev1.EventTypeNormal, ReasonRestartedForDrain, actionRestart,
+			"restarted (pod template annotation %s) so that its pods on draining node %s are replaced before they stop: PDB %s allows no disruption",
+			ngv1alpha1.RestartedAtAnnotation, p.node.Name, g.PDB)
+	}
+	return p.replaced(ctx, g, pod, restarted, p.now)
+}
+
+// replaced handles a pod whose Deployment was restarted for this drain: the
+// pod is left to the rollout, unless the rollout stalled.
+func (p *replacePass) replaced(ctx context.Context, g *drain.Group, pod *corev1.Pod, d *appsv1.Deployment, at time.Time) (string, error) {
+	name := d.Namespace + "/" + d.Name
+	when := at.UTC().Format(time.RFC3339)
+	p.r.repl.watch(g.UID)
+	if pod.Annotations[ngv1alpha1.RestartedAtAnnotation] == d.Spec.Template.Annotations[ngv1alpha1.RestartedAtAnnotation] {
+		// One of the restart's own pods: it will not replace itself.
+		return fmt.Sprintf("Deployment %s was restarted at %s for this drain, and pod %s is one of its new pods: waiting for the PDB to allow a disruption", name, when, pod.Name), nil
+	}
+	ro, err := p.rollout(ctx, d, at)
+	if err != nil {
+		return "", err
+	}
+	if ro.stalled != "" {
+		p.reportStall(g, pod, d, at, ro)
+		return fmt.Sprintf("Deployment %s was restarted at %s, but its replacement stalled (%s): waiting for the PDB to allow a disruption", name, when, ro.stalled), nil
+	}
+	g.Hold(pod)
+	if p.unavailable[g.UID] == nil {
+		p.unavailable[g.UID] = map[types.UID]int32{}
+	}
+	_, p.unavailable[g.UID][d.UID] = drain.Fenceposts(d)
+	if p.r.once(p.node.UID, "held/"+string(pod.UID)) {
+		p.r.event(p.node, corev1.EventTypeNormal, ReasonWaitingForReplacement,
+			"pod %s/%s under PDB %s is left to the rollout of Deployment %s, restarted at %s: its controller stops the pod once a replacement is Ready",
+			pod.Namespace, pod.Name, g.PDB, name, when)
+	}
+	if p.pastDeadline {
+		return fmt.Sprintf("Deployment %s restarted at %s replaces them, so the drain deadline leaves them to it: %d of %d new pods Ready", name, when, ro.ready, ptr.Deref(d.Spec.Replicas, 1)), nil
+	}
+	return fmt.Sprintf("Deployment %s restarted at %s replaces them: %d of %d new pods Ready", name, when, ro.ready, ptr.Deref(d.Spec.Replicas, 1)), nil
+}
+
+// rollout is how a restart's new pods are doing.
+type rollout struct {
+	ready int
+	// stalled says why the replacement is considered stuck, or "".
+	stalled string
+}
+
+// rollout lists the Deployment's pods (label selector, from the API server)
+// and finds the restart's new pods (they carry its annotation): the
+// replacement stalls when one of them is not Ready --replacement-timeout after
+// it was created, when none was created that long after the restart, or when
+// the Deployment reports its progress deadline exceeded.
+func (p *replacePass) rollout(ctx context.Context, d *appsv1.Deployment, at time.Time) (*rollout, error) {
+	if ro, ok := p.rollouts[d.UID]; ok {
+		return ro, nil
+	}
+	selector, err := metav1.LabelSelectorAsSelector(d.Spec.Selector)
+	if err != nil {
+		return nil, fmt.Errorf("Deployment %s/%s has an invalid selector: %w", d.Namespace, d.Name, err)
+	}
+	var pods corev1.PodList
+	if err := p.r.Reader.List(ctx, &pods, client.InNamespace(d.Namespace), client.MatchingLabelsSelector{Selector: selector}); err != nil {
+		return nil, fmt.Errorf("listing the pods of Deployment %s/%s: %w", d.Namespace, d.Name, err)
+	}
+	timeout := p.r.Opts.ReplacementTimeout
+	value := d.Spec.Template.Annotations[ngv1alpha1.RestartedAtAnnotation]
+	ro := &rollout{}
+	created := 0
+	for i := range pods.Items {
+		pod := &pods.Items[i]
+		if pod.DeletionTimestamp != nil || pod.Annotations[ngv1alpha1.RestartedAtAnnotation] != value {
+			continue
+		}
+		created++
+		age := p.now.Sub(pod.CreationTimestamp.Time)
+		switch {
+		case podReady(pod):
+			ro.ready++
+		case timeout > 0 && age >= timeout && ro.stalled == "":
+			ro.stalled = notReadyReason(pod, timeout)
+		}
+	}
+	if created == 0 && timeout > 0 && p.now.Sub(at) >= timeout {
+		ro.stalled = fmt.Sprintf("no new pod was created within %s (--replacement-timeout)", timeout)
+	}
+	for _, c := range d.Status.Conditions {
+		if c.Type == appsv1.DeploymentProgressing && c.Status == corev1.ConditionFalse && c.Reason == "ProgressDeadlineExceeded" {
+			ro.stalled = "the Deployment's progress deadline was exceeded: " + c.Message
+		}
+	}
+	p.rollouts[d.UID] = ro
+	return ro, nil
+}
+
+// notReadyReason says why a new pod is not Ready, the scheduler's word first.
+func notReadyReason(pod *corev1.Pod, timeout time.Duration) string {
+	for _, c := range pod.Status.Conditions {
+		if c.Type == corev1.PodScheduled && c.Status == corev1.ConditionFalse {
+			return fmt.Sprintf("new pod %s not scheduled within %s (--replacement-timeout): %s", pod.Name, timeout, c.Message)
+		}
+	}
+	return fmt.Sprintf("new pod %s not Ready within %s (--replacement-timeout)", pod.Name, timeout)
+}
+
+// reportStall tells, once per node and restart, that nodeguard falls back to
+// waiting, and counts the stall once per restart.
+func (p *replacePass) reportStall(g *drain.Group, pod *corev1.Pod, d *appsv1.Deployment, at time.Time, ro *rollout) {
+	key := string(d.UID) + "/" + ngv1alpha1.FormatTime(at)
+	if p.r.repl.countStall(key) {
+		replacementRestarts.WithLabelValues(d.Namespace, restartStalled).Inc()
+	}
+	if !p.r.once(p.node.UID, "stalled/"+key) {
+		return
+	}
+	then := "waiting for PDB " + g.PDB.String() + " to allow a disruption"
+	if p.pastDeadline {
+		then = "the drain deadline has passed, so its pods on the node are deleted"
+	}
+	p.r.event(p.node, corev1.EventTypeWarning, ReasonReplacementStalled,
+		"the rollout of Deployment %s/%s, restarted at %s to replace pod %s/%s, stalled: %s; nodeguard falls back: %s",
+		d.Namespace, d.Name, at.UTC().Format(time.RFC3339), pod.Namespace, pod.Name, ro.stalled, then)
+}
+
+// wait leaves the pod queued: once per pod, a Warning event says why.
+func (p *replacePass) wait(g *drain.Group, pod *corev1.Pod, why string) string {
+	if p.r.once(p.node.UID, "blocked-wait/"+string(pod.UID)) {
+		p.r.event(p.node, corev1.EventTypeWarning, ReasonDrainBlockedByBudget,
+			"pod %s/%s is under PDB %s, which allows no disruption although every pod it expects is healthy (%s): nodeguard waits: %s", pod.Namespace, pod.Name, g.PDB, budgetNumbers(g), why)
+	}
+	return fmt.Sprintf("blocked by design (%s): waiting, %s", budgetNumbers(g), why)
+}
+
+// budgetNumbers are a PDB's status numbers, by their field names.
+func budgetNumbers(g *drain.Group) string {
+	return fmt.Sprintf("currentHealthy %d, desiredHealthy %d, expectedPods %d", g.Healthy, g.Desired, g.Expected)
+}
+
+func podReady(pod *corev1.Pod) bool {
+	for _, c := range pod.Status.Conditions {
+		if c.Type == corev1.PodReady {
+			return c.Status == corev1.ConditionTrue
+		}
+	}
+	return false
+}
