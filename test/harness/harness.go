@@ -20,6 +20,8 @@ import (
 	"strings"
 	"time"
 
+	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
+
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
@@ -90,10 +92,12 @@ type Env struct {
 	apiLogPath         string
 }
 
-// NewScheme returns a scheme with the core Kubernetes and nodeguard types.
+// NewScheme returns a scheme with the core Kubernetes, CRD and nodeguard
+// types.
 func NewScheme() *runtime.Scheme {
 	s := runtime.NewScheme()
 	_ = clientgoscheme.AddToScheme(s)
+	_ = apiextensionsv1.AddToScheme(s)
 	_ = ngv1alpha1.AddToScheme(s)
 	return s
 }

@@ -1,12 +1,18 @@
 package install
 
 import (
+	"context"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
+	"time"
+
+	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
 
 	"github.com/nodeguard/nodeguard/test/harness"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 )
 
 // stubCRDs stand in for the Prometheus Operator's CRDs, which this cluster
@@ -42,9 +48,20 @@ func TestKustomizeIsValidOnTheServer(t *testing.T) {
 	applyRBAC(t) // the namespace must exist for a dry-run of namespaced objects
 	harness.MustKubectl(t, env.Kubeconfig, stubCRDs, "apply", "-f", "-")
 	harness.MustKubectl(t, env.Kubeconfig, "", "apply", "--server-side", "-f", filepath.Join(harness.BinDir(), "cert-manager-crds"))
-	harness.MustKubectl(t, env.Kubeconfig, "", "wait", "--for=condition=Established", "--timeout=60s",
-		"crd/issuers.cert-manager.io", "crd/certificates.cert-manager.io",
-		"crd/servicemonitors.monitoring.coreos.com", "crd/prometheusrules.monitoring.coreos.com")
+	// Polled here: kubectl wait fails on a CRD whose status has no conditions
+	// yet, as one just created may.
+	for _, name := range []string{"issuers.cert-manager.io", "certificates.cert-manager.io",
+		"servicemonitors.monitoring.coreos.com", "prometheusrules.monitoring.coreos.com"} {
+		harness.Eventually(t, time.Minute, func(ctx context.Context) (bool, error) {
+			var crd apiextensionsv1.CustomResourceDefinition
+			if err := env.Client.Get(ctx, client.ObjectKey{Name: name}, &crd); err != nil {
+				return false, client.IgnoreNotFound(err)
+			}
+			return slices.ContainsFunc(crd.Status.Conditions, func(c apiextensionsv1.CustomResourceDefinitionCondition) bool {
+				return c.Type == apiextensionsv1.Established && c.Status == apiextensionsv1.ConditionTrue
+			}), nil
+		}, "CRD %s is established", name)
+	}
 	for _, dir := range []string{"default", "overlays/aks"} {
 		t.Run(dir, func(t *testing.T) {
 			out, err := exec.Command("kubectl", "kustomize", filepath.Join(harness.RepoRoot(), "manifests", dir)).Output()
