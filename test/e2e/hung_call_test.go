@@ -94,21 +94,7 @@ func TestHungARMCall(t *testing.T) {
 		}
 	}
 
-	// Let the do-not-evict pod go: the node is released.
-	pods, err := evictablePodsOn(ctx, top.ns, top.target)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for i := range pods {
-		if pods[i].Labels["app"] == "keep" {
-			if err := env.Client.Delete(ctx, &pods[i]); err != nil {
-				t.Fatal(err)
-			}
-		}
-	}
-	harness.Eventually(t, time.Minute, func(ctx context.Context) (bool, error) {
-		return harness.NodeGone(ctx, env.Client, top.target)
-	}, "the node is released")
+	top.releaseHeld(ctx, t)
 }
 
 // eventNotes returns the notes of the events with the reason about the named
