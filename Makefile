@@ -10,8 +10,12 @@ GO         ?= go
 TEST_P     ?= 2
 TEST_FLAGS ?=
 CONTROLLER_GEN := $(BIN)/controller-gen
-IMG            ?= ghcr.io/nodeguard/nodeguard:0.1.0
-CONTAINER_TOOL ?= docker
+# The release version stamped into the binary and the image; the tag vX.Y.Z
+# on a release.
+VERSION   ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo devel)
+IMAGE_OUT ?= $(CURDIR)/_output/image
+# PUSH=<registry>/<repository>:<tag> makes make image push the index too.
+PUSH      ?=
 
 export KUBEBUILDER_ASSETS := $(BIN)
 export NODEGUARD_BIN_DIR  := $(BIN)
@@ -37,6 +41,7 @@ build: ## Build bin/nodeguard.
 test: tools ## Run unit, integration and e2e tests (builds the control-plane tools first when missing).
 	$(GO) test -p $(TEST_P) -timeout 40m $(TEST_FLAGS) ./...
 	cd test/chart && $(GO) test $(TEST_FLAGS) ./...
+	cd hack/release && $(GO) test -timeout 20m $(TEST_FLAGS) ./...
 
 .PHONY: test-unit
 test-unit: ## Run only the tests that need no control plane.
@@ -94,15 +99,17 @@ chart: ## Copy the generated CRD and ClusterRole, the alerts and the dashboard i
 	cp manifests/prometheus/dashboard.json charts/nodeguard/files/dashboard.json
 
 .PHONY: image
-image: ## Build the container image $(IMG) with $(CONTAINER_TOOL) (needs a running container engine).
-	@command -v $(CONTAINER_TOOL) >/dev/null 2>&1 || { echo "make image: $(CONTAINER_TOOL) is not installed; set CONTAINER_TOOL=podman or build the Dockerfile elsewhere" >&2; exit 1; }
-	@$(CONTAINER_TOOL) info >/dev/null 2>&1 || { echo "make image: no container engine is reachable through $(CONTAINER_TOOL); the image cannot be built on this machine" >&2; exit 1; }
-	$(CONTAINER_TOOL) build -t $(IMG) .
+image: ## Build the linux/amd64 + linux/arm64 image without a container engine: an OCI layout in _output/image (PUSH=<ref> pushes it; docker load reads it as a tar).
+	cd hack/release && $(GO) run ./image --root=$(CURDIR) --out=$(IMAGE_OUT) --version=$(VERSION) $(if $(PUSH),--push=$(PUSH)) $(if $(IMAGE_DIGEST_FILE),--digest-file=$(IMAGE_DIGEST_FILE))
+
+.PHONY: test-release
+test-release: ## Build the image as make image does and check it (config, both platforms, the binary runs, reproducible), and lint the release workflow (module hack/release).
+	cd hack/release && $(GO) test -timeout 20m $(TEST_FLAGS) ./...
 
 ##@ Tools
 
 .PHONY: tools
-tools: ## Build controller-gen, etcd, kube-apiserver, kube-controller-manager, kube-scheduler and kwok into bin/ (skips what is built).
+tools: ## Build controller-gen, etcd, kube-apiserver, kube-controller-manager, kube-scheduler, kwok and cert-manager into bin/ (skips what is built).
 	@hack/tools/build.sh
 
 .PHONY: clean

@@ -10,7 +10,6 @@ import (
 	"sync"
 
 	coordinationv1 "k8s.io/api/coordination/v1"
-	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
@@ -148,7 +147,7 @@ func (s *LeaseRecords) save(ctx context.Context, pool string, rec poolRecord) er
 				Labels:      map[string]string{recordLabel: recordLabelValue, "app.kubernetes.io/managed-by": "nodeguard"},
 				Annotations: map[string]string{recordPoolAnnotation: pool, recordEntriesAnnotation: string(data)},
 			}}
-			if err := s.create(ctx, l); err != nil {
+			if err := s.client.Create(ctx, l); err != nil {
 				return err
 			}
 			s.last[pool] = l
@@ -169,21 +168,6 @@ func (s *LeaseRecords) save(ctx context.Context, pool string, rec poolRecord) er
 	}
 	s.last[pool] = l
 	return nil
-}
-
-// create creates a record Lease, and the namespace first when it is missing:
-// on a fresh cluster a signal taint can come before any drain (which creates
-// the namespace for its maintenance Lease).
-func (s *LeaseRecords) create(ctx context.Context, l *coordinationv1.Lease) error {
-	err := s.client.Create(ctx, l)
-	if !apierrors.IsNotFound(err) {
-		return err
-	}
-	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: s.namespace}}
-	if err := s.client.Create(ctx, ns); err != nil && !apierrors.IsAlreadyExists(err) {
-		return fmt.Errorf("creating namespace %s: %w", s.namespace, err)
-	}
-	return s.client.Create(ctx, l)
 }
 
 // MemoryRecords is a RecordStore that lives as long as the process: for

@@ -12,7 +12,6 @@ package finalizer
 import (
 	"context"
 	"fmt"
-	"slices"
 	"sync"
 	"time"
 
@@ -140,21 +139,16 @@ type Reconciler struct {
 // +kubebuilder:rbac:groups=apps,resources=deployments,verbs=get;patch
 // +kubebuilder:rbac:groups=storage.k8s.io,resources=volumeattachments,verbs=list
 // +kubebuilder:rbac:groups=coordination.k8s.io,resources=leases,verbs=get;list;watch;create;update
-// +kubebuilder:rbac:groups="",resources=namespaces,verbs=create
 
 // SetupWithManager registers the controller. It sees nodes being deleted with
 // the finalizer, and every PDB status change wakes the nodes being drained.
 func (r *Reconciler) SetupWithManager(mgr ctrl.Manager) error {
 	return ctrl.NewControllerManagedBy(mgr).
 		Named("termination").
-		For(&corev1.Node{}, builder.WithPredicates(predicate.NewPredicateFuncs(terminating))).
+		For(&corev1.Node{}, builder.WithPredicates(predicate.NewPredicateFuncs(func(o client.Object) bool { return ngv1alpha1.TerminatingUnderFinalizer(o) }))).
 		Watches(&policyv1.PodDisruptionBudget{}, handler.EnqueueRequestsFromMapFunc(r.terminatingNodes)).
 		WithOptions(controller.Options{MaxConcurrentReconciles: max(r.Opts.MaxConcurrentNodes, 1)}).
 		Complete(r)
-}
-
-func terminating(obj client.Object) bool {
-	return obj.GetDeletionTimestamp() != nil && slices.Contains(obj.GetFinalizers(), ngv1alpha1.TerminationFinalizer)
 }
 
 // terminatingNodes maps a PDB change to the nodes being terminated whose
@@ -169,7 +163,7 @@ func (r *Reconciler) terminatingNodes(ctx context.Context, pdb client.Object) []
 	defer r.mu.Unlock()
 	var reqs []reconcile.Request
 	for i := range nodes.Items {
-		if !terminating(&nodes.Items[i]) {
+		if !ngv1alpha1.TerminatingUnderFinalizer(&nodes.Items[i]) {
 			continue
 		}
 		if queues, known := r.queues[nodes.Items[i].Name]; !known || queues[pdb.GetUID()] {
@@ -211,7 +205,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reco
 		}
 		return reconcile.Result{}, client.IgnoreNotFound(err)
 	}
-	if !terminating(&node) {
+	if !ngv1alpha1.TerminatingUnderFinalizer(&node) {
 		r.forget(node.UID)
 		return reconcile.Result{}, nil
 	}

@@ -68,13 +68,9 @@ func (r *Reconciler) holdMaintenanceLease(ctx context.Context, node *corev1.Node
 }
 
 func (r *Reconciler) createLease(ctx context.Context, node *corev1.Node, now time.Time) error {
-	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ngv1alpha1.MaintenanceLeaseNamespace}}
-	if err := r.Client.Create(ctx, ns); err != nil && !apierrors.IsAlreadyExists(err) {
-		return fmt.Errorf("creating namespace %s: %w", ns.Name, err)
-	}
 	holder := budget.HolderIdentity(r.Opts.Identity)
 	lease := &coordinationv1.Lease{
-		ObjectMeta: metav1.ObjectMeta{Namespace: ns.Name, Name: node.Name},
+		ObjectMeta: metav1.ObjectMeta{Namespace: ngv1alpha1.MaintenanceLeaseNamespace, Name: node.Name},
 		Spec: coordinationv1.LeaseSpec{
 			HolderIdentity:       ptr.To(holder),
 			LeaseDurationSeconds: ptr.To[int32](maintenanceLeaseSeconds),
@@ -83,7 +79,13 @@ func (r *Reconciler) createLease(ctx context.Context, node *corev1.Node, now tim
 		},
 	}
 	ownedByNode(lease, node)
-	if err := r.Client.Create(ctx, lease); err != nil {
+	err := r.Client.Create(ctx, lease)
+	if apierrors.IsNotFound(err) {
+		// The install ships the namespace; nodeguard may not create namespaces.
+		return fmt.Errorf("creating maintenance Lease: namespace %s does not exist: install it (it is part of manifests/default and of the Helm chart): %w",
+			ngv1alpha1.MaintenanceLeaseNamespace, err)
+	}
+	if err != nil {
 		return fmt.Errorf("creating maintenance Lease: %w", err)
 	}
 	r.event(node, corev1.EventTypeNormal, ReasonMaintenanceLeaseAcquired, "holding maintenance Lease %s/%s as %s", lease.Namespace, lease.Name, holder)

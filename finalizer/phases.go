@@ -166,7 +166,7 @@ func (r *Reconciler) annotate(ctx context.Context, node *corev1.Node, key string
 	if node.Annotations == nil {
 		node.Annotations = map[string]string{}
 	}
-	node.Annotations[key] = r.Clock.Now().UTC().Format(time.RFC3339Nano)
+	node.Annotations[key] = ngv1alpha1.FormatTime(r.Clock.Now())
 	if err := r.Client.Patch(ctx, node, patch); err != nil {
 		return fmt.Errorf("annotating %s: %w", key, err)
 	}
@@ -178,6 +178,6 @@ func annotationTime(node *corev1.Node, key string) (time.Time, bool) {
 	if !ok {
 		return time.Time{}, false
 	}
-	t, err := time.Parse(time.RFC3339Nano, v)
+	t, err := ngv1alpha1.ParseTime(v)
 	return t, err == nil
 }

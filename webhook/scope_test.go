@@ -13,7 +13,6 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
-	crmetrics "sigs.k8s.io/controller-runtime/pkg/metrics"
 
 	ngv1alpha1 "github.com/nodeguard/nodeguard/api/v1alpha1"
 	"github.com/nodeguard/nodeguard/test/builder"
@@ -218,25 +217,7 @@ func TestFinalizerWebhookIsNotCalledForNodesThatHaveTheFinalizer(t *testing.T) {
 // finalizerWebhookCalls counts the CREATE and UPDATE requests the webhook
 // servers of this process answered.
 func finalizerWebhookCalls(t *testing.T) float64 {
-	t.Helper()
-	families, err := crmetrics.Registry.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	total := 0.0
-	for _, f := range families {
-		if f.GetName() != "nodeguard_admission_requests_total" {
-			continue
-		}
-		for _, m := range f.GetMetric() {
-			for _, l := range m.GetLabel() {
-				if l.GetName() == "operation" && (l.GetValue() == "CREATE" || l.GetValue() == "UPDATE") {
-					total += m.GetCounter().GetValue()
-				}
-			}
-		}
-	}
-	return total
+	return harness.CounterSum(t, "nodeguard_admission_requests_total", "operation", "CREATE", "UPDATE")
 }
 
 // waitForEvent waits for an event of reason about the object (kind, name)

@@ -28,9 +28,15 @@ func main() {
 	opts.bind(flag.CommandLine)
 	zapOpts := zap.Options{}
 	zapOpts.BindFlags(flag.CommandLine)
+	showVersion := flag.Bool("version", false, "Print the version and exit.")
 	flag.Usage = usage
 	flag.Parse()
+	if *showVersion {
+		fmt.Println(versionString())
+		return
+	}
 	ctrl.SetLogger(zap.New(zap.UseFlagOptions(&zapOpts)))
+	ctrl.Log.Info("Starting", "version", versionString())
 	if err := opts.validate(); err != nil {
 		fmt.Fprintln(os.Stderr, "nodeguard:", err)
 		os.Exit(2)
@@ -50,6 +56,7 @@ serially per PodDisruptionBudget before releasing it.
 
 Usage: nodeguard [flags]
        nodeguard uninstall [flags]   (see nodeguard uninstall --help)
+       nodeguard --version
 
 Flags:
 `)

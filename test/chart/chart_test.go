@@ -56,17 +56,26 @@ func splitDocs(t *testing.T, src, text string) []object {
 	return out
 }
 
-// renderErr renders the chart's files with values.
+// renderErr renders the chart's files with values, checked against
+// values.schema.json first, as helm install does.
 func renderErr(t *testing.T, values string) (map[string]string, error) {
+	t.Helper()
+	return renderChecked(t, values, true)
+}
+
+// renderChecked renders the chart's files with values; schema false skips
+// values.schema.json, as helm install --skip-schema-validation does.
+func renderChecked(t *testing.T, values string, schema bool) (map[string]string, error) {
 	t.Helper()
 	c := loadChart(t)
 	var vals map[string]any
 	if err := yaml.Unmarshal([]byte(values), &vals); err != nil {
 		t.Fatal(err)
 	}
-	rv, err := util.ToRenderValues(c, vals, common.ReleaseOptions{Name: release, Namespace: namespace, IsInstall: true}, common.DefaultCapabilities)
+	rv, err := util.ToRenderValuesWithSchemaValidation(c, vals, common.ReleaseOptions{Name: release, Namespace: namespace, IsInstall: true},
+		common.DefaultCapabilities, !schema)
 	if err != nil {
-		t.Fatal(err)
+		return nil, err
 	}
 	return engine.Render(c, rv)
 }
@@ -119,13 +128,21 @@ func kustomize(t *testing.T, dir string) map[string]object {
 	return objs
 }
 
-// helmOnly strips what only Helm adds: its labels, and hook objects.
+// helmOnly strips what only Helm adds: its labels and resource policy, and
+// hook objects.
 func helmOnly(objs map[string]object) map[string]object {
 	out := map[string]object{}
 	for k, o := range objs {
 		md := o["metadata"].(map[string]any)
-		if ann, _ := md["annotations"].(map[string]any); ann["helm.sh/hook"] != nil {
+		ann, _ := md["annotations"].(map[string]any)
+		if ann["helm.sh/hook"] != nil {
 			continue
+		}
+		if ann != nil {
+			delete(ann, "helm.sh/resource-policy")
+			if len(ann) == 0 {
+				delete(md, "annotations")
+			}
 		}
 		if labels, ok := md["labels"].(map[string]any); ok {
 			delete(labels, "helm.sh/chart")
@@ -142,13 +159,13 @@ func asJSON(v any) string {
 }
 
 // compare checks that the chart and kustomize produce the same objects; the
-// Namespace (helm install --create-namespace) and the CRD (the chart's crds/)
-// are kustomize's only.
+// release namespace (helm install --create-namespace) and the CRD (the chart's
+// crds/) are kustomize's only.
 func compare(t *testing.T, chart, kust map[string]object) {
 	t.Helper()
 	chart = helmOnly(chart)
 	for k, want := range kust {
-		if want["kind"] == "Namespace" || want["kind"] == "CustomResourceDefinition" {
+		if k == "Namespace /"+namespace || want["kind"] == "CustomResourceDefinition" {
 			continue
 		}
 		got, ok := chart[k]
@@ -419,17 +436,22 @@ nodeguard:
 }
 
 // Values that would split what nodeguard manages from what its webhooks cover
-// are refused with a message saying what to set instead.
+// are refused with a message saying what to set instead: by the values schema,
+// and by the templates when the schema is skipped
+// (--skip-schema-validation).
 func TestManagedNodesRefusesSelectorsThatCannotMirror(t *testing.T) {
-	for values, want := range map[string]string{
-		"nodeguard: {nodeSelector: pool=web}\n":                                     "nodeguard.managedNodes",
-		"webhook: {objectSelector: {matchLabels: {pool: web}}}\n":                   "nodeguard.managedNodes",
-		"nodeguard: {managedNodes: {matchLabels: {managed: true}}}\n":               "quote the value",
-		"nodeguard: {managedNodes: {matchExpressions: [{key: a, operator: Gt}]}}\n": "operator Gt",
-		"nodeguard: {managedNodes: {matchLabel: {pool: web}}}\n":                    "only matchLabels and matchExpressions",
+	for values, want := range map[string]struct{ schema, template string }{
+		"nodeguard: {nodeSelector: pool=web}\n":                                     {"nodeguard.managedNodes", "nodeguard.managedNodes"},
+		"webhook: {objectSelector: {matchLabels: {pool: web}}}\n":                   {"nodeguard.managedNodes", "nodeguard.managedNodes"},
+		"nodeguard: {managedNodes: {matchLabels: {managed: true}}}\n":               {"at '/nodeguard/managedNodes/matchLabels/managed': got boolean, want string", "quote the value"},
+		"nodeguard: {managedNodes: {matchExpressions: [{key: a, operator: Gt}]}}\n": {"at '/nodeguard/managedNodes/matchExpressions/0/operator'", "operator Gt"},
+		"nodeguard: {managedNodes: {matchLabel: {pool: web}}}\n":                    {"additional properties 'matchLabel' not allowed", "only matchLabels and matchExpressions"},
 	} {
-		if _, err := renderErr(t, values); err == nil || !strings.Contains(err.Error(), want) {
-			t.Errorf("rendering %q: %v, want an error with %q", values, err, want)
+		if _, err := renderErr(t, values); err == nil || !strings.Contains(err.Error(), want.schema) {
+			t.Errorf("installing with %q: %v, want an error with %q", values, err, want.schema)
+		}
+		if _, err := renderChecked(t, values, false); err == nil || !strings.Contains(err.Error(), want.template) {
+			t.Errorf("installing with %q and --skip-schema-validation: %v, want an error with %q", values, err, want.template)
 		}
 	}
 }

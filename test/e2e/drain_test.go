@@ -87,17 +87,7 @@ func TestDeleteNodeCutsTrafficThenDrainsWithinBudgets(t *testing.T) {
 		t.Errorf("during the drain the maintenance Lease should be held by nodeguard: %+v (%v)", lease.Spec, err)
 	}
 
-	pods, _ := evictablePodsOn(ctx, top.ns, top.target)
-	for i := range pods {
-		if pods[i].Labels["app"] == "keep" {
-			if err := env.Client.Delete(ctx, &pods[i]); err != nil {
-				t.Fatal(err)
-			}
-		}
-	}
-	harness.Eventually(t, time.Minute, func(ctx context.Context) (bool, error) {
-		return harness.NodeGone(ctx, env.Client, top.target)
-	}, "the node is released once the do-not-evict pod is gone")
+	top.releaseHeld(ctx, t)
 
 	monitor.check(t)
 	for _, b := range budgets {

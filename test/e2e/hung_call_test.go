@@ -40,7 +40,7 @@ func TestHungARMCall(t *testing.T) {
 
 	harness.MustKubectl(t, env.Kubeconfig, "", "delete", "node", top.target, "--wait=false")
 	harness.WaitForEvent(t, env.Client, top.target, "TrafficCutTimedOut")
-	if notes := mustEventNotes(ctx, t, top.target, "TrafficCutTimedOut"); !slices.ContainsFunc(notes, func(n string) bool {
+	if notes := eventNotes(ctx, t, top.target, "TrafficCutTimedOut"); !slices.ContainsFunc(notes, func(n string) bool {
 		return strings.Contains(n, "within --admin-state-timeout")
 	}) {
 		t.Errorf("TrafficCutTimedOut events %q: want the one for --admin-state-timeout (the hung calls last %s)", notes, requestTimeout)
@@ -80,9 +80,9 @@ func TestHungARMCall(t *testing.T) {
 
 	// The attempt runs out: retriable, with a Warning that says why.
 	harness.Eventually(t, requestTimeout+30*time.Second, func(ctx context.Context) (bool, error) {
-		return len(mustEventNotes(ctx, t, top.target, "LoadBalancerAdminStateUpdateRetrying")) > 0, nil
+		return len(eventNotes(ctx, t, top.target, "LoadBalancerAdminStateUpdateRetrying")) > 0, nil
 	}, "a LoadBalancerAdminStateUpdateRetrying event")
-	for _, n := range mustEventNotes(ctx, t, top.target, "LoadBalancerAdminStateUpdateRetrying") {
+	for _, n := range eventNotes(ctx, t, top.target, "LoadBalancerAdminStateUpdateRetrying") {
 		if !strings.Contains(n, "context deadline exceeded") || !strings.Contains(n, "/kubernetes ") {
 			t.Errorf("LoadBalancerAdminStateUpdateRetrying %q: want a pool and the request timeout as the cause", n)
 		}
@@ -94,27 +94,14 @@ func TestHungARMCall(t *testing.T) {
 		}
 	}
 
-	// Let the do-not-evict pod go: the node is released.
-	pods, err := evictablePodsOn(ctx, top.ns, top.target)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for i := range pods {
-		if pods[i].Labels["app"] == "keep" {
-			if err := env.Client.Delete(ctx, &pods[i]); err != nil {
-				t.Fatal(err)
-			}
-		}
-	}
-	harness.Eventually(t, time.Minute, func(ctx context.Context) (bool, error) {
-		return harness.NodeGone(ctx, env.Client, top.target)
-	}, "the node is released")
+	top.releaseHeld(ctx, t)
 }
 
-// mustEventNotes is eventNotes that fails the test on an error.
-func mustEventNotes(ctx context.Context, t *testing.T, regarding, reason string) []string {
+// eventNotes returns the notes of the events with the reason about the named
+// object, failing the test when they cannot be listed.
+func eventNotes(ctx context.Context, t *testing.T, regarding, reason string) []string {
 	t.Helper()
-	notes, err := eventNotes(ctx, regarding, reason)
+	notes, err := harness.EventNotes(ctx, env.Client, regarding, reason)
 	if err != nil {
 		t.Fatal(err)
 	}

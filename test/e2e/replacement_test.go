@@ -11,7 +11,6 @@ import (
 
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
-	eventsv1 "k8s.io/api/events/v1"
 	policyv1 "k8s.io/api/policy/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/watch"
@@ -216,26 +215,11 @@ func (l *readyLog) require(t *testing.T, want int) int {
 	return l.fewest
 }
 
-// eventNotes are the notes of the events with the reason about the object.
-func eventNotes(ctx context.Context, regarding, reason string) ([]string, error) {
-	var list eventsv1.EventList
-	if err := env.Client.List(ctx, &list); err != nil {
-		return nil, err
-	}
-	var out []string
-	for _, e := range list.Items {
-		if e.Regarding.Name == regarding && e.Reason == reason {
-			out = append(out, e.Note)
-		}
-	}
-	return out, nil
-}
-
 // waitForEventNote waits for an event about the object whose note has every part.
 func waitForEventNote(t *testing.T, regarding, reason string, parts ...string) {
 	t.Helper()
 	harness.Eventually(t, time.Minute, func(ctx context.Context) (bool, error) {
-		notes, err := eventNotes(ctx, regarding, reason)
+		notes, err := harness.EventNotes(ctx, env.Client, regarding, reason)
 		return slices.ContainsFunc(notes, func(n string) bool { return containsAll(n, parts...) }), err
 	}, "an event %s about %s says %q", reason, regarding, parts)
 }
@@ -354,7 +338,7 @@ func TestReplacementFirstOneRestartForTwoNodes(t *testing.T) {
 	// The node that did not restart says that it waits for the other's restart.
 	var waited int
 	for _, n := range c.targets {
-		notes, err := eventNotes(context.Background(), n, "WaitingForReplacement")
+		notes, err := harness.EventNotes(context.Background(), env.Client, n, "WaitingForReplacement")
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -283,3 +283,23 @@ func waitLeaseGone(t *testing.T, node string) {
 		return apierrors.IsNotFound(err), client.IgnoreNotFound(err)
 	}, "the maintenance Lease of node %s goes with the node", node)
 }
+
+// releaseHeld deletes the target's do-not-evict pod (app=keep) and waits for
+// the node to be released.
+func (top *topology) releaseHeld(ctx context.Context, t *testing.T) {
+	t.Helper()
+	pods, err := evictablePodsOn(ctx, top.ns, top.target)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range pods {
+		if pods[i].Labels["app"] == "keep" {
+			if err := env.Client.Delete(ctx, &pods[i]); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	harness.Eventually(t, time.Minute, func(ctx context.Context) (bool, error) {
+		return harness.NodeGone(ctx, env.Client, top.target)
+	}, "the node is released once the do-not-evict pod is gone")
+}

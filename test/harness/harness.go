@@ -20,7 +20,10 @@ import (
 	"strings"
 	"time"
 
+	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
+
 	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/rest"
@@ -58,6 +61,10 @@ type Options struct {
 	// AuditPolicy, when set, is an audit policy (YAML) for kube-apiserver,
 	// which then writes JSON audit events to Env.AuditLog.
 	AuditPolicy string
+	// NoMaintenanceNamespace leaves out the namespace kube-node-maintenance,
+	// which nodeguard's install ships and the harness otherwise creates, for
+	// tests that install it themselves (test/install).
+	NoMaintenanceNamespace bool
 }
 
 // Env is a running control plane.
@@ -85,10 +92,12 @@ type Env struct {
 	apiLogPath         string
 }
 
-// NewScheme returns a scheme with the core Kubernetes and nodeguard types.
+// NewScheme returns a scheme with the core Kubernetes, CRD and nodeguard
+// types.
 func NewScheme() *runtime.Scheme {
 	s := runtime.NewScheme()
 	_ = clientgoscheme.AddToScheme(s)
+	_ = apiextensionsv1.AddToScheme(s)
 	_ = ngv1alpha1.AddToScheme(s)
 	return s
 }
@@ -108,6 +117,12 @@ func Start(ctx context.Context, opts Options) (*Env, error) {
 	}
 	if err := e.startAPIServer(opts); err != nil {
 		return e, err
+	}
+	if !opts.NoMaintenanceNamespace {
+		ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ngv1alpha1.MaintenanceLeaseNamespace}}
+		if err := e.Client.Create(ctx, ns); err != nil {
+			return e, fmt.Errorf("creating namespace %s: %w", ns.Name, err)
+		}
 	}
 	if opts.Cluster {
 		if err := e.startCluster(ctx, opts); err != nil {

@@ -42,6 +42,22 @@ func CountEvents(ctx context.Context, c client.Reader, regarding, reason string)
 	return n, nil
 }
 
+// EventNotes returns the notes of the events with the reason about the named
+// object.
+func EventNotes(ctx context.Context, c client.Reader, regarding, reason string) ([]string, error) {
+	var list eventsv1.EventList
+	if err := c.List(ctx, &list); err != nil {
+		return nil, err
+	}
+	var out []string
+	for _, e := range list.Items {
+		if e.Regarding.Name == regarding && e.Reason == reason {
+			out = append(out, e.Note)
+		}
+	}
+	return out, nil
+}
+
 // EventOccurrences is how many times an event happened: 1, or its series' count.
 func EventOccurrences(e eventsv1.Event) int {
 	if e.Series != nil && e.Series.Count > 1 {

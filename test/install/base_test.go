@@ -1,36 +1,26 @@
 package install
 
 import (
+	"context"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
+	"time"
+
+	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
 
 	"github.com/nodeguard/nodeguard/test/harness"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 )
 
-// stubCRDs stand in for cert-manager's and the Prometheus Operator's CRDs,
-// which this cluster does not have: they accept any spec, so the dry-run
-// below checks those objects' kind, scope and metadata, not their spec.
+// stubCRDs stand in for the Prometheus Operator's CRDs, which this cluster
+// does not have: they accept any spec, so the dry-run below checks those
+// objects' kind, scope and metadata, not their spec. cert-manager's CRDs are
+// the real ones (make tools copies them from cert-manager's module), so the
+// Issuers and Certificates are validated in full.
 const stubCRDs = `
-apiVersion: apiextensions.k8s.io/v1
-kind: CustomResourceDefinition
-metadata: {name: issuers.cert-manager.io}
-spec:
-  group: cert-manager.io
-  names: {kind: Issuer, plural: issuers, singular: issuer, listKind: IssuerList}
-  scope: Namespaced
-  versions: [{name: v1, served: true, storage: true, schema: {openAPIV3Schema: {type: object, x-kubernetes-preserve-unknown-fields: true}}}]
----
-apiVersion: apiextensions.k8s.io/v1
-kind: CustomResourceDefinition
-metadata: {name: certificates.cert-manager.io}
-spec:
-  group: cert-manager.io
-  names: {kind: Certificate, plural: certificates, singular: certificate, listKind: CertificateList}
-  scope: Namespaced
-  versions: [{name: v1, served: true, storage: true, schema: {openAPIV3Schema: {type: object, x-kubernetes-preserve-unknown-fields: true}}}]
----
 apiVersion: apiextensions.k8s.io/v1
 kind: CustomResourceDefinition
 metadata: {name: servicemonitors.monitoring.coreos.com}
@@ -57,9 +47,21 @@ func TestKustomizeIsValidOnTheServer(t *testing.T) {
 	harness.SkipWithoutEnv(t, env)
 	applyRBAC(t) // the namespace must exist for a dry-run of namespaced objects
 	harness.MustKubectl(t, env.Kubeconfig, stubCRDs, "apply", "-f", "-")
-	harness.MustKubectl(t, env.Kubeconfig, "", "wait", "--for=condition=Established", "--timeout=60s",
-		"crd/issuers.cert-manager.io", "crd/certificates.cert-manager.io",
-		"crd/servicemonitors.monitoring.coreos.com", "crd/prometheusrules.monitoring.coreos.com")
+	harness.MustKubectl(t, env.Kubeconfig, "", "apply", "--server-side", "-f", filepath.Join(harness.BinDir(), "cert-manager-crds"))
+	// Polled here: kubectl wait fails on a CRD whose status has no conditions
+	// yet, as one just created may.
+	for _, name := range []string{"issuers.cert-manager.io", "certificates.cert-manager.io",
+		"servicemonitors.monitoring.coreos.com", "prometheusrules.monitoring.coreos.com"} {
+		harness.Eventually(t, time.Minute, func(ctx context.Context) (bool, error) {
+			var crd apiextensionsv1.CustomResourceDefinition
+			if err := env.Client.Get(ctx, client.ObjectKey{Name: name}, &crd); err != nil {
+				return false, client.IgnoreNotFound(err)
+			}
+			return slices.ContainsFunc(crd.Status.Conditions, func(c apiextensionsv1.CustomResourceDefinitionCondition) bool {
+				return c.Type == apiextensionsv1.Established && c.Status == apiextensionsv1.ConditionTrue
+			}), nil
+		}, "CRD %s is established", name)
+	}
 	for _, dir := range []string{"default", "overlays/aks"} {
 		t.Run(dir, func(t *testing.T) {
 			out, err := exec.Command("kubectl", "kustomize", filepath.Join(harness.RepoRoot(), "manifests", dir)).Output()
@@ -78,7 +80,8 @@ func TestKustomizeIsValidOnTheServer(t *testing.T) {
 			for _, want := range []string{
 				"customresourcedefinition.apiextensions.k8s.io/nodedisruptionbudgets.nodeguard.io",
 				"deployment.apps/nodeguard", "validatingwebhookconfiguration.admissionregistration.k8s.io/nodeguard-validating-webhook-configuration",
-				"certificate.cert-manager.io/nodeguard-serving-cert",
+				"certificate.cert-manager.io/nodeguard-serving-cert", "certificate.cert-manager.io/nodeguard-ca",
+				"issuer.cert-manager.io/nodeguard-ca-issuer", "namespace/kube-node-maintenance",
 			} {
 				if !strings.Contains(got, want) {
 					t.Errorf("dry-run output lacks %s:\n%s", want, got)

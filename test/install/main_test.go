@@ -74,5 +74,6 @@ func run(m *testing.M, dir string) int {
 	if err := os.WriteFile(filepath.Join(webhookDir, "webhooks.yaml"), []byte(strings.Join(webhooks, "\n---\n")), 0o644); err != nil {
 		panic(err)
 	}
-	return harness.Run(m, harness.Options{Cluster: true, WebhookManifests: []string{webhookDir}, AuditPolicy: auditPolicy}, &env)
+	// The install (applyRBAC, from manifests/default) ships kube-node-maintenance.
+	return harness.Run(m, harness.Options{Cluster: true, WebhookManifests: []string{webhookDir}, AuditPolicy: auditPolicy, NoMaintenanceNamespace: true}, &env)
 }
