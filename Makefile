@@ -42,6 +42,18 @@ test: tools ## Run unit, integration and e2e tests (builds the control-plane too
 test-unit: ## Run only the tests that need no control plane.
 	$(GO) test -short $(TEST_FLAGS) ./...
 
+FUZZTIME ?= 5m
+
+.PHONY: fuzz
+fuzz: ## Run every fuzz target for FUZZTIME each (default 5m), one after another; a crasher lands in the package's testdata/fuzz.
+	@set -e; for file in $$(grep -rl --include='*_test.go' '^func Fuzz' . | grep -v '^./bin/' | sort); do \
+		dir=$$(dirname $$file); \
+		for target in $$(sed -n 's/^func \(Fuzz[A-Za-z0-9_]*\)(.*/\1/p' $$file); do \
+			echo "fuzzing $$target in $$dir for $(FUZZTIME)"; \
+			$(GO) test -short -run '^$$' -fuzz "^$$target\$$" -fuzztime $(FUZZTIME) -fuzzminimizetime 10s $$dir; \
+		done; \
+	done
+
 .PHONY: test-chart
 test-chart: ## Render the Helm chart and compare it with the kustomize manifests (module test/chart).
 	cd test/chart && $(GO) test $(TEST_FLAGS) ./...
