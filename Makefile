@@ -42,6 +42,17 @@ test: tools ## Run unit, integration and e2e tests (builds the control-plane too
 test-unit: ## Run only the tests that need no control plane.
 	$(GO) test -short $(TEST_FLAGS) ./...
 
+.PHONY: test-race
+test-race: tools ## Run under the race detector: every package's tests that need no control plane (-short), then the webhook package against its control plane.
+	$(GO) test -race -short $(TEST_FLAGS) ./...
+	$(GO) test -race -timeout 20m $(TEST_FLAGS) ./webhook
+
+SOAK ?= 20m
+
+.PHONY: soak
+soak: tools ## Chaos soak for SOAK (default 20m): two replicas, leader SIGKILLed 20+ times, ARM faults, rounds of 6 node deletions; prints its figures (make test runs a short version).
+	NODEGUARD_SOAK=$(SOAK) $(GO) test -count=1 -run '^TestChaosSoak$$' -v -timeout 90m $(TEST_FLAGS) ./test/e2e
+
 FUZZTIME ?= 5m
 
 .PHONY: fuzz

@@ -7,13 +7,10 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"path/filepath"
-	"slices"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -40,7 +37,7 @@ import (
 
 var (
 	env   *harness.Env
-	front *proxy // where the installed webhook configurations point
+	front *harness.WebhookFront // where the installed webhook configurations point
 )
 
 func TestMain(m *testing.M) {
@@ -181,104 +178,22 @@ func run(t *testing.T, mgr ctrl.Manager, addr string, answers *answerCounter) *g
 }
 
 // useGuards points the installed webhook configurations at the given guards
-// (round robin), starting the front proxy on first use.
+// (round robin), starting the front on first use.
 func useGuards(t *testing.T, guards ...*guard) {
 	t.Helper()
 	if front == nil {
-		addr := fmt.Sprintf("%s:%d", env.Webhook.LocalServingHost, env.Webhook.LocalServingPort)
-		p, err := newProxy(addr)
+		f, err := harness.StartWebhookFront(env.WebhookAddr())
 		if err != nil {
 			t.Fatal(err)
 		}
-		front = p
+		front = f
 	}
 	var addrs []string
 	for _, g := range guards {
 		addrs = append(addrs, g.addr)
 	}
-	front.setBackends(addrs)
-	t.Cleanup(func() { front.setBackends(nil) })
-}
-
-// proxy forwards TCP connections (TLS passes through) to its backends in
-// turn, so that several webhook servers answer one webhook configuration.
-// kube-apiserver keeps connections open between calls: setBackends closes
-// every connection made before, so that from then on calls reach only the new
-// backends, never a stopped or a previous test's server.
-type proxy struct {
-	mu       sync.Mutex
-	backends []string
-	conns    map[net.Conn]bool
-	next     atomic.Uint64
-}
-
-func newProxy(addr string) (*proxy, error) {
-	l, err := net.Listen("tcp", addr)
-	if err != nil {
-		return nil, err
-	}
-	p := &proxy{conns: map[net.Conn]bool{}}
-	go func() {
-		for {
-			conn, err := l.Accept()
-			if err != nil {
-				return
-			}
-			go p.serve(conn)
-		}
-	}()
-	return p, nil
-}
-
-func (p *proxy) setBackends(addrs []string) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	p.backends = addrs
-	for c := range p.conns {
-		c.Close()
-	}
-	clear(p.conns)
-}
-
-// track remembers an open connection, or closes it and reports false when
-// the backends changed since the connection was accepted.
-func (p *proxy) track(c net.Conn, backends []string) bool {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if !slices.Equal(backends, p.backends) {
-		c.Close()
-		return false
-	}
-	p.conns[c] = true
-	return true
-}
-
-func (p *proxy) untrack(c net.Conn) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	delete(p.conns, c)
-	c.Close()
-}
-
-func (p *proxy) serve(conn net.Conn) {
-	p.mu.Lock()
-	backends := p.backends
-	p.mu.Unlock()
-	if len(backends) == 0 || !p.track(conn, backends) {
-		conn.Close() // nodeguard is "down"
-		return
-	}
-	defer p.untrack(conn)
-	upstream, err := net.Dial("tcp", backends[p.next.Add(1)%uint64(len(backends))])
-	if err != nil {
-		return
-	}
-	if !p.track(upstream, backends) {
-		return
-	}
-	defer p.untrack(upstream)
-	go func() { _, _ = io.Copy(upstream, conn); upstream.Close() }()
-	_, _ = io.Copy(conn, upstream)
+	front.SetBackends(addrs...)
+	t.Cleanup(func() { front.SetBackends() })
 }
 
 // createReadyNodes creates Ready nodes named prefix-0..n-1 with the label pool=prefix.

@@ -205,7 +205,7 @@ func installShippedWebhooks(t *testing.T, components ...string) {
 	waitForDeleteWebhookScope(t, probe, false)
 
 	t.Cleanup(func() {
-		front.setBackends(nil) // down again, so that the probe tells
+		front.SetBackends() // down again, so that the probe tells
 		for _, old := range restore {
 			cur := old.DeepCopyObject().(client.Object)
 			if err := env.Client.Get(ctx, client.ObjectKeyFromObject(old), cur); err != nil {
