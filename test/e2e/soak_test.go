@@ -11,7 +11,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/Azure/azure-sdk-for-go/sdk/resourcemanager/network/armnetwork/v9"
 	appsv1 "k8s.io/api/apps/v1"
 	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
@@ -59,7 +58,7 @@ type soakPlan struct {
 	name string
 	// duration: rounds start until this much time has passed, at least one
 	// round, and until minKills leader kills and every fault class happened
-	// (within maxRounds).
+	// (within maxRounds, the rounds whose nodes the load balancers hold).
 	duration     time.Duration
 	minKills     int
 	maxRounds    int
@@ -78,7 +77,9 @@ func planSoak(t *testing.T) soakPlan {
 	if err != nil {
 		t.Fatalf("%s=%q: %v", soakEnv, v, err)
 	}
-	return soakPlan{name: "full", duration: d, minKills: 20, maxRounds: 500, killEvery: [2]time.Duration{20 * time.Second, 45 * time.Second},
+	// A round takes about a minute here, never less than 20 s.
+	rounds := int(d/(20*time.Second)) + 1
+	return soakPlan{name: "full", duration: d, minKills: 20, maxRounds: rounds, killEvery: [2]time.Duration{20 * time.Second, 45 * time.Second},
 		faultEvery: [2]time.Duration{4 * time.Second, 12 * time.Second}, roundTimeout: 10 * time.Minute}
 }
 
@@ -122,6 +123,8 @@ type soak struct {
 	killer   *killer
 	faults   *faultInjector
 	spares   []string
+	// entries are the backend entries the load balancers started with.
+	entries []string
 
 	mu       sync.Mutex
 	released []string
@@ -173,10 +176,21 @@ func startSoak(t *testing.T, plan soakPlan) *soak {
 		s.spares = append(s.spares, name)
 		emuNodes = append(emuNodes, armemulator.Node{Name: name, IPs: internalIPs(node), ProviderID: node.Spec.ProviderID})
 	}
+	// The load balancers hold every round's nodes from the start, as
+	// cloud-provider-azure adds a VM when it joins: nothing but nodeguard
+	// writes the pools during the soak.
+	for round := 1; round <= plan.maxRounds; round++ {
+		for _, node := range s.targets(round) {
+			emuNodes = append(emuNodes, armemulator.Node{Name: node.Name, IPs: internalIPs(node), ProviderID: node.Spec.ProviderID})
+		}
+	}
 	// Dual stack, public and internal load balancers: two pools per load
 	// balancer share its ETag. Writes are long-running operations.
 	s.emu = armemulator.New(armemulator.SeedForNodes(subscription, resourceGroup, emuNodes, armemulator.Topology{Internal: true}),
 		armemulator.Options{Async: true, AsyncPolls: 1})
+	for key := range s.emu.AdminStates() {
+		s.entries = append(s.entries, key)
+	}
 	front, err := armemulator.StartFront(fmt.Sprintf("127.0.0.1:%d", harness.FreePort(t)), s.emu)
 	if err != nil {
 		t.Fatal(err)
@@ -309,21 +323,14 @@ func (s *soak) round(t *testing.T, round int) {
 	}
 }
 
-// createTargets adds the round's nodes to the load balancers (as
-// cloud-provider-azure does when their VMs join) and creates them, under a
-// NodeDisruptionBudget allowing 2 unavailable.
+// createTargets creates the round's nodes under a NodeDisruptionBudget
+// allowing 2 unavailable.
 func (s *soak) createTargets(t *testing.T, round int, pool string) []string {
 	t.Helper()
 	var names []string
-	var nodes []*corev1.Node
-	for i := range soakTargets {
-		name := fmt.Sprintf("%s-r%d-%d", s.run, round, i)
-		names = append(names, name)
-		nodes = append(nodes, s.node(name, pool, 1000+round*10+i, fmt.Sprintf("10.251.%d.%d", round%250, 4+i), fmt.Sprintf("fd00:251:%x::%d", round, 4+i)))
-	}
-	addEntries(t, s.emu, nodes)
-	for _, n := range nodes {
+	for _, n := range s.targets(round) {
 		harness.MustCreate(t, env.Client, n)
+		names = append(names, n.Name)
 	}
 	ndb := builder.NDB(pool, builder.NDBSelecting(soakPoolLabel, pool), builder.NDBMaxUnavailable(fmt.Sprint(soakMaxUnavailable)))
 	harness.MustCreate(t, env.Client, ndb)
@@ -348,31 +355,15 @@ func waitReadyWithFinalizer(t *testing.T, name string) {
 	}, "node %s is Ready and carries the termination finalizer", name)
 }
 
-// addEntries puts each node's IPs into the backend pools of its family.
-func addEntries(t *testing.T, emu *armemulator.Server, nodes []*corev1.Node) {
-	t.Helper()
-	vnet := fmt.Sprintf("/subscriptions/%s/resourceGroups/%s/providers/Microsoft.Network/virtualNetworks/aks-vnet", subscription, resourceGroup)
-	for _, p := range emu.State() {
-		v6 := strings.HasSuffix(p.Pool, "-IPv6")
-		ok := emu.MutatePool(p.LoadBalancer, p.Pool, func(pool *armnetwork.BackendAddressPool) {
-			for _, n := range nodes {
-				for _, ip := range internalIPs(n) {
-					if strings.Contains(ip, ":") != v6 {
-						continue
-					}
-					pool.Properties.LoadBalancerBackendAddresses = append(pool.Properties.LoadBalancerBackendAddresses, &armnetwork.LoadBalancerBackendAddress{
-						Name: ptr.To(n.Name),
-						Properties: &armnetwork.LoadBalancerBackendAddressPropertiesFormat{
-							IPAddress: ptr.To(ip), VirtualNetwork: &armnetwork.SubResource{ID: ptr.To(vnet)},
-						},
-					})
-				}
-			}
-		})
-		if !ok {
-			t.Fatalf("pool %s/%s vanished", p.LoadBalancer, p.Pool)
-		}
+// targets are a round's nodes: dual stack, in their own pool.
+func (s *soak) targets(round int) []*corev1.Node {
+	var nodes []*corev1.Node
+	for i := range soakTargets {
+		name := fmt.Sprintf("%s-r%d-%d", s.run, round, i)
+		nodes = append(nodes, s.node(name, fmt.Sprintf("%s-round-%d", s.run, round), 1000+round*10+i,
+			fmt.Sprintf("10.251.%d.%d", round%250, 4+i), fmt.Sprintf("fd00:251:%x::%d", round, 4+i)))
 	}
+	return nodes
 }
 
 // createWorkloads puts the round's pods on its targets: the spares are
@@ -509,7 +500,7 @@ func (s *soak) finish(t *testing.T, rounds int, elapsed time.Duration) {
 		t.Errorf("%d leader kills, want at least %d", kills, s.plan.minKills)
 	}
 	entries := s.checkEntries(t)
-	calls, bound := s.checkARMCalls(t, kills, hit, elapsed)
+	calls, bound := s.checkARMCalls(t, hit, elapsed)
 	leases := s.checkLeases(t)
 
 	s.mu.Lock()
@@ -560,10 +551,12 @@ func (r *replica) running() bool {
 
 // checkEntries checks every backend entry once the admin state settled:
 //
-//   - entries of the nodes that stay (the spares) are None: a node that is
-//     not deleted never keeps its traffic cut;
+//   - no entry is lost;
+//   - entries of the nodes that stay (the spares, and the nodes of rounds
+//     not run) are None: a node that is not deleted never keeps its traffic
+//     cut;
 //   - the outbound-only pool is never touched (None);
-//   - wantReleasedEntry gives the state of a released node's entries.
+//   - wantReleasedEntry gives the state of a released node's other entries.
 func (s *soak) checkEntries(t *testing.T) string {
 	t.Helper()
 	cut := map[string]bool{}
@@ -576,25 +569,29 @@ func (s *soak) checkEntries(t *testing.T) string {
 	}
 	tally := map[string]int{}
 	var wrong []string
-	for key, state := range s.emu.AdminStates() {
+	states := s.emu.AdminStates()
+	for key, state := range states {
 		parts := strings.Split(key, "/")
 		pool, node := parts[0]+"/"+parts[1], parts[2]
-		var want []string
-		switch {
-		case pool == "kubernetes/aksOutboundBackendPool" || slices.Contains(s.spares, node):
-			want = []string{"None"}
-		case slices.Contains(s.released, node):
-			want = wantReleasedEntry(cut[node])
-		default:
-			continue
-		}
+		want := []string{"None"} // the outbound pool, the spares, rounds not run
 		kind := "spare"
-		if slices.Contains(s.released, node) {
+		switch {
+		case slices.Contains(s.released, node):
 			kind = "released"
+			if pool != "kubernetes/aksOutboundBackendPool" {
+				want = wantReleasedEntry(cut[node])
+			}
+		case !slices.Contains(s.spares, node):
+			kind = "unused"
 		}
 		tally[kind+" "+state]++
 		if !slices.Contains(want, state) {
 			wrong = append(wrong, fmt.Sprintf("%s is %s, want %v (traffic cut confirmed: %v)", key, state, want, cut[node]))
+		}
+	}
+	for _, key := range s.entries {
+		if _, ok := states[key]; !ok {
+			wrong = append(wrong, key+" is gone: a pool write dropped it")
 		}
 	}
 	sort.Strings(wrong)
@@ -635,7 +632,9 @@ func armCallBound(released, starts, resyncs, faultHits int) int {
 	return 12*released + 5*starts + 5*resyncs + 10*faultHits
 }
 
-func (s *soak) checkARMCalls(t *testing.T, kills int, hit map[faultClass]int, elapsed time.Duration) (string, int) {
+// checkARMCalls counts nodeguard's ARM calls by method and resource and holds
+// them to armCallBound.
+func (s *soak) checkARMCalls(t *testing.T, hit map[faultClass]int, elapsed time.Duration) (string, int) {
 	t.Helper()
 	byKind := map[string]int{}
 	total := 0
@@ -654,7 +653,6 @@ func (s *soak) checkARMCalls(t *testing.T, kills int, hit map[faultClass]int, el
 	if total > bound {
 		t.Errorf("%d ARM calls, more than the bound of %d", total, bound)
 	}
-	_ = kills
 	return fmt.Sprintf("%d: %v", total, byKind), bound
 }
 
