@@ -47,6 +47,29 @@ test: tools ## Run unit, integration and e2e tests (builds the control-plane too
 test-unit: ## Run only the tests that need no control plane.
 	$(GO) test -short $(TEST_FLAGS) ./...
 
+.PHONY: test-race
+test-race: tools ## Run under the race detector: every package's tests that need no control plane (-short), then the webhook package against its control plane.
+	$(GO) test -race -short $(TEST_FLAGS) ./...
+	$(GO) test -race -timeout 20m $(TEST_FLAGS) ./webhook
+
+SOAK ?= 20m
+
+.PHONY: soak
+soak: tools ## Chaos soak for SOAK (default 20m): two replicas, leader SIGKILLed 20+ times, ARM faults, rounds of 6 node deletions; prints its figures (make test runs a short version).
+	NODEGUARD_SOAK=$(SOAK) $(GO) test -count=1 -run '^TestChaosSoak$$' -v -timeout 90m $(TEST_FLAGS) ./test/e2e
+
+FUZZTIME ?= 5m
+
+.PHONY: fuzz
+fuzz: ## Run every fuzz target for FUZZTIME each (default 5m), one after another; a crasher lands in the package's testdata/fuzz.
+	@set -e; for file in $$(grep -rl --include='*_test.go' '^func Fuzz' . | grep -v '^./bin/' | sort); do \
+		dir=$$(dirname $$file); \
+		for target in $$(sed -n 's/^func \(Fuzz[A-Za-z0-9_]*\)(.*/\1/p' $$file); do \
+			echo "fuzzing $$target in $$dir for $(FUZZTIME)"; \
+			$(GO) test -short -run '^$$' -fuzz "^$$target\$$" -fuzztime $(FUZZTIME) -fuzzminimizetime 10s $$dir; \
+		done; \
+	done
+
 .PHONY: test-chart
 test-chart: ## Render the Helm chart and compare it with the kustomize manifests (module test/chart).
 	cd test/chart && $(GO) test $(TEST_FLAGS) ./...

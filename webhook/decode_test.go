@@ -66,6 +66,7 @@ func TestFinalizerHandler(t *testing.T) {
 		{name: "deleting node is left alone",
 			req:         request(admissionv1.Update, `{"apiVersion":"v1","kind":"Node","metadata":{"name":"n","labels":{"managed":"yes"},"deletionTimestamp":"2026-11-21T10:00:00Z"}}`, ""),
 			wantAllowed: true},
+		{name: "a review without an operation is a 400", req: request("", "", ""), wantCode: http.StatusBadRequest},
 		{name: "garbage is a 400", req: request(admissionv1.Create, `{"kind":`, ""), wantCode: http.StatusBadRequest},
 		{name: "wrong kind is a 400", req: request(admissionv1.Create, `{"apiVersion":"v1","kind":"Pod","metadata":{"name":"p"}}`, ""), wantCode: http.StatusBadRequest},
 		{name: "missing object is a 400", req: request(admissionv1.Create, "", ""), wantCode: http.StatusBadRequest},

@@ -21,6 +21,7 @@ import (
 	ngv1alpha1 "github.com/nodeguard/nodeguard/api/v1alpha1"
 	"github.com/nodeguard/nodeguard/test/builder"
 	"github.com/nodeguard/nodeguard/test/harness"
+	ngwebhook "github.com/nodeguard/nodeguard/webhook"
 )
 
 func getNode(t *testing.T, name string) *corev1.Node {
@@ -142,21 +143,23 @@ func getBudget(t *testing.T, name string) *ngv1alpha1.NodeDisruptionBudget {
 }
 
 // TestConcurrentDeletesNeverOverAdmit sends 50 concurrent deletions of distinct
-// nodes under maxUnavailable 3 through the API server, 20 times, first to one
-// webhook server and then to two answering in turn: exactly 3 are admitted
-// every time, since budgets are charged by conditional status writes and no
-// in-memory lock.
+// nodes under maxUnavailable 3 through the API server, 20 times, to one, two
+// and three webhook servers answering in turn: exactly 3 are admitted every
+// time, since budgets are charged by conditional status writes and no
+// in-memory lock. The servers speak HTTP/1.1 as nodeguard does, so the API
+// server's concurrent calls spread over them; each must answer its share.
 func TestConcurrentDeletesNeverOverAdmit(t *testing.T) {
 	harness.SkipWithoutEnv(t, env)
 	const rounds, nodes, budget = 20, 50, 3
-	one := startGuard(t, false)
-	for _, servers := range []int{1, 2} {
+	all := []*guard{startGuard(t, false), startGuard(t, false), startGuard(t, false)}
+	for servers := 1; servers <= len(all); servers++ {
 		t.Run(fmt.Sprintf("%d webhook servers", servers), func(t *testing.T) {
-			guards := []*guard{one}
-			if servers == 2 {
-				guards = append(guards, startGuard(t, false))
-			}
+			guards := all[:servers]
 			useGuards(t, guards...)
+			before := make([][2]int, servers)
+			for i, g := range guards {
+				before[i][0], before[i][1] = g.answers.counts(ngwebhook.DeletePath)
+			}
 			for round := range rounds {
 				pool := fmt.Sprintf("race-%d-%d", servers, round)
 				names := createReadyNodes(t, pool, nodes)
@@ -174,7 +177,33 @@ func TestConcurrentDeletesNeverOverAdmit(t *testing.T) {
 					t.Fatalf("round %d: %d nodes deleting, disruptedNodes %v; want %d", round, deleting, ndb.Status.DisruptedNodes, budget)
 				}
 			}
+			requireShares(t, guards, before, rounds*nodes)
 		})
+	}
+}
+
+// requireShares logs how many DELETE reviews each guard answered (and allowed)
+// since before, and fails unless each answered at least a third of an even
+// share of the calls: proof that the race ran across every server.
+func requireShares(t *testing.T, guards []*guard, before [][2]int, deletes int) {
+	t.Helper()
+	answered := make([]int, len(guards))
+	total := 0
+	var shares []string
+	for i, g := range guards {
+		n, allowed := g.answers.counts(ngwebhook.DeletePath)
+		answered[i] = n - before[i][0]
+		total += answered[i]
+		shares = append(shares, fmt.Sprintf("server %d answered %d (allowed %d)", i+1, answered[i], allowed-before[i][1]))
+	}
+	t.Logf("%d deletes, %d DELETE reviews: %s", deletes, total, strings.Join(shares, "; "))
+	if total < deletes {
+		t.Fatalf("%d DELETE reviews answered for %d deletes: some calls never reached a guard", total, deletes)
+	}
+	for i, n := range answered {
+		if n < total/(3*len(guards)) {
+			t.Errorf("server %d answered %d of %d DELETE reviews, less than a third of an even share", i+1, n, total)
+		}
 	}
 }
 

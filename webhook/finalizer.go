@@ -2,6 +2,7 @@ package webhook
 
 import (
 	"context"
+	"errors"
 	"net/http"
 	"slices"
 	"time"
@@ -41,6 +42,11 @@ func (h *FinalizerHandler) Handle(_ context.Context, req admission.Request) admi
 }
 
 func (h *FinalizerHandler) decide(req admission.Request) (admission.Response, string, string) {
+	if req.Operation == "" {
+		// Not a review the API server sends (an empty body, JSON that is no
+		// AdmissionReview, a review without a request).
+		return admission.Errored(http.StatusBadRequest, errors.New("admission review has no request operation")), resultError, reasonInvalidRequest
+	}
 	if req.Operation != admissionv1.Create && req.Operation != admissionv1.Update {
 		return admission.Allowed(""), resultAllowed, reasonNone
 	}
@@ -64,6 +70,6 @@ func addFinalizerPatch(existing []string) jsonpatch.Operation {
 }
 
 func observe(op admissionv1.Operation, result, reason string, start time.Time) {
-	decisions.WithLabelValues(string(op), result, reason).Inc()
-	latency.WithLabelValues(string(op)).Observe(time.Since(start).Seconds())
+	decisions.WithLabelValues(operationLabel(op), result, reason).Inc()
+	latency.WithLabelValues(operationLabel(op)).Observe(time.Since(start).Seconds())
 }

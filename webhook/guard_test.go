@@ -3,15 +3,14 @@ package webhook_test
 import (
 	"context"
 	"crypto/tls"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"path/filepath"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -38,7 +37,7 @@ import (
 
 var (
 	env   *harness.Env
-	front *proxy // where the installed webhook configurations point
+	front *harness.WebhookFront // where the installed webhook configurations point
 )
 
 func TestMain(m *testing.M) {
@@ -50,11 +49,13 @@ func TestMain(m *testing.M) {
 type guard struct {
 	addr string
 	stop func()
+	// answers counts the admission reviews this guard's webhook server answered.
+	answers *answerCounter
 }
 
 func startGuard(t *testing.T, backfill bool) *guard {
 	t.Helper()
-	mgr, addr := newManager(t)
+	mgr, addr, answers := newManager(t)
 	ngwebhook.Register(mgr, ngwebhook.Options{Managed: labels.Everything(), DeleteTimeout: ngwebhook.DefaultDeleteTimeout})
 	if err := (&budget.StatusReconciler{Client: mgr.GetClient(), Clock: clock.RealClock{}, ClaimTimeout: budget.DefaultClaimTimeout}).SetupWithManager(mgr); err != nil {
 		t.Fatal(err)
@@ -64,33 +65,96 @@ func startGuard(t *testing.T, backfill bool) *guard {
 			t.Fatal(err)
 		}
 	}
-	return run(t, mgr, addr)
+	return run(t, mgr, addr, answers)
 }
 
 // newManager makes a manager whose webhook server listens on a free local port
-// with the certificate the installed webhook configurations trust.
-func newManager(t *testing.T) (ctrl.Manager, string) {
+// with the certificate the installed webhook configurations trust. It serves
+// HTTP/1.1 only, as cmd/nodeguard does: kube-apiserver then opens a connection
+// per concurrent call instead of multiplexing them all over one HTTP/2
+// connection, so the front proxy spreads calls over several guards. Every
+// review the server answers is counted.
+func newManager(t *testing.T) (ctrl.Manager, string, *answerCounter) {
 	t.Helper()
 	port := harness.FreePort(t)
+	answers := &answerCounter{}
+	server := &countingServer{Server: webhook.NewServer(webhook.Options{
+		Host: "127.0.0.1", Port: port, CertDir: env.Webhook.LocalServingCertDir,
+		TLSOpts: []func(*tls.Config){func(c *tls.Config) { c.NextProtos = []string{"http/1.1"} }},
+	}), answers: answers}
 	mgr, err := ctrl.NewManager(env.Config, ctrl.Options{
 		Scheme:                 env.Scheme,
 		Metrics:                metricsserver.Options{BindAddress: "0"},
 		HealthProbeBindAddress: "0",
-		WebhookServer: webhook.NewServer(webhook.Options{
-			Host: "127.0.0.1", Port: port, CertDir: env.Webhook.LocalServingCertDir,
-		}),
+		WebhookServer:          server,
 		// Several guards run in one test process.
 		Controller: config.Controller{SkipNameValidation: ptr.To(true)},
 	})
 	if err != nil {
 		t.Fatal(err)
 	}
-	return mgr, fmt.Sprintf("127.0.0.1:%d", port)
+	return mgr, fmt.Sprintf("127.0.0.1:%d", port), answers
+}
+
+// countingServer is a webhook server whose hooks count what they answer.
+type countingServer struct {
+	webhook.Server
+	answers *answerCounter
+}
+
+func (s *countingServer) Register(path string, hook http.Handler) {
+	s.Server.Register(path, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		rec := &reviewRecorder{ResponseWriter: w}
+		hook.ServeHTTP(rec, r)
+		s.answers.add(path, rec.allowed())
+	}))
+}
+
+// answerCounter counts answered admission reviews by webhook path.
+type answerCounter struct {
+	mu      sync.Mutex
+	total   map[string]int
+	allowed map[string]int
+}
+
+func (c *answerCounter) add(path string, allowed bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.total == nil {
+		c.total, c.allowed = map[string]int{}, map[string]int{}
+	}
+	c.total[path]++
+	if allowed {
+		c.allowed[path]++
+	}
+}
+
+// counts returns how many reviews at path were answered, and how many allowed.
+func (c *answerCounter) counts(path string) (total, allowed int) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.total[path], c.allowed[path]
+}
+
+// reviewRecorder keeps the AdmissionReview a hook writes.
+type reviewRecorder struct {
+	http.ResponseWriter
+	body []byte
+}
+
+func (r *reviewRecorder) Write(b []byte) (int, error) {
+	r.body = append(r.body, b...)
+	return r.ResponseWriter.Write(b)
+}
+
+func (r *reviewRecorder) allowed() bool {
+	var review admissionv1.AdmissionReview
+	return json.Unmarshal(r.body, &review) == nil && review.Response != nil && review.Response.Allowed
 }
 
 // run starts the manager, waits until its webhook server serves, and stops it
 // when the test ends.
-func run(t *testing.T, mgr ctrl.Manager, addr string) *guard {
+func run(t *testing.T, mgr ctrl.Manager, addr string, answers *answerCounter) *guard {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
@@ -99,7 +163,7 @@ func run(t *testing.T, mgr ctrl.Manager, addr string) *guard {
 	harness.Eventually(t, 30*time.Second, func(context.Context) (bool, error) {
 		return checker(nil) == nil, nil
 	}, "the webhook server serves")
-	g := &guard{addr: addr}
+	g := &guard{addr: addr, answers: answers}
 	var once sync.Once
 	g.stop = func() {
 		once.Do(func() {
@@ -114,72 +178,22 @@ func run(t *testing.T, mgr ctrl.Manager, addr string) *guard {
 }
 
 // useGuards points the installed webhook configurations at the given guards
-// (round robin), starting the front proxy on first use.
+// (round robin), starting the front on first use.
 func useGuards(t *testing.T, guards ...*guard) {
 	t.Helper()
 	if front == nil {
-		addr := fmt.Sprintf("%s:%d", env.Webhook.LocalServingHost, env.Webhook.LocalServingPort)
-		p, err := newProxy(addr)
+		f, err := harness.StartWebhookFront(env.WebhookAddr())
 		if err != nil {
 			t.Fatal(err)
 		}
-		front = p
+		front = f
 	}
 	var addrs []string
 	for _, g := range guards {
 		addrs = append(addrs, g.addr)
 	}
-	front.setBackends(addrs)
-	t.Cleanup(func() { front.setBackends(nil) })
-}
-
-// proxy forwards TCP connections (TLS passes through) to its backends in
-// turn, so that two webhook servers answer one webhook configuration.
-type proxy struct {
-	mu       sync.Mutex
-	backends []string
-	next     atomic.Uint64
-}
-
-func newProxy(addr string) (*proxy, error) {
-	l, err := net.Listen("tcp", addr)
-	if err != nil {
-		return nil, err
-	}
-	p := &proxy{}
-	go func() {
-		for {
-			conn, err := l.Accept()
-			if err != nil {
-				return
-			}
-			go p.serve(conn)
-		}
-	}()
-	return p, nil
-}
-
-func (p *proxy) setBackends(addrs []string) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	p.backends = addrs
-}
-
-func (p *proxy) serve(conn net.Conn) {
-	defer conn.Close()
-	p.mu.Lock()
-	backends := p.backends
-	p.mu.Unlock()
-	if len(backends) == 0 {
-		return // nodeguard is "down"
-	}
-	upstream, err := net.Dial("tcp", backends[p.next.Add(1)%uint64(len(backends))])
-	if err != nil {
-		return
-	}
-	defer upstream.Close()
-	go func() { _, _ = io.Copy(upstream, conn) }()
-	_, _ = io.Copy(conn, upstream)
+	front.SetBackends(addrs...)
+	t.Cleanup(func() { front.SetBackends() })
 }
 
 // createReadyNodes creates Ready nodes named prefix-0..n-1 with the label pool=prefix.
@@ -265,7 +279,7 @@ func TestWebhookServerAnswersMalformedReviews(t *testing.T) {
 // termination finalizer by an API patch during DELETE admission and allows.
 func startExperiment(t *testing.T) *guard {
 	t.Helper()
-	mgr, addr := newManager(t)
+	mgr, addr, answers := newManager(t)
 	allow := webhook.Admission{Handler: admission.HandlerFunc(func(ctx context.Context, req admission.Request) admission.Response {
 		if req.Operation == admissionv1.Delete {
 			patch := []byte(`{"metadata":{"finalizers":["` + ngv1alpha1.TerminationFinalizer + `"]}}`)
@@ -279,5 +293,5 @@ func startExperiment(t *testing.T) *guard {
 	mgr.GetWebhookServer().Register(ngwebhook.FinalizerPath, &webhook.Admission{Handler: admission.HandlerFunc(
 		func(context.Context, admission.Request) admission.Response { return admission.Allowed("") })})
 	mgr.GetWebhookServer().Register(ngwebhook.DeletePath, &allow)
-	return run(t, mgr, addr)
+	return run(t, mgr, addr, answers)
 }

@@ -2,6 +2,7 @@ package webhook
 
 import (
 	"github.com/prometheus/client_golang/prometheus"
+	admissionv1 "k8s.io/api/admission/v1"
 	"sigs.k8s.io/controller-runtime/pkg/metrics"
 )
 
@@ -36,10 +37,21 @@ const (
 	reasonKarpenter = "karpenter"
 )
 
+// operationLabel bounds the operation label to the operations the API server
+// sends: anyone who can reach the webhook Service can post a review, and an
+// operation of their choosing must not become a new time series.
+func operationLabel(op admissionv1.Operation) string {
+	switch op {
+	case admissionv1.Create, admissionv1.Update, admissionv1.Delete, admissionv1.Connect:
+		return string(op)
+	}
+	return "other"
+}
+
 var (
 	decisions = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "nodeguard_admission_requests_total",
-		Help: "Node admission decisions by operation (CREATE, UPDATE, DELETE), result (allowed, patched, denied, error) and reason (why denied; unavailable_node: an unavailable node's deletion admitted without a disruption; instance_gone: a NotReady node whose cloud instance is gone; karpenter: a node Karpenter terminates).",
+		Help: "Node admission decisions by operation (CREATE, UPDATE, DELETE; other for a malformed review), result (allowed, patched, denied, error) and reason (why denied; unavailable_node: an unavailable node's deletion admitted without a disruption; instance_gone: a NotReady node whose cloud instance is gone; karpenter: a node Karpenter terminates).",
 	}, []string{labelOperation, labelResult, labelReason})
 	latency = prometheus.NewHistogramVec(prometheus.HistogramOpts{
 		Name:    "nodeguard_admission_duration_seconds",

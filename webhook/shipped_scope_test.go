@@ -120,12 +120,12 @@ func TestWithNodeguardDownADeletingNodeCanBeDeletedAgain(t *testing.T) {
 // the nodes of managed (nodeguard's --node-selector).
 func startManagingGuard(t *testing.T, managed labels.Selector) *guard {
 	t.Helper()
-	mgr, addr := newManager(t)
+	mgr, addr, answers := newManager(t)
 	ngwebhook.Register(mgr, ngwebhook.Options{Managed: managed, DeleteTimeout: ngwebhook.DefaultDeleteTimeout})
 	if err := (&budget.StatusReconciler{Client: mgr.GetClient(), Clock: clock.RealClock{}, ClaimTimeout: budget.DefaultClaimTimeout}).SetupWithManager(mgr); err != nil {
 		t.Fatal(err)
 	}
-	return run(t, mgr, addr)
+	return run(t, mgr, addr, answers)
 }
 
 // admissionCalls counts every admission request the webhook servers of this
@@ -205,7 +205,7 @@ func installShippedWebhooks(t *testing.T, components ...string) {
 	waitForDeleteWebhookScope(t, probe, false)
 
 	t.Cleanup(func() {
-		front.setBackends(nil) // down again, so that the probe tells
+		front.SetBackends() // down again, so that the probe tells
 		for _, old := range restore {
 			cur := old.DeepCopyObject().(client.Object)
 			if err := env.Client.Get(ctx, client.ObjectKeyFromObject(old), cur); err != nil {

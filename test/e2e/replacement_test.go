@@ -184,7 +184,7 @@ func watchReady(t *testing.T, ns, app string) *readyLog {
 			if l.armed {
 				l.observe()
 			}
-		})
+		}, nil)
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	l.armed = true

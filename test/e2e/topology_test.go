@@ -3,7 +3,6 @@ package e2e
 import (
 	"context"
 	"fmt"
-	"sync"
 	"testing"
 	"time"
 
@@ -14,7 +13,6 @@ import (
 	policyv1 "k8s.io/api/policy/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -196,82 +194,15 @@ func evictablePodsOn(ctx context.Context, ns, node string) ([]corev1.Pod, error)
 	return out, nil
 }
 
-// budgetMonitor watches the protected workloads' pods and records every moment
-// one had fewer healthy (Ready, not deleting) pods than its PDB requires.
-type budgetMonitor struct {
-	mu         sync.Mutex
-	violations []string
-	stop       func()
-}
-
-func watchBudgets(t *testing.T, ns string) *budgetMonitor {
+// watchBudgets records every moment a protected workload of the topology had
+// fewer healthy pods than its PDB requires.
+func watchBudgets(t *testing.T, ns string) *podBudgetLog {
 	t.Helper()
-	wc, err := client.NewWithWatch(env.Config, client.Options{Scheme: env.Scheme})
-	if err != nil {
-		t.Fatal(err)
+	minHealthy := map[string]int{}
+	for _, b := range budgets {
+		minHealthy[b.app] = b.minHealthy
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	var pods corev1.PodList
-	if err := wc.List(ctx, &pods, client.InNamespace(ns)); err != nil {
-		t.Fatal(err)
-	}
-	w, err := wc.Watch(ctx, &corev1.PodList{}, client.InNamespace(ns), &client.ListOptions{Raw: &metav1.ListOptions{ResourceVersion: pods.ResourceVersion}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	m := &budgetMonitor{}
-	healthy := map[string]map[string]bool{} // app -> pod -> healthy
-	record := func(p *corev1.Pod, deleted bool) string {
-		app := p.Labels["app"]
-		if healthy[app] == nil {
-			healthy[app] = map[string]bool{}
-		}
-		healthy[app][p.Name] = !deleted && p.DeletionTimestamp == nil && harness.PodReady(p)
-		return app
-	}
-	update := func(p *corev1.Pod, deleted bool) {
-		app := record(p, deleted)
-		for _, b := range budgets {
-			if b.app != app {
-				continue
-			}
-			n := 0
-			for _, ok := range healthy[app] {
-				if ok {
-					n++
-				}
-			}
-			if n < b.minHealthy {
-				m.mu.Lock()
-				m.violations = append(m.violations, fmt.Sprintf("%s: %d healthy pods, PDB requires %d", app, n, b.minHealthy))
-				m.mu.Unlock()
-			}
-		}
-	}
-	for i := range pods.Items {
-		record(&pods.Items[i], false)
-	}
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		for ev := range w.ResultChan() {
-			if p, ok := ev.Object.(*corev1.Pod); ok {
-				update(p, ev.Type == watch.Deleted)
-			}
-		}
-	}()
-	m.stop = func() { cancel(); w.Stop(); <-done }
-	t.Cleanup(m.stop)
-	return m
-}
-
-func (m *budgetMonitor) check(t *testing.T) {
-	t.Helper()
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	if len(m.violations) > 0 {
-		t.Errorf("PodDisruptionBudgets were violated %d times, first: %s", len(m.violations), m.violations[0])
-	}
+	return watchPodBudgets(t, ns, minHealthy)
 }
 
 // waitLeaseGone waits until the node's maintenance Lease is gone: it is owned

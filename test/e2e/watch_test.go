@@ -3,22 +3,30 @@ package e2e
 import (
 	"context"
 	"fmt"
+	"maps"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
 
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/watch"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	ngv1alpha1 "github.com/nodeguard/nodeguard/api/v1alpha1"
+	"github.com/nodeguard/nodeguard/test/harness"
 )
 
 // startWatch lists objects and watches them from the list's resource version,
-// calling handle for each (listed ones as watch.Added), until the test ends.
-func startWatch(t *testing.T, list client.ObjectList, opts []client.ListOption, handle func(watch.EventType, client.Object)) {
+// calling handle for each (listed ones as watch.Added, then synced if not nil)
+// in order, until the test ends. When the API server ends the watch (its request timeout), the watch
+// resumes from the last resource version seen, which bookmarks keep fresh, so
+// handle sees every change. A watch that cannot resume, or that reports an
+// error, fails the test: whatever it monitors may have been missed.
+func startWatch(t *testing.T, list client.ObjectList, opts []client.ListOption, handle func(watch.EventType, client.Object), synced func()) {
 	t.Helper()
 	wc, err := client.NewWithWatch(env.Config, client.Options{Scheme: env.Scheme})
 	if err != nil {
@@ -37,21 +45,59 @@ func startWatch(t *testing.T, list client.ObjectList, opts []client.ListOption, 
 	for _, obj := range items {
 		handle(watch.Added, obj)
 	}
-	w, err := wc.Watch(ctx, list, append(opts, &client.ListOptions{Raw: &metav1.ListOptions{ResourceVersion: list.GetResourceVersion()}})...)
-	if err != nil {
-		cancel()
-		t.Fatal(err)
+	if synced != nil {
+		synced()
 	}
+	rv := list.GetResourceVersion()
+	var broken error
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		for ev := range w.ResultChan() {
-			if obj, ok := ev.Object.(client.Object); ok && (ev.Type == watch.Added || ev.Type == watch.Modified || ev.Type == watch.Deleted) {
-				handle(ev.Type, obj)
+		for ctx.Err() == nil {
+			w, err := wc.Watch(ctx, list, append(opts, &client.ListOptions{Raw: &metav1.ListOptions{ResourceVersion: rv, AllowWatchBookmarks: true}})...)
+			if err != nil {
+				if ctx.Err() == nil {
+					broken = fmt.Errorf("resuming the watch of %T from resource version %s: %w", list, rv, err)
+				}
+				return
+			}
+			if rv, err = follow(w, rv, handle); err != nil {
+				if ctx.Err() == nil { // not the test ending the watch
+					broken = err
+				}
+				return
 			}
 		}
 	}()
-	t.Cleanup(func() { cancel(); w.Stop(); <-done })
+	t.Cleanup(func() {
+		cancel()
+		<-done
+		if broken != nil {
+			t.Errorf("a watch this test relies on broke, so it may have missed changes: %v", broken)
+		}
+	})
+}
+
+// follow hands a watch's events to handle until the watch ends, and returns
+// the last resource version seen, or the error the watch reported.
+func follow(w watch.Interface, rv string, handle func(watch.EventType, client.Object)) (string, error) {
+	defer w.Stop()
+	for ev := range w.ResultChan() {
+		switch ev.Type {
+		case watch.Error:
+			return rv, fmt.Errorf("watch error: %v", apierrors.FromObject(ev.Object))
+		case watch.Bookmark, watch.Added, watch.Modified, watch.Deleted:
+			obj, ok := ev.Object.(client.Object)
+			if !ok {
+				continue
+			}
+			rv = obj.GetResourceVersion()
+			if ev.Type != watch.Bookmark {
+				handle(ev.Type, obj)
+			}
+		}
+	}
+	return rv, nil
 }
 
 func metaItems(list client.ObjectList) ([]client.Object, error) {
@@ -96,7 +142,7 @@ func watchCondition(t *testing.T, node string) *conditionLog {
 				}
 				l.mu.Unlock()
 			}
-		})
+		}, nil)
 	return l
 }
 
@@ -165,7 +211,7 @@ func watchTiers(t *testing.T, ns, node string, tierOf func(*corev1.Pod) int) *ti
 			} else {
 				l.present[pod.Name] = tier
 			}
-		})
+		}, nil)
 	return l
 }
 
@@ -183,4 +229,171 @@ func (l *tierLog) check(t *testing.T, last int) {
 	if len(l.violations) > 0 {
 		t.Errorf("evictions out of tier order (%d), first: %s", len(l.violations), l.violations[0])
 	}
+}
+
+// podBudgetLog records, from a watch of a namespace's pods, every moment a
+// workload (pods labelled app=<name>) had fewer healthy pods, Ready and not
+// being deleted, than its PodDisruptionBudget's desired healthy count: what
+// the disruption controller counts, seen on every pod change rather than
+// sampled.
+type podBudgetLog struct {
+	mu         sync.Mutex
+	minHealthy map[string]int
+	healthy    map[string]map[string]bool // app -> pod -> healthy
+	lowest     map[string]int
+	violations []string
+}
+
+// watchPodBudgets starts recording; every app in minHealthy must have that
+// many healthy pods from now on.
+func watchPodBudgets(t *testing.T, ns string, minHealthy map[string]int) *podBudgetLog {
+	t.Helper()
+	l := &podBudgetLog{minHealthy: minHealthy, healthy: map[string]map[string]bool{}, lowest: map[string]int{}}
+	armed := false
+	startWatch(t, &corev1.PodList{}, []client.ListOption{client.InNamespace(ns)}, func(typ watch.EventType, obj client.Object) {
+		pod := obj.(*corev1.Pod)
+		app := pod.Labels["app"]
+		if _, ok := minHealthy[app]; !ok {
+			return
+		}
+		l.mu.Lock()
+		defer l.mu.Unlock()
+		if l.healthy[app] == nil {
+			l.healthy[app] = map[string]bool{}
+		}
+		l.healthy[app][pod.Name] = typ != watch.Deleted && pod.DeletionTimestamp == nil && harness.PodReady(pod)
+		if armed {
+			l.record(app)
+		}
+	}, func() {
+		// Every pod is listed: from here on each change is checked.
+		l.mu.Lock()
+		defer l.mu.Unlock()
+		armed = true
+		for app := range minHealthy {
+			l.record(app)
+		}
+	})
+	return l
+}
+
+// record notes app's healthy count now. Call with l.mu held.
+func (l *podBudgetLog) record(app string) {
+	n := 0
+	for _, ok := range l.healthy[app] {
+		if ok {
+			n++
+		}
+	}
+	if low, seen := l.lowest[app]; !seen || n < low {
+		l.lowest[app] = n
+	}
+	if n < l.minHealthy[app] {
+		l.violations = append(l.violations, fmt.Sprintf("%s: %d healthy pods, its PDB requires %d", app, n, l.minHealthy[app]))
+	}
+}
+
+// check fails the test if any workload was ever below its PDB.
+func (l *podBudgetLog) check(t *testing.T) {
+	t.Helper()
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if len(l.violations) > 0 {
+		t.Errorf("PodDisruptionBudgets were violated %d times, first: %s", len(l.violations), l.violations[0])
+	}
+}
+
+// lowestHealthy is the fewest healthy pods each workload had.
+func (l *podBudgetLog) lowestHealthy() map[string]int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return maps.Clone(l.lowest)
+}
+
+// nodeBudgetLog records, from a watch of a pool's nodes, every moment more of
+// them were unavailable than a NodeDisruptionBudget allows: not Ready, being
+// deleted, or carrying the draining or a signal taint.
+type nodeBudgetLog struct {
+	mu             sync.Mutex
+	maxUnavailable int
+	unavailable    map[string]bool
+	armed          bool
+	most           int
+	violations     []string
+}
+
+// watchNodeBudget starts watching the nodes labelled soak-pool=pool; call arm
+// once they are all up.
+func watchNodeBudget(t *testing.T, pool string, maxUnavailable int) *nodeBudgetLog {
+	t.Helper()
+	l := &nodeBudgetLog{maxUnavailable: maxUnavailable, unavailable: map[string]bool{}}
+	startWatch(t, &corev1.NodeList{}, []client.ListOption{client.MatchingLabels{soakPoolLabel: pool}}, func(typ watch.EventType, obj client.Object) {
+		node := obj.(*corev1.Node)
+		l.mu.Lock()
+		defer l.mu.Unlock()
+		if typ == watch.Deleted || !nodeUnavailable(node) {
+			delete(l.unavailable, node.Name)
+		} else {
+			l.unavailable[node.Name] = true
+		}
+		if l.armed {
+			l.record()
+		}
+	}, nil)
+	return l
+}
+
+// arm checks every change from now on.
+func (l *nodeBudgetLog) arm() {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.armed = true
+	l.record()
+}
+
+// record notes the unavailable nodes now. Call with l.mu held.
+func (l *nodeBudgetLog) record() {
+	l.most = max(l.most, len(l.unavailable))
+	if len(l.unavailable) > l.maxUnavailable {
+		l.violations = append(l.violations, fmt.Sprintf("%d nodes unavailable at once (%v), the budget allows %d",
+			len(l.unavailable), slices.Sorted(maps.Keys(l.unavailable)), l.maxUnavailable))
+	}
+}
+
+// check fails the test if the budget was ever exceeded.
+func (l *nodeBudgetLog) check(t *testing.T) {
+	t.Helper()
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if len(l.violations) > 0 {
+		t.Errorf("the NodeDisruptionBudget was exceeded %d times, first: %s", len(l.violations), l.violations[0])
+	}
+}
+
+// mostUnavailable is the most nodes ever unavailable at once since arm.
+func (l *nodeBudgetLog) mostUnavailable() int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.most
+}
+
+// nodeUnavailable is a NodeDisruptionBudget's "unavailable", written out here
+// rather than taken from nodeguard.
+func nodeUnavailable(n *corev1.Node) bool {
+	if n.DeletionTimestamp != nil || !nodeReady(n) {
+		return true
+	}
+	return slices.ContainsFunc(n.Spec.Taints, func(t corev1.Taint) bool {
+		switch t.Key {
+		case ngv1alpha1.DrainingTaintKey, ngv1alpha1.OutOfServiceTaintKey, ngv1alpha1.CloudShutdownTaintKey:
+			return true
+		}
+		return t.Key == ngv1alpha1.SpotEvictionTaintKey && t.Value == ngv1alpha1.SpotEvictionTaintValue
+	})
+}
+
+func nodeReady(n *corev1.Node) bool {
+	return slices.ContainsFunc(n.Status.Conditions, func(c corev1.NodeCondition) bool {
+		return c.Type == corev1.NodeReady && c.Status == corev1.ConditionTrue
+	})
 }

@@ -64,12 +64,22 @@ type Nodeguard struct {
 // StartNodeguardProcess runs binary with args, appending its output to logPath.
 // It dies with its parent, and runs in a process group of its own.
 func StartNodeguardProcess(binary, logPath string, args ...string) (*Nodeguard, error) {
+	return StartNodeguardProcessWithEnv(binary, logPath, nil, args...)
+}
+
+// StartNodeguardProcessWithEnv is StartNodeguardProcess with environment
+// variables ("NAME=value") added to the test process's own, e.g. a replica's
+// POD_NAME.
+func StartNodeguardProcessWithEnv(binary, logPath string, env []string, args ...string) (*Nodeguard, error) {
 	logFile, err := os.OpenFile(logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
 	if err != nil {
 		return nil, err
 	}
 	n := &Nodeguard{LogPath: logPath, done: make(chan struct{})}
 	n.cmd = exec.Command(binary, args...)
+	if len(env) > 0 {
+		n.cmd.Env = append(os.Environ(), env...)
+	}
 	n.cmd.Stdout, n.cmd.Stderr = logFile, logFile
 	n.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
 	if err := n.cmd.Start(); err != nil {

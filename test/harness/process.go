@@ -72,6 +72,9 @@ func (p *process) stop() {
 	}
 }
 
+// LogTail returns the last lines of a log file, for a failing test.
+func LogTail(path string, lines int) string { return tail(path, lines) }
+
 // tail returns the last n lines of a log file.
 func tail(path string, n int) string {
 	data, err := os.ReadFile(path)

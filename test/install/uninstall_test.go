@@ -68,12 +68,8 @@ func TestUninstallReleasesEveryNode(t *testing.T) {
 	d.Spec.Template.Spec.TopologySpreadConstraints = nil
 	d.Spec.Template.Spec.PriorityClassName = ""
 	harness.MustCreate(t, env.Client, d)
-	emu, err := armemulator.Start("127.0.0.1:0", armemulator.Seed{Subscription: subscription, ResourceGroup: resourceGroup}, armemulator.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { emu.Close() })
-	ng := startNodeguard(t, emu, azureJSON("unused"))
+	az := newAzure(t, armemulator.Seed{Subscription: subscription, ResourceGroup: resourceGroup}, "uninstall-test-client-secret", false)
+	ng := startNodeguard(t, az)
 	harness.Eventually(t, time.Minute, func(ctx context.Context) (bool, error) {
 		err := env.Client.Get(ctx, client.ObjectKeyFromObject(d), d)
 		return err == nil && d.Status.ReadyReplicas == 2, err
@@ -140,7 +136,7 @@ func TestUninstallReleasesEveryNode(t *testing.T) {
 
 	cmd := exec.Command(nodeguardBinary(t), "uninstall", "--kubeconfig="+env.Kubeconfig, "--drain-wait=25s", "--stop-wait=60s")
 	cmd.Stdout, cmd.Stderr = &out, &out
-	err = cmd.Run()
+	err := cmd.Run()
 	<-stopped
 	t.Logf("nodeguard uninstall:\n%s", out.String())
 	if err != nil {
