@@ -81,6 +81,13 @@ func (r *replica) kill() {
 	}
 }
 
+// running reports whether the replica's process was started and not stopped.
+func (r *replica) running() bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.proc != nil
+}
+
 // stop sends SIGTERM, as a rolling update does, and waits for the exit.
 func (r *replica) stop(grace time.Duration) error {
 	r.mu.Lock()
@@ -96,10 +103,7 @@ func (r *replica) stop(grace time.Duration) error {
 // leads reports whether the replica runs and says it holds the leader
 // election Lease (nodeguard_leader_is_leader).
 func (r *replica) leads(ctx context.Context) bool {
-	r.mu.Lock()
-	running := r.proc != nil
-	r.mu.Unlock()
-	if !running {
+	if !r.running() {
 		return false
 	}
 	ctx, cancel := context.WithTimeout(ctx, time.Second)

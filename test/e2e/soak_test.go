@@ -543,12 +543,6 @@ func (s *soak) starts() int {
 	return n
 }
 
-func (r *replica) running() bool {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	return r.proc != nil
-}
-
 // checkEntries checks every backend entry once the admin state settled:
 //
 //   - no entry is lost;
