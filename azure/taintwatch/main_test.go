@@ -20,7 +20,6 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/config"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
-	ngv1alpha1 "github.com/nodeguard/nodeguard/api/v1alpha1"
 	"github.com/nodeguard/nodeguard/azure"
 	azureconfig "github.com/nodeguard/nodeguard/azure/config"
 	"github.com/nodeguard/nodeguard/cmd/nodeguard/recorder"
@@ -175,11 +174,6 @@ func startNodeguard(t *testing.T, emu *armemulator.Server, o nodeguardOptions) (
 	}
 	var adminState *azure.Manager
 	if emu != nil {
-		// The admin-state records live there (the manifests ship it).
-		ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ngv1alpha1.MaintenanceLeaseNamespace}}
-		if err := env.Client.Create(context.Background(), ns); client.IgnoreAlreadyExists(err) != nil {
-			t.Fatal(err)
-		}
 		ao := azure.NewOptions()
 		ao.ConfigFile = ""
 		ao.ARMEndpoint = emu.URL()

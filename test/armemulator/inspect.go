@@ -184,7 +184,7 @@ func (s *Server) serveControl(w http.ResponseWriter, r *http.Request) {
 			if strings.HasPrefix(q.Path, "/emulator/") {
 				continue
 			}
-			counts[q.Method+" "+kind(q.Path)+" "+strconv.Itoa(q.Status)]++
+			counts[q.Method+" "+Kind(q.Path)+" "+strconv.Itoa(q.Status)]++
 		}
 		writeJSON(w, http.StatusOK, counts)
 	default:
@@ -192,7 +192,9 @@ func (s *Server) serveControl(w http.ResponseWriter, r *http.Request) {
 	}
 }
 
-func kind(path string) string {
+// Kind names what a request path addresses: operation, backendAddressPool,
+// networkInterface, loadBalancer or other.
+func Kind(path string) string {
 	p := strings.ToLower(path)
 	switch {
 	case strings.Contains(p, "/operations/"):

@@ -637,7 +637,7 @@ func (s *soak) checkARMCalls(t *testing.T, hit map[faultClass]int, elapsed time.
 			continue
 		}
 		total++
-		byKind[r.Method+" "+armKind(r.Path)]++
+		byKind[r.Method+" "+armemulator.Kind(r.Path)]++
 	}
 	hits := 0
 	for _, n := range hit {
@@ -648,19 +648,6 @@ func (s *soak) checkARMCalls(t *testing.T, hit map[faultClass]int, elapsed time.
 		t.Errorf("%d ARM calls, more than the bound of %d", total, bound)
 	}
 	return fmt.Sprintf("%d: %v", total, byKind), bound
-}
-
-func armKind(path string) string {
-	p := strings.ToLower(path)
-	switch {
-	case strings.Contains(p, "/operations/"):
-		return "operation"
-	case strings.Contains(p, "/backendaddresspools/"):
-		return "pool"
-	case strings.Contains(p, "/networkinterfaces/"):
-		return "nic"
-	}
-	return "loadBalancers"
 }
 
 // checkLeases: no maintenance Lease is left for any soak node, and once both
