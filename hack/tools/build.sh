@@ -15,8 +15,13 @@ bin=${BIN:-$root/bin}
 mkdir -p "$bin"
 
 # stamp_of prints a hash of a tools module's files (go.mod, go.sum, and main.go
-# where the module has its own): a changed pin or source rebuilds.
-stamp_of() { cat "$here/$1"/go.mod "$here/$1"/go.sum "$here/$1"/*.go 2>/dev/null | sha256sum | cut -c1-16; }
+# where the module has its own): a changed pin or source rebuilds. It lists the
+# files rather than globbing *.go, so a module without Go files (most of them)
+# does not fail the pipeline under pipefail.
+stamp_of() {
+	(cd "$here/$1" && find . -maxdepth 1 -type f \( -name go.mod -o -name go.sum -o -name '*.go' \) | LC_ALL=C sort | xargs cat) |
+		sha256sum | cut -c1-16
+}
 
 # up_to_date MODULE BINARY... succeeds when every binary exists and was built from
 # the module's current pins.
