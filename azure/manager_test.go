@@ -392,6 +392,39 @@ func TestWriteThrottleParksEveryWriteOfTheSubscription(t *testing.T) {
 	e.wantReasons(n1.Name, ReasonUpdateRetrying, ReasonDown)
 }
 
+// A 429 RetryableError is a load balancer another operation is updating (on
+// AKS, cloud-provider-azure reconciling it), not the subscription's write
+// budget: that load balancer's pools wait for its Retry-After, every other
+// load balancer is written at once.
+func TestBusyLoadBalancerParksOnlyItsOwnPools(t *testing.T) {
+	e := newEnv(t, 3, false)
+	n0, n1 := e.nodes[0], e.nodes[1]
+	e.emu.AddFault(armemulator.Fault{Method: http.MethodPut, Path: publicPool, Status: http.StatusTooManyRequests, ErrorCode: "RetryableError", RetryAfter: "30", Times: 1,
+		Before: func() { waitFor(t, func() bool { return e.puts(internalPool) == 1 }) }})
+	e.m.SetDesired(n0, AdminStateDown)
+	e.tick()
+	if got := e.state("kubernetes-internal", "kubernetes", n0.Name); got != "Down" {
+		t.Fatalf("internal pool = %s, want Down", got)
+	}
+	e.wantReasons(n0.Name, ReasonUpdateRetrying)
+
+	e.step(10 * time.Second)
+	e.m.SetDesired(n1, AdminStateDown)
+	e.tick()
+	if got := e.state("kubernetes-internal", "kubernetes", n1.Name); got != "Down" {
+		t.Errorf("internal pool = %s while the public load balancer is busy, want Down (not gated)", got)
+	}
+	if got := e.puts(publicPool); got != 1 {
+		t.Errorf("%d PUTs to the busy load balancer before its Retry-After, want 1", got)
+	}
+
+	e.step(21 * time.Second) // past Retry-After
+	e.tick()
+	e.wantStates(n0.Name, AdminStateDown)
+	e.wantStates(n1.Name, AdminStateDown)
+	e.wantReasons(n0.Name, ReasonUpdateRetrying, ReasonDown)
+}
+
 func TestThrottleRetryAfterNotInFutureFallsBackToNextTick(t *testing.T) {
 	for name, retryAfter := range map[string]string{
 		"no Retry-After":        "",

@@ -27,7 +27,12 @@ const poolPath = "/loadBalancers/kubernetes/backendAddressPools/kubernetes"
 
 func newClient(t *testing.T, opts armemulator.Options) (Client, *armemulator.Server, *testingclock.FakeClock) {
 	t.Helper()
-	seed := armemulator.SeedForNodes("sub", "rg", []armemulator.Node{{Name: "n0", IPs: []string{"10.0.0.4"}}}, armemulator.Topology{})
+	return newClientFor(t, armemulator.Topology{}, opts)
+}
+
+func newClientFor(t *testing.T, topology armemulator.Topology, opts armemulator.Options) (Client, *armemulator.Server, *testingclock.FakeClock) {
+	t.Helper()
+	seed := armemulator.SeedForNodes("sub", "rg", []armemulator.Node{{Name: "n0", IPs: []string{"10.0.0.4"}}}, topology)
 	emu, err := armemulator.Start("127.0.0.1:0", seed, opts)
 	if err != nil {
 		t.Fatal(err)
@@ -165,5 +170,44 @@ func TestWriteThrottleGatesTheSubscription(t *testing.T) {
 	}
 	if GateKey(http.MethodPut, "/subscriptions/a/x") == GateKey(http.MethodPut, "/subscriptions/b/x") {
 		t.Errorf("two subscriptions share a write gate")
+	}
+}
+
+// A load balancer another operation is updating answers 429 RetryableError.
+// That is not the subscription's write budget: it gates writes to that load
+// balancer only, and other load balancers are written at once.
+func TestBusyLoadBalancerGatesOnlyItsOwnWrites(t *testing.T) {
+	ctx := context.Background()
+	c, emu, clk := newClientFor(t, armemulator.Topology{Internal: true}, armemulator.Options{BusyRetryAfter: 10 * time.Second})
+	write := func(lb, pool string) error {
+		p, err := c.GetPool(ctx, "rg", lb, pool)
+		if err != nil {
+			t.Fatalf("GetPool %s/%s: %v", lb, pool, err)
+		}
+		_, err = c.UpdatePool(ctx, "rg", lb, p)
+		return err
+	}
+	end := emu.BeginOperation("kubernetes")
+	var te *ThrottleError
+	if err := write("kubernetes", "kubernetes"); !errors.As(err, &te) || te.FromGate || !te.ResourceBusy {
+		t.Fatalf("write to the busy load balancer = %v, want ARM's 429 as a resource-busy ThrottleError", err)
+	}
+	if want := clk.Now().Add(10 * time.Second); !te.RetryAfter.Equal(want) {
+		t.Errorf("RetryAfter = %v, want %v", te.RetryAfter, want)
+	}
+	if err := write("kubernetes-internal", "kubernetes"); err != nil {
+		t.Errorf("write to another load balancer of the subscription = %v, want it through", err)
+	}
+	puts := emu.Count(http.MethodPut, "/loadBalancers/kubernetes/")
+	if err := write("kubernetes", "aksOutboundBackendPool"); !errors.As(err, &te) || !te.FromGate || !te.ResourceBusy {
+		t.Errorf("write to a sibling pool of the busy load balancer = %v, want a gate ThrottleError", err)
+	}
+	if got := emu.Count(http.MethodPut, "/loadBalancers/kubernetes/"); got != puts {
+		t.Errorf("the gate let a write to the busy load balancer through: %d PUTs, want %d", got, puts)
+	}
+	end()
+	clk.Step(10 * time.Second)
+	if err := write("kubernetes", "kubernetes"); err != nil {
+		t.Errorf("write after the operation ended and Retry-After passed = %v", err)
 	}
 }

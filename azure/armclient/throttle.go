@@ -1,7 +1,10 @@
 package armclient
 
 import (
+	"bytes"
+	"encoding/json"
 	"errors"
+	"io"
 	"net/http"
 	"strconv"
 	"strings"
@@ -23,10 +26,17 @@ type ThrottleError struct {
 	RetryAfter time.Time
 	// FromGate is true when no request reached ARM (the local gate path).
 	FromGate bool
+	// ResourceBusy is true when ARM refused because another operation is
+	// updating the resource (not the subscription's request budget).
+	ResourceBusy bool
 }
 
 func (e *ThrottleError) Error() string {
-	return ErrTooManyRequests.Error() + ", retry after " + e.RetryAfter.UTC().Format(time.RFC3339)
+	what := ErrTooManyRequests.Error()
+	if e.ResourceBusy {
+		what = "another operation is updating the resource"
+	}
+	return what + ", retry after " + e.RetryAfter.UTC().Format(time.RFC3339)
 }
 
 // Unwrap makes errors.Is(err, ErrTooManyRequests) true.
@@ -40,7 +50,11 @@ func (e *ThrottleError) NonRetriable() {}
 // into a *ThrottleError and remembers its Retry-After; later calls under the
 // same gate before then fail with a *ThrottleError without reaching ARM. ARM
 // counts writes per subscription, so a write's 429 gates every write in the
-// subscription; a read's gates reads of that resource (the URL path).
+// subscription; a read's gates reads of that resource (the URL path). One 429
+// is not about the subscription: the network resource provider answers
+// RetryableError while another operation (cloud-provider-azure reconciling
+// the load balancer, say) is updating the resource. That one gates writes to
+// that load balancer only, so that a busy load balancer delays no other.
 type ThrottlingPolicy struct {
 	clock clock.PassiveClock
 
@@ -58,18 +72,24 @@ func NewThrottlingPolicy(clk clock.PassiveClock) *ThrottlingPolicy {
 
 // Do implements policy.Policy.
 func (p *ThrottlingPolicy) Do(req *policy.Request) (*http.Response, error) {
-	gateKey := GateKey(req.Raw().Method, req.Raw().URL.Path)
+	method, path := req.Raw().Method, req.Raw().URL.Path
+	gateKey, busyKey := GateKey(method, path), busyGateKey(method, path)
 	now := p.clock.Now()
-	p.mu.Lock()
-	until, gated := p.gates[gateKey]
-	p.mu.Unlock()
-	if gated && until.After(now) {
+	if until, gated := p.gatedUntil(now, gateKey); gated {
 		return nil, &ThrottleError{RetryAfter: until, FromGate: true}
+	}
+	if until, gated := p.gatedUntil(now, busyKey); gated {
+		return nil, &ThrottleError{RetryAfter: until, FromGate: true, ResourceBusy: true}
 	}
 	resp, err := req.Next()
 	if err != nil || resp.StatusCode != http.StatusTooManyRequests {
 		return resp, err
 	}
+	busy := busyKey != "" && responseErrorCode(resp) == codeResourceBusy
+	if busy {
+		gateKey = busyKey
+	}
+	_ = resp.Body.Close()
 	retryAfter, ok := parseRetryAfter(resp.Header.Get("Retry-After"), now)
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -79,8 +99,58 @@ func (p *ThrottlingPolicy) Do(req *policy.Request) (*http.Response, error) {
 	} else {
 		p.gates[gateKey] = retryAfter
 	}
+	return nil, &ThrottleError{RetryAfter: retryAfter, ResourceBusy: busy}
+}
+
+// gatedUntil returns when the gate key opens, if it is closed now.
+func (p *ThrottlingPolicy) gatedUntil(now time.Time, key string) (time.Time, bool) {
+	if key == "" {
+		return time.Time{}, false
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	until, ok := p.gates[key]
+	return until, ok && until.After(now)
+}
+
+// codeResourceBusy is the network resource provider's 429 for a resource
+// another operation is updating (details: RetryableErrorDueToAnotherOperation).
+const codeResourceBusy = "RetryableError"
+
+// responseErrorCode reads the ARM error code of a response, leaving its body readable.
+func responseErrorCode(resp *http.Response) string {
+	body, err := io.ReadAll(io.LimitReader(resp.Body, 64<<10))
 	_ = resp.Body.Close()
-	return nil, &ThrottleError{RetryAfter: retryAfter}
+	resp.Body = io.NopCloser(bytes.NewReader(body))
+	if err != nil {
+		return ""
+	}
+	var e struct {
+		Error struct {
+			Code string `json:"code"`
+		} `json:"error"`
+	}
+	if json.Unmarshal(body, &e) != nil {
+		return ""
+	}
+	return e.Error.Code
+}
+
+// busyGateKey is the gate of a write to a top-level resource and its child
+// resources ("busy:<subscription>/<provider>/<type>/<name>", e.g. a load
+// balancer and its backend pools), or "" for a read or a path without one.
+func busyGateKey(method, path string) string {
+	switch method {
+	case http.MethodPut, http.MethodPatch, http.MethodPost, http.MethodDelete:
+	default:
+		return ""
+	}
+	parts := strings.Split(strings.ToLower(strings.Trim(path, "/")), "/")
+	// subscriptions/<s>/resourcegroups/<rg>/providers/<ns>/<type>/<name>/...
+	if len(parts) < 8 || parts[0] != "subscriptions" || parts[2] != "resourcegroups" || parts[4] != "providers" {
+		return ""
+	}
+	return "busy:" + strings.Join(parts[:8], "/")
 }
 
 // GateKey is the throttling gate a request falls under: "write:<subscription>"

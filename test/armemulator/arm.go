@@ -175,6 +175,10 @@ func (s *Server) putPool(w http.ResponseWriter, r *http.Request, lb, name string
 		writeError(w, http.StatusNotFound, "NotFound", "backend pool "+lb+"/"+name+" not found")
 		return
 	}
+	if b, busy := s.busyWith(p.lb); busy {
+		s.writeBusy(w, p.lb, b)
+		return
+	}
 	current := deref(s.etagOf(p.lb))
 	if im := r.Header.Get("If-Match"); im != "" && im != "*" && im != current {
 		writeError(w, http.StatusPreconditionFailed, "PreconditionFailed", fmt.Sprintf("Precondition failed: If-Match %s does not match the current ETag %s.", im, current))
@@ -201,11 +205,13 @@ func (s *Server) putPool(w http.ResponseWriter, r *http.Request, lb, name string
 		return
 	}
 	s.opSeq++
-	op := &operation{id: fmt.Sprintf("op-%06d", s.opSeq), polls: s.opts.AsyncPolls, status: "Succeeded", apply: apply}
+	op := &operation{id: fmt.Sprintf("op-%06d", s.opSeq), polls: s.opts.AsyncPolls, status: "Succeeded", apply: apply, accepted: time.Now()}
 	if f != nil && f.OperationStatus != "" {
 		op.status = f.OperationStatus
 	}
 	s.ops[strings.ToLower(op.id)] = op
+	// Until it completes, the load balancer refuses other writes.
+	s.busy[strings.ToLower(p.lb)] = &busyOp{name: fmt.Sprintf("PutLoadBalancerBackendAddressPoolOperation (%s)", op.id), op: op}
 	c := s.view(p)
 	c.Properties.LoadBalancerBackendAddresses = entries
 	c.Properties.ProvisioningState = ptr(armnetwork.ProvisioningStateUpdating)
@@ -281,18 +287,25 @@ func (s *Server) serveOperation(w http.ResponseWriter, id string) {
 		writeJSON(w, http.StatusOK, map[string]string{"name": op.id, "status": "InProgress"})
 		return
 	}
-	if !op.completed {
-		op.completed = true
-		if op.status == "Succeeded" {
-			op.apply()
-		}
-	}
+	s.complete(op)
 	res := map[string]any{"name": op.id, "status": op.status}
 	if op.status != "Succeeded" {
 		code := op.status
 		res["error"] = map[string]string{"code": code, "message": "Operation was " + strings.ToLower(op.status) + "."}
 	}
 	writeJSON(w, http.StatusOK, res)
+}
+
+// complete ends an operation, applying its write if it succeeded. Call with
+// s.mu held.
+func (s *Server) complete(op *operation) {
+	if op.completed {
+		return
+	}
+	op.completed = true
+	if op.status == "Succeeded" {
+		op.apply()
+	}
 }
 
 func (s *Server) getInterface(w http.ResponseWriter, path string) {

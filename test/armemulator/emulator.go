@@ -95,6 +95,9 @@ type Options struct {
 	// past the limit a write is answered 429 SubscriptionRequestsThrottled
 	// with a Retry-After.
 	WriteThrottle *WriteThrottle
+	// BusyRetryAfter is the Retry-After of a write refused because another
+	// operation is updating the load balancer (10 s when zero).
+	BusyRetryAfter time.Duration
 }
 
 // WriteThrottle allows Writes writes per Window in the subscription.
@@ -114,6 +117,7 @@ type operation struct {
 	status    string
 	apply     func()
 	completed bool
+	accepted  time.Time
 }
 
 // Server is a running emulator.
@@ -133,6 +137,7 @@ type Server struct {
 	requests []Request
 	ops      map[string]*operation
 	opSeq    int
+	busy     map[string]*busyOp // key: lower(lb); an operation updating it
 
 	listener net.Listener
 	srv      *http.Server
@@ -145,7 +150,7 @@ func New(seed Seed, opts Options) *Server {
 	if seed.Location == "" {
 		seed.Location = "westeurope"
 	}
-	s := &Server{seed: seed, opts: opts, lbEtag: map[string]int{}, pools: map[string]*pool{}, nics: map[string]NetworkInterfaceSeed{}, vms: map[string]bool{}, ops: map[string]*operation{}}
+	s := &Server{seed: seed, opts: opts, lbEtag: map[string]int{}, pools: map[string]*pool{}, nics: map[string]NetworkInterfaceSeed{}, vms: map[string]bool{}, ops: map[string]*operation{}, busy: map[string]*busyOp{}}
 	for _, vm := range seed.VMs {
 		s.vms[vmKey(vm)] = true
 	}

@@ -153,3 +153,73 @@ func TestARMRules(t *testing.T) {
 		t.Errorf("write past the subscription's budget = %d, want 429", code)
 	}
 }
+
+// While an asynchronous write to one pool is in progress, ARM refuses writes
+// to the load balancer's other pools with 429 RetryableError, as it does for
+// an operation by another writer; both end when the operation does.
+func TestBusyLoadBalancerRefusesWrites(t *testing.T) {
+	seed := SeedForNodes("sub", "RG", []Node{{Name: "n0", IPs: []string{"10.0.0.4"}}}, Topology{Internal: true})
+	s, err := Start("127.0.0.1:0", seed, Options{Async: true, AsyncPolls: 1, BusyRetryAfter: 3 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	base := s.URL() + "/subscriptions/sub/resourceGroups/RG/providers/Microsoft.Network/loadBalancers/"
+	put := func(lb, pool string) *http.Response {
+		b, _ := json.Marshal(s.Pool(lb, pool))
+		req, _ := http.NewRequest(http.MethodPut, base+lb+"/backendAddressPools/"+pool, strings.NewReader(string(b)))
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		var body struct {
+			Error struct {
+				Code    string `json:"code"`
+				Details []struct {
+					Code string `json:"code"`
+				} `json:"details"`
+			} `json:"error"`
+		}
+		_ = json.NewDecoder(resp.Body).Decode(&body)
+		if resp.StatusCode == http.StatusTooManyRequests && (body.Error.Code != "RetryableError" || len(body.Error.Details) != 1 ||
+			body.Error.Details[0].Code != "RetryableErrorDueToAnotherOperation" || resp.Header.Get("Retry-After") != "3") {
+			t.Errorf("busy answer = %+v, Retry-After %q", body, resp.Header.Get("Retry-After"))
+		}
+		return resp
+	}
+	first := put("kubernetes", "kubernetes")
+	if first.StatusCode != http.StatusCreated {
+		t.Fatalf("first PUT = %d, want 201 (asynchronous)", first.StatusCode)
+	}
+	if code := put("kubernetes", "aksOutboundBackendPool").StatusCode; code != http.StatusTooManyRequests {
+		t.Errorf("PUT to a sibling pool during the operation = %d, want 429", code)
+	}
+	if code := put("kubernetes-internal", "kubernetes").StatusCode; code != http.StatusCreated {
+		t.Errorf("PUT to another load balancer = %d, want 201", code)
+	}
+	for status := ""; status != "Succeeded"; {
+		resp, err := http.Get(first.Header.Get("Azure-AsyncOperation"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		var op struct{ Status string }
+		_ = json.NewDecoder(resp.Body).Decode(&op)
+		resp.Body.Close()
+		status = op.Status
+	}
+	if code := put("kubernetes", "aksOutboundBackendPool").StatusCode; code != http.StatusCreated {
+		t.Errorf("PUT after the operation completed = %d, want 201", code)
+	}
+
+	end := s.BeginOperation("kubernetes-internal")
+	// (The internal load balancer's own operation above is still unpolled:
+	// BeginOperation replaces it, as a newer operation supersedes one in ARM.)
+	if code := put("kubernetes-internal", "kubernetes").StatusCode; code != http.StatusTooManyRequests {
+		t.Errorf("PUT during another writer's operation = %d, want 429", code)
+	}
+	end()
+	if code := put("kubernetes-internal", "kubernetes").StatusCode; code != http.StatusCreated {
+		t.Errorf("PUT after another writer's operation ended = %d, want 201", code)
+	}
+}

@@ -1,0 +1,81 @@
+// A load balancer that another operation is updating: the network resource
+// provider refuses writes to it and to its pools with 429 RetryableError
+// (details RetryableErrorDueToAnotherOperation) until that operation ends.
+// cloud-provider-azure reconciling the load balancer while nodes come and go
+// is such an operation on every AKS cluster.
+
+package armemulator
+
+import (
+	"fmt"
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// defaultBusyRetryAfter is the Retry-After of a busy answer when
+// Options.BusyRetryAfter is unset (ARM's messages say "can be retried in 10
+// seconds" or so).
+const defaultBusyRetryAfter = 10 * time.Second
+
+// opLifetime is how long an asynchronous operation nobody polls stays in
+// progress: ARM finishes operations whether or not the caller watches.
+const opLifetime = 30 * time.Second
+
+// busyOp is an operation in progress on a load balancer.
+type busyOp struct {
+	name string     // e.g. "PutLoadBalancerOperation (ext-000001)"
+	op   *operation // nil for one begun with BeginOperation
+}
+
+// BeginOperation starts an operation on the load balancer by another writer
+// (as cloud-provider-azure's PutLoadBalancerOperation): until end is called,
+// every PUT to the load balancer's pools is answered 429 RetryableError.
+func (s *Server) BeginOperation(lb string) (end func()) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.opSeq++
+	b := &busyOp{name: fmt.Sprintf("PutLoadBalancerOperation (ext-%06d)", s.opSeq)}
+	s.busy[strings.ToLower(lb)] = b
+	return func() {
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		if s.busy[strings.ToLower(lb)] == b {
+			delete(s.busy, strings.ToLower(lb))
+		}
+	}
+}
+
+// busyWith returns the operation updating the load balancer, if any, first
+// finishing an asynchronous one that outlived opLifetime. Call with s.mu held.
+func (s *Server) busyWith(lb string) (*busyOp, bool) {
+	b, ok := s.busy[strings.ToLower(lb)]
+	if !ok {
+		return nil, false
+	}
+	if b.op != nil && !b.op.completed && time.Since(b.op.accepted) > opLifetime {
+		s.complete(b.op)
+	}
+	if b.op != nil && b.op.completed {
+		delete(s.busy, strings.ToLower(lb))
+		return nil, false
+	}
+	return b, true
+}
+
+// writeBusy answers a write to a load balancer another operation is updating.
+func (s *Server) writeBusy(w http.ResponseWriter, lb string, b *busyOp) {
+	after := s.opts.BusyRetryAfter
+	if after <= 0 {
+		after = defaultBusyRetryAfter
+	}
+	secs := int((after + time.Second - 1) / time.Second)
+	w.Header().Set("Retry-After", strconv.Itoa(secs))
+	detail := fmt.Sprintf("Operation %s is updating resource %s. The call can be retried in %d seconds.", b.name, s.lbID(lb), secs)
+	writeJSON(w, http.StatusTooManyRequests, map[string]any{"error": map[string]any{
+		"code":    "RetryableError",
+		"message": "A retryable error occurred.",
+		"details": []map[string]string{{"code": "RetryableErrorDueToAnotherOperation", "message": detail}},
+	}})
+}
