@@ -1,12 +1,14 @@
 package azure
 
 import (
+	"cmp"
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
 	"maps"
+	"slices"
 	"sync"
 
 	coordinationv1 "k8s.io/api/coordination/v1"
@@ -168,6 +170,34 @@ func (s *LeaseRecords) save(ctx context.Context, pool string, rec poolRecord) er
 	}
 	s.last[pool] = l
 	return nil
+}
+
+// RecordedDown is one backend-pool entry nodeguard set Down for a node and
+// has not restored yet.
+type RecordedDown struct {
+	Pool  string // "<load balancer>/<pool>"
+	Entry string
+	Node  string
+	UID   types.UID
+}
+
+// ListRecordedDowns reads the records kept in namespace, sorted by pool and
+// entry (for nodeguard uninstall, which has to say what nobody will restore).
+func ListRecordedDowns(ctx context.Context, reader client.Reader, namespace string) ([]RecordedDown, error) {
+	pools, err := NewLeaseRecords(nil, reader, namespace).Load(ctx)
+	if err != nil {
+		return nil, err
+	}
+	var out []RecordedDown
+	for pool, rec := range pools {
+		for entry, o := range rec {
+			out = append(out, RecordedDown{Pool: pool, Entry: entry, Node: o.Node, UID: o.UID})
+		}
+	}
+	slices.SortFunc(out, func(a, b RecordedDown) int {
+		return cmp.Or(cmp.Compare(a.Pool, b.Pool), cmp.Compare(a.Entry, b.Entry))
+	})
+	return out, nil
 }
 
 // MemoryRecords is a RecordStore that lives as long as the process: for

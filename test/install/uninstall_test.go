@@ -11,6 +11,7 @@ import (
 	"time"
 
 	appsv1 "k8s.io/api/apps/v1"
+	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/ptr"
@@ -102,6 +103,22 @@ func TestUninstallReleasesEveryNode(t *testing.T) {
 		t.Fatal(err)
 	}
 
+	// Records of load-balancer entries nodeguard set Down (the format
+	// azure.LeaseRecords keeps): one for a node that is gone, one for un-idle.
+	var idle corev1.Node
+	if err := env.Client.Get(ctx, client.ObjectKey{Name: "un-idle"}, &idle); err != nil {
+		t.Fatal(err)
+	}
+	harness.MustCreate(t, env.Client, &coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{
+		Namespace: ngv1alpha1.MaintenanceLeaseNamespace, Name: "lb-admin-state-uninstall-test",
+		Labels: map[string]string{"nodeguard.io/record": "load-balancer-admin-state"},
+		Annotations: map[string]string{
+			"nodeguard.io/backend-pool": "kubernetes/kubernetes",
+			"nodeguard.io/entries-set-down": `{"un-gone-entry":{"uid":"0b7a2c9e-0000-4000-8000-000000000001","node":"un-gone"},` +
+				`"un-idle-entry":{"uid":"` + string(idle.UID) + `","node":"un-idle"}}`,
+		},
+	}})
+
 	// Stand in for the kubelet: once the Deployment is scaled to 0, stop the
 	// process, then let its pods go.
 	stopped := make(chan struct{})
@@ -149,10 +166,14 @@ func TestUninstallReleasesEveryNode(t *testing.T) {
 		"scaled Deployment nodeguard-system/nodeguard to 0",
 		"un-marked: removed finalizer, taint nodeguard.io/draining, annotation nodeguard.io/finalizer-added-at",
 		"un-stuck: released WITHOUT a complete drain",
+		"WARNING backend pool kubernetes/kubernetes, entry un-gone-entry: nodeguard set it Down for node un-gone, which is gone",
 	} {
 		if !strings.Contains(out.String(), want) {
 			t.Errorf("the output lacks %q", want)
 		}
+	}
+	if strings.Contains(out.String(), "entry un-idle-entry") {
+		t.Error("uninstall warned about the record of a node that exists (step 4 covers those)")
 	}
 	if strings.Index(out.String(), "deleted ValidatingWebhookConfiguration") > strings.Index(out.String(), "removed finalizer") {
 		t.Error("the webhook configurations must go before any finalizer")

@@ -22,6 +22,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	ngv1alpha1 "github.com/nodeguard/nodeguard/api/v1alpha1"
+	"github.com/nodeguard/nodeguard/azure"
 )
 
 // Options are the flags of `nodeguard uninstall`.
@@ -64,7 +65,11 @@ const Usage = `nodeguard uninstall removes what keeps nodes from going once node
      nothing puts the finalizer back;
   4. removes the finalizer, and nodeguard's draining taint and bookkeeping
      annotations, from every node that is not being deleted;
-  5. releases the nodes still deleting (their drain did not finish), and lists them.
+  5. releases the nodes still deleting (their drain did not finish), and lists them;
+  6. lists the Azure load-balancer entries nodeguard set Down for nodes that
+     are gone and would have restored to None after their grace period: no
+     one restores them now (their records stay in kube-node-maintenance, so a
+     reinstalled nodeguard restores them).
 
 It deletes no CRD, NodeDisruptionBudget or Deployment: remove those afterwards
 (kubectl delete -k manifests/default, or helm uninstall).
@@ -92,7 +97,7 @@ type uninstaller struct {
 func (u *uninstaller) say(format string, args ...any) { fmt.Fprintf(u.out, format+"\n", args...) }
 
 func (u *uninstaller) run(ctx context.Context) error {
-	u.say("1/5 webhook configurations")
+	u.say("1/6 webhook configurations")
 	if err := u.deleteWebhooks(ctx); err != nil {
 		return err
 	}
@@ -100,20 +105,24 @@ func (u *uninstaller) run(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	u.say("2/5 drains in progress")
+	u.say("2/6 drains in progress")
 	if err := u.waitForDrains(ctx, running); err != nil {
 		return err
 	}
-	u.say("3/5 stopping nodeguard")
+	u.say("3/6 stopping nodeguard")
 	if err := u.stopNodeguard(ctx); err != nil {
 		return err
 	}
-	u.say("4/5 nodes not being deleted")
+	u.say("4/6 nodes not being deleted")
 	if err := u.cleanIdleNodes(ctx); err != nil {
 		return err
 	}
-	u.say("5/5 nodes still being deleted")
+	u.say("5/6 nodes still being deleted")
 	if err := u.releaseDeleting(ctx); err != nil {
+		return err
+	}
+	u.say("6/6 load-balancer entries nodeguard set Down for nodes that are gone")
+	if err := u.reportRecordedDowns(ctx); err != nil {
 		return err
 	}
 	u.say("done: no node carries %s", ngv1alpha1.TerminationFinalizer)
@@ -371,6 +380,41 @@ func (u *uninstaller) releaseDeleting(ctx context.Context) error {
 			return err
 		}
 		u.say("   %s: released WITHOUT a complete drain (pods still on it go with the node)", name)
+	}
+	return nil
+}
+
+// reportRecordedDowns warns about every load-balancer entry nodeguard set
+// Down for a node that no longer exists (a node that exists was warned about
+// by its annotation in step 4).
+func (u *uninstaller) reportRecordedDowns(ctx context.Context) error {
+	downs, err := azure.ListRecordedDowns(ctx, u.c, ngv1alpha1.MaintenanceLeaseNamespace)
+	if apierrors.IsNotFound(err) || apierrors.IsForbidden(err) {
+		u.say("   cannot read the records in %s (%v): check the load balancers' entries yourself", ngv1alpha1.MaintenanceLeaseNamespace, err)
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	var nodes corev1.NodeList
+	if err := u.c.List(ctx, &nodes); err != nil {
+		return fmt.Errorf("listing nodes: %w", err)
+	}
+	exists := map[types.UID]bool{}
+	for _, n := range nodes.Items {
+		exists[n.UID] = true
+	}
+	warned := 0
+	for _, d := range downs {
+		if exists[d.UID] {
+			continue
+		}
+		warned++
+		u.say("   WARNING backend pool %s, entry %s: nodeguard set it Down for node %s, which is gone, and will no longer restore None; "+
+			"set AdminState None on it yourself if its address serves again (a reinstalled nodeguard restores it)", d.Pool, d.Entry, d.Node)
+	}
+	if warned == 0 {
+		u.say("   none")
 	}
 	return nil
 }
