@@ -60,7 +60,7 @@ func setupTermination(mgr ctrl.Manager, opts options, adminState *azure.Manager)
 			return err
 		}
 		r.AdminState = adminState
-		r.Instances = adminState
+		r.Instances = &finalizer.CachedInstances{Checker: adminState, TTL: finalizer.DefaultInstanceCacheTTL, Clock: clock.RealClock{}}
 	}
 	if err := taintwatch.Setup(mgr, adminState, opts.taintWatch); err != nil {
 		return fmt.Errorf("setting up the taint watcher: %w", err)
