@@ -19,7 +19,6 @@ import (
 	"errors"
 	"fmt"
 	"slices"
-	"sort"
 	"strconv"
 	"time"
 
@@ -249,29 +248,26 @@ func (r *HoldReconciler) chargeBudgets(ctx context.Context, node *corev1.Node) (
 	if hold, err := r.maintenanceHold(ctx, node); err != nil || hold != "" {
 		return nil, hold, err
 	}
-	budgets, err := r.matchingBudgets(ctx, node)
+	budgets, err := budget.Matching(ctx, r.Client, node)
 	if err != nil {
 		return nil, "", err
 	}
-	var charged, names []string
+	charge, err := r.Claimer.ChargeAll(ctx, budgets, node, false)
+	if err != nil {
+		return nil, "", err
+	}
+	if charge.Denial != nil {
+		return nil, charge.Denial.Message, nil
+	}
+	for _, b := range charge.Newly {
+		if r.Recorder != nil {
+			r.Recorder.Eventf(b, node, corev1.EventTypeNormal, ReasonDisruptionClaimed, actionHold,
+				"charged cluster-autoscaler's scale-down of node %s", node.Name)
+		}
+	}
+	names := make([]string, 0, len(budgets))
 	for _, b := range budgets {
 		names = append(names, b.Name)
-		newly, err := r.Claimer.Claim(ctx, b.Name, node, false)
-		if err != nil {
-			r.releaseAll(ctx, node.Name, charged)
-			var denial *budget.Denial
-			if errors.As(err, &denial) {
-				return nil, denial.Message, nil
-			}
-			return nil, "", err
-		}
-		if newly {
-			charged = append(charged, b.Name)
-			if r.Recorder != nil {
-				r.Recorder.Eventf(b, node, corev1.EventTypeNormal, ReasonDisruptionClaimed, actionHold,
-					"charged cluster-autoscaler's scale-down of node %s", node.Name)
-			}
-		}
 	}
 	return names, "", nil
 }
@@ -290,41 +286,13 @@ func (r *HoldReconciler) maintenanceHold(ctx context.Context, node *corev1.Node)
 	return fmt.Sprintf("the node is under maintenance: its Lease %s/%s is %s", ngv1alpha1.MaintenanceLeaseNamespace, node.Name, hold), nil
 }
 
-func (r *HoldReconciler) matchingBudgets(ctx context.Context, node *corev1.Node) ([]*ngv1alpha1.NodeDisruptionBudget, error) {
-	var list ngv1alpha1.NodeDisruptionBudgetList
-	if err := r.Client.List(ctx, &list); err != nil {
-		return nil, fmt.Errorf("listing NodeDisruptionBudgets: %w", err)
-	}
-	var out []*ngv1alpha1.NodeDisruptionBudget
-	for i := range list.Items {
-		if selects, err := budget.Selects(&list.Items[i], node); err == nil && selects {
-			out = append(out, &list.Items[i])
-		}
-	}
-	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
-	return out, nil
-}
-
-// giveBack releases the node's charge from every budget selecting it (a
-// budget that no longer charges it is left as it is).
+// giveBack releases the node's charge from every budget selecting it.
 func (r *HoldReconciler) giveBack(ctx context.Context, node *corev1.Node) error {
-	budgets, err := r.matchingBudgets(ctx, node)
+	budgets, err := budget.Matching(ctx, r.Client, node)
 	if err != nil {
 		return err
 	}
-	names := make([]string, 0, len(budgets))
-	for _, b := range budgets {
-		names = append(names, b.Name)
-	}
-	return r.releaseAll(ctx, node.Name, names)
-}
-
-func (r *HoldReconciler) releaseAll(ctx context.Context, node string, budgets []string) error {
-	var errs []error
-	for _, b := range budgets {
-		errs = append(errs, r.Claimer.Release(ctx, b, node))
-	}
-	return errors.Join(errs...)
+	return r.Claimer.ReleaseAll(ctx, budgets, node.Name)
 }
 
 // awaitTrafficCut waits, for at most AdminStateTimeout from the claim, until

@@ -18,8 +18,8 @@ import (
 
 // Unavailable reports whether a node counts as unavailable for budgets: it is
 // not Ready, is being deleted, or carries a signal taint or the draining taint.
-// cluster-autoscaler's scale-down taint counts only once the scale-down is
-// charged (ngv1alpha1.AwaitsScaleDownClaim). It returns a short reason for
+// The autoscalers' taints count only once the disruption is charged
+// (ngv1alpha1.AwaitsDisruptionClaim). It returns a short reason for
 // events and messages.
 func Unavailable(node *corev1.Node) (bool, string) {
 	if node.DeletionTimestamp != nil {
@@ -29,7 +29,7 @@ func Unavailable(node *corev1.Node) (bool, string) {
 		if ngv1alpha1.IsDrainingTaint(t) {
 			return true, "draining"
 		}
-		if _, signal := ngv1alpha1.SignalOf(t); signal && !ngv1alpha1.AwaitsScaleDownClaim(node, t) {
+		if _, signal := ngv1alpha1.SignalOf(t); signal && !ngv1alpha1.AwaitsDisruptionClaim(node, t) {
 			return true, "tainted " + t.Key
 		}
 	}

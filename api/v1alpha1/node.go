@@ -142,17 +142,29 @@ func SetScaleDownClaims(on bool) { scaleDownClaims.Store(on) }
 // to budgets.
 func ScaleDownClaims() bool { return scaleDownClaims.Load() }
 
-// AwaitsScaleDownClaim reports whether t is cluster-autoscaler's scale-down
-// taint on a node whose scale-down is not charged to its budgets yet. Such a
-// taint cuts traffic (it is a signal) but does not yet make the node count
-// unavailable: cluster-autoscaler taints several nodes at once, and counting
-// them all would let the budget's unhealthy-node rule wave every one through.
-func AwaitsScaleDownClaim(node *corev1.Node, t corev1.Taint) bool {
-	if t.Key != ClusterAutoscalerTaintKey || !ScaleDownClaims() {
-		return false
+// AwaitsDisruptionClaim reports whether t is the taint of an autoscaler that
+// disrupts the node only once nodeguard charged the disruption to the node's
+// budgets. Such a taint cuts traffic (it is a signal) but does not by itself
+// make the node count unavailable: an autoscaler taints several nodes at once,
+// and counting them all would let the budget's unhealthy-node rule wave every
+// one through, or leave no room for the first.
+//   - cluster-autoscaler's scale-down taint counts once nodeguard marked the
+//     scale-down claimed (ScaleDownClaimed);
+//   - Karpenter's disrupted taint never counts by itself: the NodeClaim DELETE
+//     charges the budgets, and the Node's deletion, which follows at once,
+//     makes it unavailable.
+func AwaitsDisruptionClaim(node *corev1.Node, t corev1.Taint) bool {
+	switch t.Key {
+	case KarpenterDisruptedTaintKey:
+		return true
+	case ClusterAutoscalerTaintKey:
+		if !ScaleDownClaims() {
+			return false
+		}
+		_, claimed := node.Annotations[ScaleDownClaimedAnnotation]
+		return !claimed
 	}
-	_, claimed := node.Annotations[ScaleDownClaimedAnnotation]
-	return !claimed
+	return false
 }
 
 // ScaleDownClaimed reports whether the node carries cluster-autoscaler's
