@@ -53,6 +53,18 @@ type nodeClaim struct {
 	} `json:"status"`
 }
 
+// nodeClaimDecision is the outcome of a NodeClaim DELETE.
+type nodeClaimDecision struct {
+	allowed bool
+	code    int32
+	message string
+	reason  string
+	// claimed are the budgets this request newly charged; denier the budget
+	// that denied.
+	claimed []*ngv1alpha1.NodeDisruptionBudget
+	denier  *ngv1alpha1.NodeDisruptionBudget
+}
+
 // NodeClaimDeleteHandler admits a NodeClaim deletion only when its node may be
 // disrupted: the node's instance is already gone, or nobody else holds its
 // maintenance Lease and every NodeDisruptionBudget selecting it allows one
@@ -115,9 +127,9 @@ func decodeNodeClaim(raw runtime.RawExtension) (*nodeClaim, error) {
 
 // decide runs the steps in order; the first that decides wins. It returns
 // the node when there is one (for events).
-func (h *NodeClaimDeleteHandler) decide(ctx context.Context, claim *nodeClaim, dryRun bool) (decision, *corev1.Node, error) {
-	allow := func(reason, format string, args ...any) (decision, *corev1.Node, error) {
-		return decision{allowed: true, reason: reason, message: fmt.Sprintf(format, args...)}, nil, nil
+func (h *NodeClaimDeleteHandler) decide(ctx context.Context, claim *nodeClaim, dryRun bool) (nodeClaimDecision, *corev1.Node, error) {
+	allow := func(reason, format string, args ...any) (nodeClaimDecision, *corev1.Node, error) {
+		return nodeClaimDecision{allowed: true, reason: reason, message: fmt.Sprintf(format, args...)}, nil, nil
 	}
 	switch {
 	case claim.Metadata.DeletionTimestamp != nil:
@@ -130,38 +142,38 @@ func (h *NodeClaimDeleteHandler) decide(ctx context.Context, claim *nodeClaim, d
 		if client.IgnoreNotFound(err) == nil {
 			return allow(reasonNone, "the node %s of NodeClaim %s no longer exists", claim.Status.NodeName, claim.Metadata.Name)
 		}
-		return decision{}, nil, fmt.Errorf("reading node %s: %w", claim.Status.NodeName, err)
+		return nodeClaimDecision{}, nil, fmt.Errorf("reading node %s: %w", claim.Status.NodeName, err)
 	}
 	d, err := h.decideForNode(ctx, claim, &node, dryRun)
 	return d, &node, err
 }
 
-func (h *NodeClaimDeleteHandler) decideForNode(ctx context.Context, claim *nodeClaim, node *corev1.Node, dryRun bool) (decision, error) {
+func (h *NodeClaimDeleteHandler) decideForNode(ctx context.Context, claim *nodeClaim, node *corev1.Node, dryRun bool) (nodeClaimDecision, error) {
 	switch {
 	case node.DeletionTimestamp != nil:
-		return decision{allowed: true, message: fmt.Sprintf("node %s is already being deleted", node.Name)}, nil
+		return nodeClaimDecision{allowed: true, message: fmt.Sprintf("node %s is already being deleted", node.Name)}, nil
 	case !h.Managed.Matches(labels.Set(node.Labels)):
-		return decision{allowed: true, message: fmt.Sprintf("node %s is not managed by nodeguard", node.Name)}, nil
+		return nodeClaimDecision{allowed: true, message: fmt.Sprintf("node %s is not managed by nodeguard", node.Name)}, nil
 	case instanceGone(ctx, h.Instances, node):
-		return decision{allowed: true, reason: reasonInstanceGone, message: fmt.Sprintf(
+		return nodeClaimDecision{allowed: true, reason: reasonInstanceGone, message: fmt.Sprintf(
 			"node %s is not Ready and its instance %s no longer exists: nothing is left to protect", node.Name, node.Spec.ProviderID)}, nil
 	}
 	if hold, err := h.maintenanceHold(ctx, node); err != nil || hold != "" {
-		return decision{code: http.StatusTooManyRequests, reason: reasonMaintenanceHold, message: hold}, err
+		return nodeClaimDecision{code: http.StatusTooManyRequests, reason: reasonMaintenanceHold, message: hold}, err
 	}
 	budgets, err := budget.Matching(ctx, h.Budgets, node)
 	if err != nil {
-		return decision{}, err
+		return nodeClaimDecision{}, err
 	}
 	charge, err := h.Claimer.ChargeAll(ctx, budgets, node, dryRun)
 	if err != nil {
-		return decision{}, err
+		return nodeClaimDecision{}, err
 	}
 	if charge.Denial != nil {
-		return decision{code: charge.Denial.Code, reason: reasonBudget, denier: charge.Denier, message: fmt.Sprintf(
+		return nodeClaimDecision{code: charge.Denial.Code, reason: reasonBudget, denier: charge.Denier, message: fmt.Sprintf(
 			"deleting NodeClaim %s (node %s): %s", claim.Metadata.Name, node.Name, charge.Denial.Message)}, nil
 	}
-	return decision{allowed: true, claimed: charge.Newly, message: fmt.Sprintf(
+	return nodeClaimDecision{allowed: true, claimed: charge.Newly, message: fmt.Sprintf(
 		"NodeClaim %s (node %s) within %d NodeDisruptionBudget(s)", claim.Metadata.Name, node.Name, len(budgets))}, nil
 }
 
@@ -185,7 +197,7 @@ func (h *NodeClaimDeleteHandler) maintenanceHold(ctx context.Context, node *core
 }
 
 // record emits the decision's events on the node and the budgets.
-func (h *NodeClaimDeleteHandler) record(node *corev1.Node, claim string, d decision) {
+func (h *NodeClaimDeleteHandler) record(node *corev1.Node, claim string, d nodeClaimDecision) {
 	if h.Recorder == nil {
 		return
 	}
