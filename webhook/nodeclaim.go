@@ -2,7 +2,6 @@ package webhook
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"net/http"
 	"time"
@@ -13,6 +12,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/runtime"
+	utiljson "k8s.io/apimachinery/pkg/util/json"
 	"k8s.io/client-go/tools/events"
 	"k8s.io/utils/clock"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -119,7 +119,8 @@ func decodeNodeClaim(raw runtime.RawExtension) (*nodeClaim, error) {
 		return nil, fmt.Errorf("the review has no oldObject")
 	}
 	var c nodeClaim
-	if err := json.Unmarshal(raw.Raw, &c); err != nil {
+	// Case-sensitive, as the API server reads JSON.
+	if err := utiljson.Unmarshal(raw.Raw, &c); err != nil {
 		return nil, fmt.Errorf("decoding oldObject as a NodeClaim: %w", err)
 	}
 	return &c, nil
