@@ -18,7 +18,9 @@ import (
 
 // Unavailable reports whether a node counts as unavailable for budgets: it is
 // not Ready, is being deleted, or carries a signal taint or the draining taint.
-// It returns a short reason for events and messages.
+// The autoscalers' taints count only once the disruption is charged
+// (ngv1alpha1.AwaitsDisruptionClaim). It returns a short reason for
+// events and messages.
 func Unavailable(node *corev1.Node) (bool, string) {
 	if node.DeletionTimestamp != nil {
 		return true, "deleting"
@@ -27,9 +29,12 @@ func Unavailable(node *corev1.Node) (bool, string) {
 		if ngv1alpha1.IsDrainingTaint(t) {
 			return true, "draining"
 		}
-		if _, signal := ngv1alpha1.SignalOf(t); signal {
+		if _, signal := ngv1alpha1.SignalOf(t); signal && !ngv1alpha1.AwaitsDisruptionClaim(node, t) {
 			return true, "tainted " + t.Key
 		}
+	}
+	if ngv1alpha1.ScaleDownClaimed(node) {
+		return true, "scaled down by cluster-autoscaler"
 	}
 	for _, c := range node.Status.Conditions {
 		if c.Type == corev1.NodeReady {

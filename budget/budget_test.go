@@ -65,6 +65,12 @@ func charged(names ...string) func(*ngv1alpha1.NodeDisruptionBudget) {
 	}
 }
 
+func annotated(key string) func(*corev1.Node) {
+	return func(n *corev1.Node) {
+		n.Annotations = map[string]string{key: ngv1alpha1.FormatTime(now)}
+	}
+}
+
 func TestEvaluate(t *testing.T) {
 	tests := []struct {
 		name                                                  string
@@ -85,6 +91,14 @@ func TestEvaluate(t *testing.T) {
 			node("spot", tainted(ngv1alpha1.SpotEvictionTaintKey, ngv1alpha1.SpotEvictionTaintValue)),
 			node("draining", tainted(ngv1alpha1.DrainingTaintKey, "true"))),
 			wantExpected: 5, wantAvailable: 1, wantDesired: 0, wantAllowed: 1},
+		{name: "autoscalers' taints count only once charged", budget: ndb(maxUnavailable("1")), nodes: nodes(1,
+			node("ca-picked", tainted(ngv1alpha1.ClusterAutoscalerTaintKey, "1795000000")),
+			node("ca-claimed", tainted(ngv1alpha1.ClusterAutoscalerTaintKey, "1795000000"), annotated(ngv1alpha1.ScaleDownClaimedAnnotation)),
+			node("karpenter", tainted(ngv1alpha1.KarpenterDisruptedTaintKey, ""))),
+			wantExpected: 4, wantAvailable: 3, wantDesired: 3, wantAllowed: 0},
+		{name: "a claim mark without the taint (cancelled scale-down) does not count", budget: ndb(maxUnavailable("1")), nodes: nodes(1,
+			node("cancelled", annotated(ngv1alpha1.ScaleDownClaimedAnnotation))),
+			wantExpected: 2, wantAvailable: 2, wantDesired: 1, wantAllowed: 1},
 		{name: "other taints and cordon do not count", budget: ndb(maxUnavailable("1")), nodes: nodes(1,
 			node("other", tainted(ngv1alpha1.SpotEvictionTaintKey, "something-else"), func(n *corev1.Node) { n.Spec.Unschedulable = true })),
 			wantExpected: 2, wantAvailable: 2, wantDesired: 1, wantAllowed: 1},

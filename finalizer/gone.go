@@ -2,8 +2,12 @@ package finalizer
 
 import (
 	"context"
+	"sync"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/utils/clock"
 	logf "sigs.k8s.io/controller-runtime/pkg/log"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 )
@@ -46,4 +50,55 @@ func nodeReady(node *corev1.Node) bool {
 		}
 	}
 	return false
+}
+
+// DefaultInstanceCacheTTL is how long the termination trusts an answer that a
+// NotReady node's VM still exists before it asks ARM again.
+const DefaultInstanceCacheTTL = 5 * time.Second
+
+// CachedInstances remembers, for TTL, that a node's VM exists: the
+// termination asks on every pass of a NotReady node (each drain poll), and one
+// VM GET per node per TTL is enough. "Gone" is never cached (the node is
+// released at once), nor are errors.
+type CachedInstances struct {
+	Checker InstanceChecker
+	TTL     time.Duration
+	Clock   clock.PassiveClock
+
+	mu sync.Mutex
+	// exists: when ARM last said the VM exists, by node UID and providerID.
+	exists map[instanceKey]time.Time
+}
+
+type instanceKey struct {
+	uid        types.UID
+	providerID string
+}
+
+// InstanceExists implements InstanceChecker.
+func (c *CachedInstances) InstanceExists(ctx context.Context, node *corev1.Node) (bool, error) {
+	key := instanceKey{node.UID, node.Spec.ProviderID}
+	now := c.Clock.Now()
+	c.mu.Lock()
+	for k, at := range c.exists {
+		if now.Sub(at) >= c.TTL {
+			delete(c.exists, k)
+		}
+	}
+	_, fresh := c.exists[key]
+	c.mu.Unlock()
+	if fresh {
+		return true, nil
+	}
+	exists, err := c.Checker.InstanceExists(ctx, node)
+	if err != nil || !exists {
+		return exists, err
+	}
+	c.mu.Lock()
+	if c.exists == nil {
+		c.exists = map[instanceKey]time.Time{}
+	}
+	c.exists[key] = now
+	c.mu.Unlock()
+	return true, nil
 }

@@ -6,6 +6,12 @@ const (
 	ReasonDeletionAdmitted = "NodeDeletionAdmitted"
 	// ReasonDeletionDenied (Node, Warning): a budget or a maintenance hold denied it.
 	ReasonDeletionDenied = "NodeDeletionDenied"
+	// ReasonNodeClaimDeletionAdmitted (Node): the deletion of its Karpenter
+	// NodeClaim was admitted within every budget, or its instance is gone.
+	ReasonNodeClaimDeletionAdmitted = "NodeClaimDeletionAdmitted"
+	// ReasonNodeClaimDeletionDenied (Node, Warning): a budget or a
+	// maintenance hold denied the deletion of its NodeClaim.
+	ReasonNodeClaimDeletionDenied = "NodeClaimDeletionDenied"
 	// ReasonFinalizerAdded (Node): the termination finalizer was added during a
 	// delete, which is denied once so that the retry is guarded.
 	ReasonFinalizerAdded = "TerminationFinalizerAdded"

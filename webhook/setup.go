@@ -43,4 +43,13 @@ func Register(mgr ctrl.Manager, opts Options) {
 
 		Instances: opts.Instances,
 	}})
+	server.Register(NodeClaimDeletePath, &webhook.Admission{Handler: &NodeClaimDeleteHandler{
+		Nodes: mgr.GetClient(), Budgets: mgr.GetClient(), Reader: mgr.GetAPIReader(),
+		Claimer: &budget.Claimer{
+			Client: mgr.GetClient(), Reader: mgr.GetAPIReader(), Clock: clock.RealClock{},
+			OnConflict: budget.CountClaimConflict,
+		},
+		Managed: opts.Managed, Recorder: recorder, Clock: clock.RealClock{}, Timeout: opts.DeleteTimeout,
+		Instances: opts.Instances,
+	}})
 }

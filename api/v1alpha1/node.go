@@ -127,6 +127,56 @@ func FormatSignalTaints(taints []SignalTaint) string {
 	return strings.Join(out, ",")
 }
 
+// scaleDownClaims is whether nodeguard charges cluster-autoscaler's
+// scale-downs to budgets (--cluster-autoscaler-scale-down-hold). Set once at
+// start-up, like the signal taints.
+var scaleDownClaims atomic.Bool
+
+func init() { scaleDownClaims.Store(true) }
+
+// SetScaleDownClaims turns the charging of cluster-autoscaler's scale-downs
+// on or off. Call it once, at start-up.
+func SetScaleDownClaims(on bool) { scaleDownClaims.Store(on) }
+
+// ScaleDownClaims reports whether cluster-autoscaler's scale-downs are charged
+// to budgets.
+func ScaleDownClaims() bool { return scaleDownClaims.Load() }
+
+// AwaitsDisruptionClaim reports whether t is the taint of an autoscaler that
+// disrupts the node only once nodeguard charged the disruption to the node's
+// budgets. Such a taint cuts traffic (it is a signal) but does not by itself
+// make the node count unavailable: an autoscaler taints several nodes at once,
+// and counting them all would let the budget's unhealthy-node rule wave every
+// one through, or leave no room for the first.
+//   - cluster-autoscaler's scale-down taint counts once nodeguard marked the
+//     scale-down claimed (ScaleDownClaimed);
+//   - Karpenter's disrupted taint never counts by itself: the NodeClaim DELETE
+//     charges the budgets, and the Node's deletion, which follows at once,
+//     makes it unavailable.
+func AwaitsDisruptionClaim(node *corev1.Node, t corev1.Taint) bool {
+	switch t.Key {
+	case KarpenterDisruptedTaintKey:
+		return true
+	case ClusterAutoscalerTaintKey:
+		if !ScaleDownClaims() {
+			return false
+		}
+		_, claimed := node.Annotations[ScaleDownClaimedAnnotation]
+		return !claimed
+	}
+	return false
+}
+
+// ScaleDownClaimed reports whether the node carries cluster-autoscaler's
+// scale-down taint and nodeguard charged the scale-down to its budgets: the
+// node counts unavailable until it is gone or the scale-down is cancelled.
+func ScaleDownClaimed(node *corev1.Node) bool {
+	if _, claimed := node.Annotations[ScaleDownClaimedAnnotation]; !claimed {
+		return false
+	}
+	return slices.ContainsFunc(node.Spec.Taints, func(t corev1.Taint) bool { return t.Key == ClusterAutoscalerTaintKey })
+}
+
 // IsDrainingTaint reports whether a taint is nodeguard's draining taint.
 func IsDrainingTaint(t corev1.Taint) bool { return t.Key == DrainingTaintKey }
 

@@ -100,6 +100,20 @@ const (
 	// by nodeguard, so that nodeguard removes only what it set and never a
 	// user's.
 	ScaleDownDisabledByAnnotation = "nodeguard.io/scale-down-disabled"
+	// DelayDeletionAnnotation holds cluster-autoscaler's VM delete: after its
+	// drain, cluster-autoscaler waits (--node-deletion-delay-timeout, 2 min by
+	// default) until no delay-deletion.cluster-autoscaler.kubernetes.io/*
+	// annotation is left. It reads the first time from the node as it was
+	// when it picked it, so nodeguard keeps this one on every managed node and
+	// removes it only from a node whose scale-down it admitted, once the
+	// traffic cut is confirmed.
+	DelayDeletionAnnotation = "delay-deletion.cluster-autoscaler.kubernetes.io/nodeguard"
+	// DelayDeletionValue says what the hold waits for.
+	DelayDeletionValue = "budget-and-traffic-cut"
+	// ScaleDownClaimedAnnotation (RFC 3339 time) marks a node whose
+	// scale-down nodeguard charged to its NodeDisruptionBudgets: from then on
+	// cluster-autoscaler's taint counts the node unavailable (ScaleDownClaimed).
+	ScaleDownClaimedAnnotation = "nodeguard.io/scale-down-claimed-at"
 )
 
 // Node maintenance Leases (KEP "Node Maintenance Lease"): a Lease named after

@@ -43,6 +43,7 @@ func main() {
 	}
 	// Before anything that reads them starts.
 	ngv1alpha1.SetSignalTaints(opts.signalTaintTable)
+	ngv1alpha1.SetScaleDownClaims(opts.scaleDownHold)
 	if err := run(opts); err != nil {
 		ctrl.Log.Error(err, "nodeguard stopped")
 		os.Exit(1)

@@ -46,6 +46,7 @@ type options struct {
 	maxConcurrentDrains int
 	parallelEvictions   int
 	signalTaints        string
+	scaleDownHold       bool
 	// signalTaintTable is signalTaints parsed (by validate).
 	signalTaintTable []ngv1alpha1.SignalTaint
 	azure            azure.Options
@@ -117,6 +118,10 @@ func (o *options) bind(fs *flag.FlagSet) {
 	fs.StringVar(&o.signalTaints, "signal-taints", ngv1alpha1.FormatSignalTaints(ngv1alpha1.DefaultSignalTaints),
 		"Taints that say a node is leaving (key or key=value, comma-separated; a value is the only one that counts): "+
 			"while a node carries one, its load-balancer traffic is cut and NodeDisruptionBudgets count it unavailable. Empty: none.")
+	fs.BoolVar(&o.scaleDownHold, "cluster-autoscaler-scale-down-hold", true,
+		"Charge cluster-autoscaler's scale-downs to NodeDisruptionBudgets: keep the annotation "+ngv1alpha1.DelayDeletionAnnotation+" on every managed node, "+
+			"and remove it from a node tainted "+ngv1alpha1.ClusterAutoscalerTaintKey+" once every budget of the node admitted the scale-down and its traffic cut is confirmed. "+
+			"cluster-autoscaler waits for it up to its --node-deletion-delay-timeout (2m by default) before it deletes the VM. false removes the annotations nodeguard set.")
 	o.azure = azure.NewOptions()
 	o.azure.BindFlags(fs)
 	o.taintWatch = taintwatch.NewOptions()

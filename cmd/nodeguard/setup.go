@@ -21,6 +21,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/webhook"
 
 	ngv1alpha1 "github.com/nodeguard/nodeguard/api/v1alpha1"
+	"github.com/nodeguard/nodeguard/autoscaler"
 	"github.com/nodeguard/nodeguard/azure"
 	"github.com/nodeguard/nodeguard/azure/taintwatch"
 	"github.com/nodeguard/nodeguard/budget"
@@ -59,7 +60,7 @@ func setupTermination(mgr ctrl.Manager, opts options, adminState *azure.Manager)
 			return err
 		}
 		r.AdminState = adminState
-		r.Instances = adminState
+		r.Instances = &finalizer.CachedInstances{Checker: adminState, TTL: finalizer.DefaultInstanceCacheTTL, Clock: clock.RealClock{}}
 	}
 	if err := taintwatch.Setup(mgr, adminState, opts.taintWatch); err != nil {
 		return fmt.Errorf("setting up the taint watcher: %w", err)
@@ -77,8 +78,9 @@ func identity() string {
 }
 
 // setupGuard adds the admission webhooks, the finalizer backfill, the
-// scale-down guard (cluster-autoscaler's scale-down-disabled annotation) and the
-// NodeDisruptionBudget status controller.
+// cluster-autoscaler integration (the scale-down hold and the
+// scale-down-disabled annotation) and the NodeDisruptionBudget status
+// controller.
 // With Azure, the DELETE webhook asks ARM whether a NotReady node's VM is gone.
 func setupGuard(mgr ctrl.Manager, opts options, adminState *azure.Manager) error {
 	managed, _ := labels.Parse(opts.nodeSelector) // validated
@@ -94,6 +96,17 @@ func setupGuard(mgr ctrl.Manager, opts options, adminState *azure.Manager) error
 	}
 	if err := mgr.Add(&ngwebhook.ScopeCheck{Reader: mgr.GetAPIReader(), Managed: managed,
 		Recorder: mgr.GetEventRecorder("nodeguard-webhook")}); err != nil {
+		return err
+	}
+	hold := &autoscaler.HoldReconciler{Client: mgr.GetClient(), Reader: mgr.GetAPIReader(),
+		Claimer: &budget.Claimer{Client: mgr.GetClient(), Reader: mgr.GetAPIReader(), Clock: clock.RealClock{},
+			OnConflict: budget.CountClaimConflict},
+		Managed: managed, Recorder: mgr.GetEventRecorder("nodeguard-scale-down"), Clock: clock.RealClock{},
+		AdminStateTimeout: opts.adminStateTimeout, Disabled: !opts.scaleDownHold}
+	if adminState != nil { // never a typed nil in the interface
+		hold.AdminState = adminState
+	}
+	if err := hold.SetupWithManager(mgr); err != nil {
 		return err
 	}
 	if err := (&budget.ScaleDownReconciler{Client: mgr.GetClient(), Managed: managed,

@@ -237,6 +237,8 @@ nodeguard:
   managedNodes: {matchLabels: {kubernetes.azure.com/mode: user}}
   drainTimeout: 1h
   daemonSetPods: skip
+  signalTaints: [node.kubernetes.io/out-of-service, "cloudprovider.azure.microsoft.com/draining=spot-eviction"]
+  clusterAutoscalerScaleDownHold: false
   extraArgs: [--max-concurrent-drains=5]
 azure:
   configHostPath: /etc/kubernetes/azure.json
@@ -267,6 +269,7 @@ fullnameOverride: guard
 	}
 	args := fmt.Sprint(dig(c, "args"))
 	for _, want := range []string{"--node-selector=kubernetes.azure.com/mode=user", "--drain-timeout=1h", "--daemonset-pods=skip",
+		"--signal-taints=node.kubernetes.io/out-of-service,cloudprovider.azure.microsoft.com/draining=spot-eviction", "--cluster-autoscaler-scale-down-hold=false",
 		"--max-concurrent-drains=5", "--azure-config=/etc/kubernetes/azure.json", "--azure-load-balancers=kubernetes,kubernetes-internal"} {
 		if !strings.Contains(args, want) {
 			t.Errorf("args %s lack %s", args, want)

@@ -43,6 +43,8 @@ nodeguard:
   managedNodes: {matchLabels: {kubernetes.azure.com/mode: user}}
   drainTimeout: 1h
   daemonSetPods: skip
+  signalTaints: [node.kubernetes.io/out-of-service]
+  clusterAutoscalerScaleDownHold: false
   extraArgs: [--max-concurrent-drains=5]
   logLevel: debug
 azure:

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net/http"
 	"slices"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -14,6 +15,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/util/retry"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -28,20 +30,29 @@ import (
 type fleet struct {
 	pool     string
 	nodes    []string
+	vms      map[string]int // node → VMSS instance
 	emulator *armemulator.Server
 }
 
+// fleetVMs numbers the VMs of every fleet in this process: nodes of earlier
+// fleets stay in the cluster, and a later fleet's node with the same VM or IP
+// would share its backend entries.
+var fleetVMs = 1000
+
 func newFleet(t *testing.T, name string, size int) *fleet {
 	t.Helper()
-	f := &fleet{pool: freshName(name)}
+	f := &fleet{pool: freshName(name), vms: map[string]int{}}
 	var emuNodes []armemulator.Node
 	for i := range size {
+		vm := fleetVMs
+		fleetVMs++
 		node := fmt.Sprintf("%s-%d", f.pool, i)
-		ip := fmt.Sprintf("10.%d.1.%d", len(f.pool), i+4)
+		ip := fmt.Sprintf("10.201.%d.%d", vm/200, vm%200+4)
 		f.nodes = append(f.nodes, node)
-		emuNodes = append(emuNodes, armemulator.Node{Name: node, IPs: []string{ip}, ProviderID: vmssProviderID(i)})
+		f.vms[node] = vm
+		emuNodes = append(emuNodes, armemulator.Node{Name: node, IPs: []string{ip}, ProviderID: vmssProviderID(vm)})
 		harness.MustCreate(t, env.Client, builder.Node(node, builder.WithLabels("pool", f.pool),
-			builder.WithProviderID(vmssProviderID(i)), builder.WithInternalIP(ip)))
+			builder.WithProviderID(vmssProviderID(vm)), builder.WithInternalIP(ip)))
 	}
 	emu, err := armemulator.Start("127.0.0.1:0",
 		armemulator.SeedForNodes(subscription, resourceGroup, emuNodes, armemulator.Topology{NICBased: true, Internal: true}),
@@ -57,7 +68,7 @@ func newFleet(t *testing.T, name string, size int) *fleet {
 // states returns the node's load-balancer entries' admin states, by
 // "lb/pool" (the outbound-only pool carries none).
 func (f *fleet) states(node string) map[string]string {
-	index := strings.TrimPrefix(node, f.pool+"-")
+	index := strconv.Itoa(f.vms[node])
 	out := map[string]string{}
 	for _, p := range f.emulator.State() {
 		if p.Pool == "aksOutboundBackendPool" {
@@ -82,15 +93,20 @@ func (f *fleet) allStates(node, want string) bool {
 	return len(states) > 0
 }
 
+// patchTaints changes a node's taints with an optimistic lock, retrying on a
+// conflict as taint writers do (nodeguard writes the node's annotations too).
 func patchTaints(t *testing.T, node string, change func([]corev1.Taint) []corev1.Taint) {
 	t.Helper()
-	var n corev1.Node
-	if err := env.Client.Get(context.Background(), client.ObjectKey{Name: node}, &n); err != nil {
-		t.Fatal(err)
-	}
-	patch := client.MergeFromWithOptions(n.DeepCopy(), client.MergeFromWithOptimisticLock{})
-	n.Spec.Taints = change(n.Spec.Taints)
-	if err := env.Client.Patch(context.Background(), &n, patch); err != nil {
+	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		var n corev1.Node
+		if err := env.Client.Get(context.Background(), client.ObjectKey{Name: node}, &n); err != nil {
+			return err
+		}
+		patch := client.MergeFromWithOptions(n.DeepCopy(), client.MergeFromWithOptimisticLock{})
+		n.Spec.Taints = change(n.Spec.Taints)
+		return env.Client.Patch(context.Background(), &n, patch)
+	})
+	if err != nil {
 		t.Fatal(err)
 	}
 }

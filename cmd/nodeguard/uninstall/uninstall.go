@@ -309,6 +309,10 @@ var bookkeepingAnnotations = []string{
 	ngv1alpha1.TrafficCutAtAnnotation,
 	ngv1alpha1.DrainedAtAnnotation,
 	ngv1alpha1.SpotEventHandledAnnotation,
+	// Without nodeguard, its hold would delay every cluster-autoscaler
+	// scale-down by --node-deletion-delay-timeout.
+	ngv1alpha1.DelayDeletionAnnotation,
+	ngv1alpha1.ScaleDownClaimedAnnotation,
 }
 
 // cleanIdleNodes removes the finalizer, the draining taint and the
@@ -341,6 +345,11 @@ func (u *uninstaller) cleanIdleNodes(ctx context.Context) error {
 					delete(node.Annotations, a)
 					did = append(did, "annotation "+a)
 				}
+			}
+			if _, ours := node.Annotations[ngv1alpha1.ScaleDownDisabledByAnnotation]; ours {
+				delete(node.Annotations, ngv1alpha1.ScaleDownDisabledByAnnotation)
+				delete(node.Annotations, ngv1alpha1.ScaleDownDisabledAnnotation)
+				did = append(did, "annotation "+ngv1alpha1.ScaleDownDisabledAnnotation)
 			}
 			return did
 		})

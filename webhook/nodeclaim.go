@@ -1,0 +1,229 @@
+package webhook
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	admissionv1 "k8s.io/api/admission/v1"
+	coordinationv1 "k8s.io/api/coordination/v1"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/runtime"
+	utiljson "k8s.io/apimachinery/pkg/util/json"
+	"k8s.io/client-go/tools/events"
+	"k8s.io/utils/clock"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/metrics"
+	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
+
+	ngv1alpha1 "github.com/nodeguard/nodeguard/api/v1alpha1"
+	"github.com/nodeguard/nodeguard/budget"
+)
+
+// NodeClaimDeletePath serves the validating webhook for Karpenter's NodeClaim
+// DELETE.
+const NodeClaimDeletePath = "/validate-nodeclaim-delete"
+
+// NodeClaimWebhookName is the NodeClaim webhook's name in its configuration.
+const NodeClaimWebhookName = "nodeclaim.nodeguard.io"
+
+// Karpenter (and AKS node auto-provisioning) disrupts a node by deleting its
+// NodeClaim; the Node's deletion follows from the NodeClaim's finalizer and is
+// admitted (the node carries karpenter.sh/termination). The NodeClaim DELETE is
+// therefore where the budgets apply. The webhook is called only for NodeClaims
+// that have a node and are not deleting yet (a NodeClaim that never registered
+// is Karpenter's to clean up, nodeguard or not). Installed where the NodeClaim
+// CRD does not exist, the configuration matches nothing and costs nothing;
+// nodeguard reads NodeClaims only from the review, so it needs neither the CRD
+// nor permissions on it.
+// +kubebuilder:webhook:path=/validate-nodeclaim-delete,mutating=false,failurePolicy=fail,sideEffects=NoneOnDryRun,groups=karpenter.sh,resources=nodeclaims,verbs=delete,versions=v1,name=nodeclaim.nodeguard.io,admissionReviewVersions=v1,timeoutSeconds=5,patch=`{"matchConditions":[{"name":"not-deleting","expression":"!has(oldObject.metadata.deletionTimestamp)"},{"name":"has-node","expression":"has(oldObject.status) && has(oldObject.status.nodeName) && oldObject.status.nodeName != ''"}]}`
+
+// nodeClaim is the part of a karpenter.sh/v1 NodeClaim the decision reads.
+type nodeClaim struct {
+	Metadata struct {
+		Name              string  `json:"name"`
+		DeletionTimestamp *string `json:"deletionTimestamp,omitempty"`
+	} `json:"metadata"`
+	Status struct {
+		NodeName   string `json:"nodeName,omitempty"`
+		ProviderID string `json:"providerID,omitempty"`
+	} `json:"status"`
+}
+
+// nodeClaimDecision is the outcome of a NodeClaim DELETE.
+type nodeClaimDecision struct {
+	allowed bool
+	code    int32
+	message string
+	reason  string
+	// claimed are the budgets this request newly charged; denier the budget
+	// that denied.
+	claimed []*ngv1alpha1.NodeDisruptionBudget
+	denier  *ngv1alpha1.NodeDisruptionBudget
+}
+
+// NodeClaimDeleteHandler admits a NodeClaim deletion only when its node may be
+// disrupted: the node's instance is already gone, or nobody else holds its
+// maintenance Lease and every NodeDisruptionBudget selecting it allows one
+// more disruption, which it charges to each of them.
+type NodeClaimDeleteHandler struct {
+	// Nodes reads nodes (the manager's cache is fine) and Budgets lists
+	// budgets (each claim re-reads its budget from the API server).
+	Nodes   client.Reader
+	Budgets client.Reader
+	// Reader reads maintenance Leases fresh from the API server.
+	Reader    client.Reader
+	Claimer   *budget.Claimer
+	Managed   labels.Selector
+	Recorder  events.EventRecorder
+	Clock     clock.PassiveClock
+	Timeout   time.Duration
+	Instances InstanceChecker
+}
+
+// Handle implements admission.Handler.
+func (h *NodeClaimDeleteHandler) Handle(ctx context.Context, req admission.Request) admission.Response {
+	if req.Operation != admissionv1.Delete {
+		observeNodeClaim(resultError, reasonInvalidRequest)
+		return admission.Errored(http.StatusBadRequest, fmt.Errorf("unexpected operation %q: this webhook admits NodeClaim DELETE only", req.Operation))
+	}
+	claim, err := decodeNodeClaim(req.OldObject)
+	if err != nil {
+		observeNodeClaim(resultError, reasonInvalidRequest)
+		return admission.Errored(http.StatusBadRequest, err)
+	}
+	ctx, cancel := context.WithTimeout(ctx, h.Timeout)
+	defer cancel()
+	dryRun := req.DryRun != nil && *req.DryRun
+	d, node, err := h.decide(ctx, claim, dryRun)
+	if err != nil {
+		observeNodeClaim(resultError, reasonInternal)
+		return admission.Errored(http.StatusInternalServerError, err)
+	}
+	if !dryRun && node != nil {
+		h.record(node, claim.Metadata.Name, d)
+	}
+	if d.allowed {
+		observeNodeClaim(resultAllowed, d.reason)
+		return admission.Allowed(d.message)
+	}
+	observeNodeClaim(resultDenied, d.reason)
+	return denied(d.code, d.message)
+}
+
+func decodeNodeClaim(raw runtime.RawExtension) (*nodeClaim, error) {
+	if len(raw.Raw) == 0 {
+		return nil, fmt.Errorf("the review has no oldObject")
+	}
+	var c nodeClaim
+	// Case-sensitive, as the API server reads JSON.
+	if err := utiljson.Unmarshal(raw.Raw, &c); err != nil {
+		return nil, fmt.Errorf("decoding oldObject as a NodeClaim: %w", err)
+	}
+	return &c, nil
+}
+
+// decide runs the steps in order; the first that decides wins. It returns
+// the node when there is one (for events).
+func (h *NodeClaimDeleteHandler) decide(ctx context.Context, claim *nodeClaim, dryRun bool) (nodeClaimDecision, *corev1.Node, error) {
+	allow := func(reason, format string, args ...any) (nodeClaimDecision, *corev1.Node, error) {
+		return nodeClaimDecision{allowed: true, reason: reason, message: fmt.Sprintf(format, args...)}, nil, nil
+	}
+	switch {
+	case claim.Metadata.DeletionTimestamp != nil:
+		return allow(reasonNone, "NodeClaim %s is already being deleted", claim.Metadata.Name)
+	case claim.Status.NodeName == "":
+		return allow(reasonNone, "NodeClaim %s has no node", claim.Metadata.Name)
+	}
+	var node corev1.Node
+	if err := h.Nodes.Get(ctx, client.ObjectKey{Name: claim.Status.NodeName}, &node); err != nil {
+		if client.IgnoreNotFound(err) == nil {
+			return allow(reasonNone, "the node %s of NodeClaim %s no longer exists", claim.Status.NodeName, claim.Metadata.Name)
+		}
+		return nodeClaimDecision{}, nil, fmt.Errorf("reading node %s: %w", claim.Status.NodeName, err)
+	}
+	d, err := h.decideForNode(ctx, claim, &node, dryRun)
+	return d, &node, err
+}
+
+func (h *NodeClaimDeleteHandler) decideForNode(ctx context.Context, claim *nodeClaim, node *corev1.Node, dryRun bool) (nodeClaimDecision, error) {
+	switch {
+	case node.DeletionTimestamp != nil:
+		return nodeClaimDecision{allowed: true, message: fmt.Sprintf("node %s is already being deleted", node.Name)}, nil
+	case !h.Managed.Matches(labels.Set(node.Labels)):
+		return nodeClaimDecision{allowed: true, message: fmt.Sprintf("node %s is not managed by nodeguard", node.Name)}, nil
+	case instanceGone(ctx, h.Instances, node):
+		return nodeClaimDecision{allowed: true, reason: reasonInstanceGone, message: fmt.Sprintf(
+			"node %s is not Ready and its instance %s no longer exists: nothing is left to protect", node.Name, node.Spec.ProviderID)}, nil
+	}
+	if hold, err := h.maintenanceHold(ctx, node); err != nil || hold != "" {
+		return nodeClaimDecision{code: http.StatusTooManyRequests, reason: reasonMaintenanceHold, message: hold}, err
+	}
+	budgets, err := budget.Matching(ctx, h.Budgets, node)
+	if err != nil {
+		return nodeClaimDecision{}, err
+	}
+	charge, err := h.Claimer.ChargeAll(ctx, budgets, node, dryRun)
+	if err != nil {
+		return nodeClaimDecision{}, err
+	}
+	if charge.Denial != nil {
+		return nodeClaimDecision{code: charge.Denial.Code, reason: reasonBudget, denier: charge.Denier, message: fmt.Sprintf(
+			"deleting NodeClaim %s (node %s): %s", claim.Metadata.Name, node.Name, charge.Denial.Message)}, nil
+	}
+	return nodeClaimDecision{allowed: true, claimed: charge.Newly, message: fmt.Sprintf(
+		"NodeClaim %s (node %s) within %d NodeDisruptionBudget(s)", claim.Metadata.Name, node.Name, len(budgets))}, nil
+}
+
+// maintenanceHold describes the hold of someone other than nodeguard on the
+// node's maintenance Lease ("" when none).
+func (h *NodeClaimDeleteHandler) maintenanceHold(ctx context.Context, node *corev1.Node) (string, error) {
+	var lease coordinationv1.Lease
+	err := h.Reader.Get(ctx, client.ObjectKey{Namespace: ngv1alpha1.MaintenanceLeaseNamespace, Name: node.Name}, &lease)
+	if err != nil {
+		if client.IgnoreNotFound(err) != nil {
+			return "", fmt.Errorf("reading maintenance Lease of node %s: %w", node.Name, err)
+		}
+		return "", nil
+	}
+	hold := budget.HeldAt(&lease, h.Clock.Now())
+	if hold == nil || budget.IsNodeguardHolder(hold.Holder) {
+		return "", nil
+	}
+	return fmt.Sprintf("node %s is under maintenance: its Lease %s/%s is %s; retry after the holder releases it",
+		node.Name, ngv1alpha1.MaintenanceLeaseNamespace, node.Name, hold), nil
+}
+
+// record emits the decision's events on the node and the budgets.
+func (h *NodeClaimDeleteHandler) record(node *corev1.Node, claim string, d nodeClaimDecision) {
+	if h.Recorder == nil {
+		return
+	}
+	switch {
+	case !d.allowed:
+		if d.denier != nil {
+			h.Recorder.Eventf(d.denier, node, corev1.EventTypeWarning, ReasonDisruptionDenied, actionAdmit, "%s", d.message)
+		}
+		h.Recorder.Eventf(node, nil, corev1.EventTypeWarning, ReasonNodeClaimDeletionDenied, actionAdmit, "%s", d.message)
+	case len(d.claimed) > 0 || d.reason == reasonInstanceGone:
+		for _, b := range d.claimed {
+			h.Recorder.Eventf(b, node, corev1.EventTypeNormal, ReasonDisruptionClaimed, actionAdmit,
+				"charged the deletion of NodeClaim %s (node %s)", claim, node.Name)
+		}
+		h.Recorder.Eventf(node, nil, corev1.EventTypeNormal, ReasonNodeClaimDeletionAdmitted, actionAdmit, "%s", d.message)
+	}
+}
+
+var nodeClaimDecisions = prometheus.NewCounterVec(prometheus.CounterOpts{
+	Name: "nodeguard_nodeclaim_admission_requests_total",
+	Help: "Karpenter NodeClaim DELETE decisions by result (allowed, denied, error) and reason (budget, maintenance_hold, instance_gone).",
+}, []string{labelResult, labelReason})
+
+func init() { metrics.Registry.MustRegister(nodeClaimDecisions) }
+
+func observeNodeClaim(result, reason string) {
+	nodeClaimDecisions.WithLabelValues(result, reason).Inc()
+}

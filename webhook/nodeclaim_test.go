@@ -1,0 +1,140 @@
+package webhook_test
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/utils/clock"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/yaml"
+
+	ngv1alpha1 "github.com/nodeguard/nodeguard/api/v1alpha1"
+	"github.com/nodeguard/nodeguard/budget"
+	"github.com/nodeguard/nodeguard/test/builder"
+	"github.com/nodeguard/nodeguard/test/harness"
+	ngwebhook "github.com/nodeguard/nodeguard/webhook"
+)
+
+var nodeClaimKind = schema.GroupVersionKind{Group: "karpenter.sh", Version: "v1", Kind: "NodeClaim"}
+
+// goneInstances says the instances of the named nodes are gone.
+type goneInstances map[string]bool
+
+func (g goneInstances) InstanceExists(_ context.Context, n *corev1.Node) (bool, error) {
+	return !g[n.Name], nil
+}
+
+// installNodeClaimCRD installs the test NodeClaim CRD (testdata: a minimal
+// one written for these tests) and waits until it is served.
+func installNodeClaimCRD(t *testing.T) {
+	t.Helper()
+	raw, err := os.ReadFile(filepath.Join("testdata", "karpenter.sh_nodeclaims.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var crd apiextensionsv1.CustomResourceDefinition
+	if err := yaml.Unmarshal(raw, &crd); err != nil {
+		t.Fatal(err)
+	}
+	if err := env.Client.Create(context.Background(), &crd); client.IgnoreAlreadyExists(err) != nil {
+		t.Fatal(err)
+	}
+	harness.Eventually(t, 30*time.Second, func(ctx context.Context) (bool, error) {
+		var list unstructured.UnstructuredList
+		list.SetGroupVersionKind(nodeClaimKind.GroupVersion().WithKind("NodeClaimList"))
+		return env.Client.List(ctx, &list) == nil, nil
+	}, "NodeClaims are served")
+}
+
+// createNodeClaim creates a NodeClaim whose status names node ("" for none).
+func createNodeClaim(t *testing.T, name, node string) {
+	t.Helper()
+	ctx := context.Background()
+	nc := &unstructured.Unstructured{}
+	nc.SetGroupVersionKind(nodeClaimKind)
+	nc.SetName(name)
+	if err := unstructured.SetNestedField(nc.Object, map[string]any{"nodeClassRef": map[string]any{"name": "default"}}, "spec"); err != nil {
+		t.Fatal(err)
+	}
+	if err := env.Client.Create(ctx, nc); err != nil {
+		t.Fatal(err)
+	}
+	if node == "" {
+		return
+	}
+	if err := unstructured.SetNestedField(nc.Object, map[string]any{"nodeName": node, "providerID": "azure:///" + node}, "status"); err != nil {
+		t.Fatal(err)
+	}
+	if err := env.Client.Status().Update(ctx, nc); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func deleteNodeClaim(name string) (string, error) {
+	return harness.Kubectl(env.Kubeconfig, "", "delete", "nodeclaims.karpenter.sh", name, "--wait=false")
+}
+
+// TestNodeClaimDeleteAppliesTheBudget: Karpenter disrupts three nodes of a
+// pool at once (each tainted karpenter.sh/disrupted, then its NodeClaim
+// deleted) under a budget that allows one more disruption. The first NodeClaim DELETE is
+// admitted and charged; the second is denied with the budget's numbers (the
+// disrupted taints alone do not use the budget up); the NodeClaim of a
+// NotReady node whose instance is gone is admitted whatever the budget says,
+// and so is one that never got a node. nodeguard started before the CRD
+// existed: it does not need it.
+func TestNodeClaimDeleteAppliesTheBudget(t *testing.T) {
+	harness.SkipWithoutEnv(t, env)
+	mgr, addr, answers := newManager(t)
+	ngwebhook.Register(mgr, ngwebhook.Options{Managed: labels.Everything(), DeleteTimeout: ngwebhook.DefaultDeleteTimeout,
+		Instances: goneInstances{"karp-3": true}})
+	if err := (&budget.StatusReconciler{Client: mgr.GetClient(), Clock: clock.RealClock{}, ClaimTimeout: budget.DefaultClaimTimeout}).SetupWithManager(mgr); err != nil {
+		t.Fatal(err)
+	}
+	useGuards(t, run(t, mgr, addr, answers))
+	installNodeClaimCRD(t)
+
+	disrupted := corev1.Taint{Key: ngv1alpha1.KarpenterDisruptedTaintKey, Effect: corev1.TaintEffectNoSchedule}
+	nodes := createReadyNodes(t, "karp", 3, builder.WithTaints(disrupted))
+	dead := builder.Node("karp-3", builder.WithLabels("pool", "karp"), builder.WithTaints(disrupted), builder.WithoutKubelet(), builder.Unreachable())
+	if err := env.Client.Create(context.Background(), dead); err != nil {
+		t.Fatal(err)
+	}
+	// 4 nodes, one NotReady, maxUnavailable 2: one more may go.
+	createBudget(t, "karp", 1, builder.NDBMaxUnavailable("2"))
+	for i, n := range append(nodes, "karp-3") {
+		createNodeClaim(t, fmt.Sprintf("karp-claim-%d", i), n)
+	}
+	createNodeClaim(t, "karp-claim-unregistered", "")
+
+	if out, err := deleteNodeClaim("karp-claim-0"); err != nil {
+		t.Fatalf("first NodeClaim delete refused: %v\n%s", err, out)
+	}
+	if _, charged := getBudget(t, "karp").Status.DisruptedNodes["karp-0"]; !charged {
+		t.Errorf("the budget does not charge karp-0: %v", getBudget(t, "karp").Status.DisruptedNodes)
+	}
+	out, err := deleteNodeClaim("karp-claim-1")
+	if err == nil || !strings.Contains(out, `deleting NodeClaim karp-claim-1 (node karp-1): NodeDisruptionBudget "karp" allows no more disruptions now: allowed 0, unavailable 2 of max 2`) {
+		t.Errorf("second NodeClaim delete: %v\n%s", err, out)
+	}
+	if out, err := deleteNodeClaim("karp-claim-3"); err != nil {
+		t.Errorf("NodeClaim of a NotReady node whose instance is gone refused: %v\n%s", err, out)
+	}
+	if out, err := deleteNodeClaim("karp-claim-unregistered"); err != nil {
+		t.Errorf("NodeClaim without a node refused: %v\n%s", err, out)
+	}
+	harness.WaitForEvent(t, env.Client, "karp-1", ngwebhook.ReasonNodeClaimDeletionDenied)
+	harness.WaitForEvent(t, env.Client, "karp-0", ngwebhook.ReasonNodeClaimDeletionAdmitted)
+	if total, _ := answers.counts(ngwebhook.NodeClaimDeletePath); total != 3 {
+		t.Errorf("the NodeClaim webhook answered %d reviews, want 3 (none for the NodeClaim without a node)", total)
+	}
+}
