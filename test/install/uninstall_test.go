@@ -90,6 +90,14 @@ func TestUninstallReleasesEveryNode(t *testing.T) {
 		err := env.Client.Get(ctx, client.ObjectKey{Name: "un-stuck"}, &n)
 		return err == nil && slices.ContainsFunc(n.Spec.Taints, func(t corev1.Taint) bool { return t.Key == ngv1alpha1.DrainingTaintKey }), err
 	}, "nodeguard drains un-stuck")
+	// nodeguard keeps cluster-autoscaler's delay-deletion hold on every managed
+	// node; uninstall must take it away.
+	harness.Eventually(t, 30*time.Second, func(ctx context.Context) (bool, error) {
+		var n corev1.Node
+		err := env.Client.Get(ctx, client.ObjectKey{Name: "un-idle"}, &n)
+		_, held := n.Annotations[ngv1alpha1.DelayDeletionAnnotation]
+		return err == nil && held, err
+	}, "nodeguard holds un-idle for cluster-autoscaler")
 	// Marks nodeguard may leave on a node that is not being deleted.
 	var marked corev1.Node
 	if err := env.Client.Get(ctx, client.ObjectKey{Name: "un-marked"}, &marked); err != nil {
@@ -190,8 +198,10 @@ func TestUninstallReleasesEveryNode(t *testing.T) {
 		if slices.ContainsFunc(n.Spec.Taints, func(t corev1.Taint) bool { return t.Key == ngv1alpha1.DrainingTaintKey }) {
 			t.Errorf("node %s still has the draining taint", n.Name)
 		}
-		if _, ok := n.Annotations[ngv1alpha1.FinalizerAddedAtAnnotation]; ok {
-			t.Errorf("node %s still has %s", n.Name, ngv1alpha1.FinalizerAddedAtAnnotation)
+		for _, a := range []string{ngv1alpha1.FinalizerAddedAtAnnotation, ngv1alpha1.DelayDeletionAnnotation} {
+			if _, ok := n.Annotations[a]; ok {
+				t.Errorf("node %s still has %s", n.Name, a)
+			}
 		}
 	}
 	if err := env.Client.Get(ctx, client.ObjectKey{Name: "un-marked"}, &marked); err != nil || marked.Annotations[ngv1alpha1.DrainTimeoutAnnotation] != "30m" {
