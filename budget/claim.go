@@ -49,7 +49,11 @@ type Claimer struct {
 	Client client.Client
 	// Reader reads budgets fresh from the API server (not a cache).
 	Reader client.Reader
-	Clock  clock.PassiveClock
+	// Cache, if set, reads budgets from an informer. Claims start from its
+	// copy when it is newer than the replica's own last write, saving a read;
+	// a stale copy only costs a conflict and a fresh read.
+	Cache client.Reader
+	Clock clock.PassiveClock
 	// OnConflict, if set, is called for each conflicting status write that is
 	// retried (one write may carry several claims).
 	OnConflict func()

@@ -4,9 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strconv"
 	"time"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -22,11 +24,14 @@ import (
 // for the next round. On a conflict the round is redone from a fresh read,
 // with whatever has arrived since.
 //
-// The read is the object this replica's last successful write returned, when
-// there is one. The resourceVersion precondition makes a stale copy harmless:
-// it can only cause a conflict, never an admission beyond the budget. A round
-// that would write nothing (every claim denied or already charged) proves
-// nothing about its read, so a cached copy is then replaced by a fresh read
+// A round starts from a copy it already has: the newer of the object this
+// replica's last successful write returned and the informer's (Claimer.Cache),
+// which sees other writers' changes (the status controller's, other
+// replicas') within milliseconds. The resourceVersion precondition makes a
+// stale copy harmless: it can only cause a conflict, never an admission beyond
+// the budget. After a conflict the round reads fresh from the API server. A
+// round that would write nothing (every claim denied or already charged)
+// proves nothing about its copy, so a copy is then replaced by a fresh read
 // before anyone is answered.
 
 // roundTimeout bounds a round whose waiters have no deadline of their own.
@@ -57,9 +62,11 @@ type commitQueue struct {
 	pending []*waiter
 	// committing is true while a committer runs for this budget.
 	committing bool
-	// last is the budget as this replica last wrote or freshly read it; only
-	// the committer touches it.
-	last *ngv1alpha1.NodeDisruptionBudget
+	// last is the budget as this replica last wrote or freshly read it, and
+	// conflicted says the last round lost a race: the next one reads fresh.
+	// Only the committer touches them.
+	last       *ngv1alpha1.NodeDisruptionBudget
+	conflicted bool
 }
 
 // submit queues a change on the budget and waits for its verdict, or for ctx
@@ -141,7 +148,12 @@ func (c *Claimer) round(budget string, q *commitQueue, batch []*waiter) []*waite
 	for i, w := range batch {
 		changes[i] = w.change
 	}
-	base, fresh := q.last, false
+	var base *ngv1alpha1.NodeDisruptionBudget
+	if !q.conflicted {
+		base = c.newestCopy(ctx, budget, q.last)
+	}
+	q.conflicted = false
+	fresh := false
 	for {
 		if base == nil {
 			var err error
@@ -174,7 +186,7 @@ func (c *Claimer) round(budget string, q *commitQueue, batch []*waiter) []*waite
 			answer(batch, verdicts(len(batch), nil))
 			return nil
 		case apierrors.IsConflict(err) && ctx.Err() == nil:
-			q.last = nil
+			q.last, q.conflicted = nil, true
 			if c.OnConflict != nil {
 				c.OnConflict()
 			}
@@ -198,6 +210,29 @@ func (c *Claimer) read(ctx context.Context, budget string) (*ngv1alpha1.NodeDisr
 		return nil, fmt.Errorf("reading NodeDisruptionBudget %q: %w", budget, err)
 	}
 	return &ndb, nil
+}
+
+// newestCopy returns the newer of last and the informer's copy of the budget,
+// or nil when there is neither. ResourceVersions are opaque: comparing them as
+// numbers (which they are in etcd-backed API servers) is only a guess at which
+// copy is newer, and a wrong guess costs a conflict, never correctness.
+func (c *Claimer) newestCopy(ctx context.Context, budget string, last *ngv1alpha1.NodeDisruptionBudget) *ngv1alpha1.NodeDisruptionBudget {
+	if c.Cache == nil {
+		return last
+	}
+	var cached ngv1alpha1.NodeDisruptionBudget
+	if err := c.Cache.Get(ctx, client.ObjectKey{Name: budget}, &cached); err != nil {
+		return last
+	}
+	if last == nil {
+		return &cached
+	}
+	lastRV, err1 := strconv.ParseUint(last.ResourceVersion, 10, 64)
+	cachedRV, err2 := strconv.ParseUint(cached.ResourceVersion, 10, 64)
+	if err1 == nil && err2 == nil && cachedRV > lastRV {
+		return &cached
+	}
+	return last
 }
 
 // apply applies the changes in order to a copy of base at now: a claim is
@@ -236,7 +271,21 @@ func (c *Claimer) apply(base *ngv1alpha1.NodeDisruptionBudget, changes []change,
 			changed = true
 		}
 	}
+	if changed {
+		setAllowedCondition(ndb, now)
+	}
 	return ndb, vs, changed
+}
+
+// setAllowedCondition brings the DisruptionAllowed condition up to the
+// changed numbers, as the status controller would: otherwise every claim's
+// write would be followed by the controller's, which the next claim meets as a
+// conflict.
+func setAllowedCondition(ndb *ngv1alpha1.NodeDisruptionBudget, now time.Time) {
+	n, err := FromStatus(ndb, now)
+	cond := allowedCondition(n, err, ndb.Generation)
+	cond.LastTransitionTime = metav1.NewTime(now)
+	meta.SetStatusCondition(&ndb.Status.Conditions, cond)
 }
 
 // countChanged is how many changes a write carried: claims charged and

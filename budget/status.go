@@ -135,22 +135,10 @@ func (r *StatusReconciler) computeStatus(ndb *ngv1alpha1.NodeDisruptionBudget, s
 
 	pruned := ndb.DeepCopy()
 	pruned.Status.DisruptedNodes = status.DisruptedNodes
-	cond := metav1.Condition{Type: ngv1alpha1.ConditionDisruptionAllowed, ObservedGeneration: ndb.Generation}
 	n, err := Evaluate(pruned, selected, now)
-	switch {
-	case err != nil:
-		cond.Status, cond.Reason, cond.Message = metav1.ConditionFalse, ngv1alpha1.ReasonInvalidSpec, err.Error()
-	case n.Allowed > 0:
-		cond.Status, cond.Reason, cond.Message = metav1.ConditionTrue, ngv1alpha1.ReasonSufficientNodes, n.String()
-	case n.Window != nil:
-		cond.Status, cond.Reason = metav1.ConditionFalse, ngv1alpha1.ReasonWindowActive
-		cond.Message = fmt.Sprintf("%s; disruption window %q ends %s", n, n.Window.Schedule, n.Window.Ends.UTC().Format(time.RFC3339))
-	default:
-		cond.Status, cond.Reason, cond.Message = metav1.ConditionFalse, ngv1alpha1.ReasonInsufficientNodes, n.String()
-	}
 	status.ExpectedNodes, status.CurrentAvailable = n.Expected, n.Available
 	status.DesiredAvailable, status.DisruptionsAllowed = n.Desired, n.Allowed
-	meta.SetStatusCondition(&status.Conditions, cond)
+	meta.SetStatusCondition(&status.Conditions, allowedCondition(n, err, ndb.Generation))
 
 	if change := NextWindowChange(ndb.Spec.Windows, now); !change.IsZero() && (requeueAt.IsZero() || change.Before(requeueAt)) {
 		requeueAt = change

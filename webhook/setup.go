@@ -33,7 +33,7 @@ func Register(mgr ctrl.Manager, opts Options) {
 		Reader:  mgr.GetAPIReader(),
 		Budgets: mgr.GetClient(),
 		Claimer: &budget.Claimer{
-			Client: mgr.GetClient(), Reader: mgr.GetAPIReader(), Clock: clock.RealClock{},
+			Client: mgr.GetClient(), Reader: mgr.GetAPIReader(), Cache: mgr.GetClient(), Clock: clock.RealClock{},
 			OnConflict: budget.CountClaimConflict,
 		},
 		Managed:  opts.Managed,
