@@ -11,6 +11,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/utils/clock"
+	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	ngv1alpha1 "github.com/nodeguard/nodeguard/api/v1alpha1"
@@ -60,6 +61,15 @@ type Claimer struct {
 
 	mu     sync.Mutex
 	queues map[string]*commitQueue
+}
+
+// NewClaimer returns the manager's claimer: it writes with the manager's
+// client, reads fresh through its API reader and starts rounds from its cache.
+// Share one per process between the DELETE webhook and the status controller
+// (StatusReconciler.Claimer), so that their writes join instead of racing.
+func NewClaimer(mgr ctrl.Manager) *Claimer {
+	return &Claimer{Client: mgr.GetClient(), Reader: mgr.GetAPIReader(), Cache: mgr.GetClient(),
+		Clock: clock.RealClock{}, OnConflict: CountClaimConflict}
 }
 
 // Claim charges one disruption of node to the named budget. It returns true
@@ -167,6 +177,15 @@ func (c *Claimer) contextDenial(ctx context.Context, budget string, err error) e
 	}
 	return &Denial{Budget: budget, Code: http.StatusTooManyRequests,
 		Message: fmt.Sprintf("NodeDisruptionBudget %q is busy with concurrent node deletions; retry the delete", budget)}
+}
+
+// Recompute runs fn on the budget as the next group-commit round reads it, and
+// writes what fn changed together with that round's claims and releases. fn
+// changes the status in place and reports whether it changed anything; it may
+// run more than once (again after a conflict, on a fresh read). A budget that
+// is gone is no error.
+func (c *Claimer) Recompute(ctx context.Context, budget string, fn func(*ngv1alpha1.NodeDisruptionBudget) bool) error {
+	return c.submit(ctx, budget, change{recompute: fn}).err
 }
 
 // Release gives back a disruption this admission charged, when a later budget

@@ -37,10 +37,13 @@ import (
 // roundTimeout bounds a round whose waiters have no deadline of their own.
 const roundTimeout = 10 * time.Second
 
-// change is one claim (charge node) or release (give node back).
+// change is one claim (charge node), release (give node back), or status
+// recomputation (recompute changes the budget's status in place and reports
+// whether it changed anything).
 type change struct {
-	node    string
-	release bool
+	node      string
+	release   bool
+	recompute func(*ngv1alpha1.NodeDisruptionBudget) bool
 }
 
 // verdict answers one change: charged is true when a claim charged its node;
@@ -166,7 +169,7 @@ func (c *Claimer) round(budget string, q *commitQueue, batch []*waiter) []*waite
 		}
 		next, vs, changed := c.apply(base, changes, c.Clock.Now())
 		if !changed {
-			if !fresh {
+			if !fresh && !recomputesOnly(changes) {
 				base = nil // a copy that wrote nothing proves nothing: read it fresh
 				continue
 			}
@@ -178,7 +181,9 @@ func (c *Claimer) round(budget string, q *commitQueue, batch []*waiter) []*waite
 		switch {
 		case err == nil:
 			q.last = next
-			claimBatchSize.Observe(float64(countChanged(vs, changes)))
+			if n := countChanged(vs, changes); n > 0 {
+				claimBatchSize.Observe(float64(n))
+			}
 			answer(batch, vs)
 			return nil
 		case apierrors.IsNotFound(err):
@@ -193,7 +198,7 @@ func (c *Claimer) round(budget string, q *commitQueue, batch []*waiter) []*waite
 			return batch
 		default:
 			q.last = nil
-			answer(batch, failed(vs, fmt.Errorf("charging NodeDisruptionBudget %q: %w", budget, err)))
+			answer(batch, failed(vs, fmt.Errorf("writing the status of NodeDisruptionBudget %q: %w", budget, err)))
 			return nil
 		}
 	}
@@ -242,17 +247,21 @@ func (c *Claimer) newestCopy(ctx context.Context, budget string, last *ngv1alpha
 func (c *Claimer) apply(base *ngv1alpha1.NodeDisruptionBudget, changes []change, now time.Time) (*ngv1alpha1.NodeDisruptionBudget, []verdict, bool) {
 	ndb := base.DeepCopy()
 	vs := make([]verdict, len(changes))
-	changed := false
+	changed, counted := false, false
 	for i, ch := range changes {
 		_, charged := ndb.Status.DisruptedNodes[ch.node]
 		switch {
+		case ch.recompute != nil:
+			if ch.recompute(ndb) {
+				changed = true // it set the condition itself
+			}
 		case ch.release && charged:
 			delete(ndb.Status.DisruptedNodes, ch.node)
 			ndb.Status.CurrentAvailable++
 			if n, err := FromStatus(ndb, now); err == nil {
 				ndb.Status.DisruptionsAllowed = n.Allowed
 			}
-			changed = true
+			changed, counted = true, true
 		case ch.release || charged:
 			// nothing to give back; or already charged: claims are idempotent
 		default:
@@ -268,10 +277,10 @@ func (c *Claimer) apply(base *ngv1alpha1.NodeDisruptionBudget, changes []change,
 			ndb.Status.CurrentAvailable = max(n.Available-1, 0)
 			ndb.Status.DisruptionsAllowed = n.Allowed - 1
 			vs[i].charged = true
-			changed = true
+			changed, counted = true, true
 		}
 	}
-	if changed {
+	if counted {
 		setAllowedCondition(ndb, now)
 	}
 	return ndb, vs, changed
@@ -286,6 +295,18 @@ func setAllowedCondition(ndb *ngv1alpha1.NodeDisruptionBudget, now time.Time) {
 	cond := allowedCondition(n, err, ndb.Generation)
 	cond.LastTransitionTime = metav1.NewTime(now)
 	meta.SetStatusCondition(&ndb.Status.Conditions, cond)
+}
+
+// recomputesOnly reports whether the batch holds only status recomputations:
+// when they change nothing, the copy they read is as good as the informer's
+// the status controller always compared against, and no verdict hangs on it.
+func recomputesOnly(changes []change) bool {
+	for _, ch := range changes {
+		if ch.recompute == nil {
+			return false
+		}
+	}
+	return true
 }
 
 // countChanged is how many changes a write carried: claims charged and

@@ -34,6 +34,10 @@ type StatusReconciler struct {
 	Client       client.Client
 	Clock        clock.PassiveClock
 	ClaimTimeout time.Duration
+	// Claimer, if set, carries the status writes in its group commit with the
+	// claims of the same process (see Claimer.Recompute); without it, the
+	// controller writes on its own and races them.
+	Claimer *Claimer
 }
 
 // +kubebuilder:rbac:groups=nodeguard.io,resources=nodedisruptionbudgets,verbs=get;list;watch
@@ -92,11 +96,14 @@ func (r *StatusReconciler) Reconcile(ctx context.Context, req reconcile.Request)
 		}
 		return reconcile.Result{}, client.IgnoreNotFound(err)
 	}
-	now := r.Clock.Now()
 	selected, err := r.selectedNodes(ctx, &ndb)
 	if err != nil {
 		return reconcile.Result{}, err
 	}
+	if r.Claimer != nil {
+		return r.recomputeWithClaims(ctx, &ndb, selected)
+	}
+	now := r.Clock.Now()
 	status, requeueAt := r.computeStatus(&ndb, selected, now)
 	recordBudgetMetrics(ndb.Name, status)
 	if !apiequality.Semantic.DeepEqual(status, ndb.Status) {
@@ -106,6 +113,37 @@ func (r *StatusReconciler) Reconcile(ctx context.Context, req reconcile.Request)
 		if err := r.Client.Status().Update(ctx, &ndb); err != nil {
 			return reconcile.Result{}, fmt.Errorf("updating NodeDisruptionBudget %s status: %w", ndb.Name, err)
 		}
+	}
+	if requeueAt.IsZero() {
+		return reconcile.Result{}, nil
+	}
+	return reconcile.Result{RequeueAfter: requeueAt.Sub(now)}, nil
+}
+
+// recomputeWithClaims writes the status in the claims' next group-commit
+// round, with the round's claims instead of racing them. It writes only if the
+// round's budget is still the version this reconcile read with its nodes: the
+// nodes are as old as that version, and a status computed from older nodes
+// than a newer version's (which may have pruned a node seen deleting) could
+// count that node available again. A newer version reconciles again anyway.
+func (r *StatusReconciler) recomputeWithClaims(ctx context.Context, ndb *ngv1alpha1.NodeDisruptionBudget, selected []corev1.Node) (reconcile.Result, error) {
+	var now, requeueAt time.Time
+	err := r.Claimer.Recompute(ctx, ndb.Name, func(read *ngv1alpha1.NodeDisruptionBudget) bool {
+		now, requeueAt = r.Clock.Now(), time.Time{}
+		if read.ResourceVersion != ndb.ResourceVersion {
+			return false
+		}
+		status, at := r.computeStatus(read, selected, now)
+		requeueAt = at
+		recordBudgetMetrics(read.Name, status)
+		if apiequality.Semantic.DeepEqual(status, read.Status) {
+			return false
+		}
+		read.Status = status
+		return true
+	})
+	if err != nil {
+		return reconcile.Result{}, fmt.Errorf("updating NodeDisruptionBudget %s status: %w", ndb.Name, err)
 	}
 	if requeueAt.IsZero() {
 		return reconcile.Result{}, nil

@@ -13,6 +13,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/utils/clock"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	ngv1alpha1 "github.com/nodeguard/nodeguard/api/v1alpha1"
 	"github.com/nodeguard/nodeguard/budget"
@@ -197,6 +198,38 @@ func TestStaleCopyNeverOverAdmits(t *testing.T) {
 		}
 		requireCharged(t, name, "n1", "n2")
 	})
+}
+
+// frozenCache is an informer that stopped at one version of a budget.
+type frozenCache struct {
+	client.Reader
+	ndb *ngv1alpha1.NodeDisruptionBudget
+}
+
+func (f frozenCache) Get(_ context.Context, _ client.ObjectKey, obj client.Object, _ ...client.GetOption) error {
+	f.ndb.DeepCopyInto(obj.(*ngv1alpha1.NodeDisruptionBudget))
+	return nil
+}
+
+// TestStaleInformerCopyNeverOverAdmits: a claim that starts from an informer
+// copy older than the budget ends in a conflict and a fresh read.
+func TestStaleInformerCopyNeverOverAdmits(t *testing.T) {
+	harness.SkipWithoutEnv(t, env)
+	const name = "stale-informer"
+	countedBudget(t, name, 4, 2)
+	frozen := frozenCache{ndb: getBudget(t, name)}
+	b := newReplica()
+	for _, node := range []string{"n0", "n1"} {
+		if ok, code := claim(t, b, name, node); !ok || code != 0 {
+			t.Fatalf("replica B's claim of %s: charged %v, denial %d", node, ok, code)
+		}
+	}
+	a := newReplica()
+	a.Cache = frozen // still allows 2
+	if ok, code := claim(t, a, name, "n2"); ok || code != http.StatusTooManyRequests {
+		t.Fatalf("claim from a stale informer copy: charged %v, denial %d; want 429", ok, code)
+	}
+	requireCharged(t, name, "n0", "n1")
 }
 
 // TestClaimPastItsDeadlineIsATryAgain: a claim whose time is up before it is
