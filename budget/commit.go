@@ -34,8 +34,14 @@ import (
 // proves nothing about its copy, so a copy is then replaced by a fresh read
 // before anyone is answered.
 
-// roundTimeout bounds a round whose waiters have no deadline of their own.
-const roundTimeout = 10 * time.Second
+const (
+	// roundTimeout bounds a round whose waiters have no deadline of their own.
+	roundTimeout = 10 * time.Second
+	// recomputeDelay is how long status recomputations wait for a claim to
+	// share their write: a few claims' arrival gaps during a burst of deletes,
+	// and small beside the status controller's own reaction time.
+	recomputeDelay = 50 * time.Millisecond
+)
 
 // change is one claim (charge node), release (give node back), or status
 // recomputation (recompute changes the budget's status in place and reports
@@ -70,6 +76,8 @@ type commitQueue struct {
 	// Only the committer touches them.
 	last       *ngv1alpha1.NodeDisruptionBudget
 	conflicted bool
+	// kick wakes a committer holding status recomputations for a claim.
+	kick chan struct{}
 }
 
 // submit queues a change on the budget and waits for its verdict, or for ctx
@@ -82,10 +90,16 @@ func (c *Claimer) submit(ctx context.Context, budget string, ch change) verdict 
 	}
 	q := c.queues[budget]
 	if q == nil {
-		q = &commitQueue{}
+		q = &commitQueue{kick: make(chan struct{}, 1)}
 		c.queues[budget] = q
 	}
 	q.pending = append(q.pending, w)
+	if ch.recompute == nil {
+		select {
+		case q.kick <- struct{}{}:
+		default: // a kick is already pending
+		}
+	}
 	start := !q.committing
 	q.committing = true
 	c.mu.Unlock()
@@ -107,14 +121,35 @@ func (c *Claimer) submit(ctx context.Context, budget string, ch change) verdict 
 
 // commit runs rounds until no live waiter is left.
 func (c *Claimer) commit(budget string, q *commitQueue) {
+	waited := false
 	for {
 		batch := c.take(q)
 		if len(batch) == 0 {
 			return
 		}
+		if !waited && recomputesOnly(changesOf(batch)) {
+			c.requeue(q, batch)
+			c.awaitClaim(q)
+			waited = true
+			continue
+		}
+		waited = false
 		if retry := c.round(budget, q, batch); len(retry) > 0 {
 			c.requeue(q, retry)
 		}
+	}
+}
+
+// awaitClaim holds a round of status recomputations alone for up to
+// recomputeDelay, until a claim or release arrives to share its write: a
+// recomputation's own write would make the claims arriving meanwhile wait a
+// whole round.
+func (c *Claimer) awaitClaim(q *commitQueue) {
+	t := time.NewTimer(recomputeDelay)
+	defer t.Stop()
+	select {
+	case <-q.kick:
+	case <-t.C:
 	}
 }
 
@@ -147,10 +182,7 @@ func (c *Claimer) requeue(q *commitQueue, batch []*waiter) {
 func (c *Claimer) round(budget string, q *commitQueue, batch []*waiter) []*waiter {
 	ctx, cancel := roundContext(batch)
 	defer cancel()
-	changes := make([]change, len(batch))
-	for i, w := range batch {
-		changes[i] = w.change
-	}
+	changes := changesOf(batch)
 	var base *ngv1alpha1.NodeDisruptionBudget
 	if !q.conflicted {
 		base = c.newestCopy(ctx, budget, q.last)
@@ -295,6 +327,14 @@ func setAllowedCondition(ndb *ngv1alpha1.NodeDisruptionBudget, now time.Time) {
 	cond := allowedCondition(n, err, ndb.Generation)
 	cond.LastTransitionTime = metav1.NewTime(now)
 	meta.SetStatusCondition(&ndb.Status.Conditions, cond)
+}
+
+func changesOf(batch []*waiter) []change {
+	changes := make([]change, len(batch))
+	for i, w := range batch {
+		changes[i] = w.change
+	}
+	return changes
 }
 
 // recomputesOnly reports whether the batch holds only status recomputations:

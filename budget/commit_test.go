@@ -1,15 +1,25 @@
 package budget
 
 import (
+	"context"
 	"errors"
+	"fmt"
 	"maps"
 	"net/http"
+	goruntime "runtime"
 	"slices"
+	"sync/atomic"
 	"testing"
 	"time"
 
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/util/intstr"
+	utilruntime "k8s.io/apimachinery/pkg/util/runtime"
+	clocktesting "k8s.io/utils/clock/testing"
 	"k8s.io/utils/ptr"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/client/fake"
+	"sigs.k8s.io/controller-runtime/pkg/client/interceptor"
 
 	ngv1alpha1 "github.com/nodeguard/nodeguard/api/v1alpha1"
 )
@@ -114,5 +124,86 @@ func TestFailedWriteKeepsDenials(t *testing.T) {
 	got := failed([]verdict{{charged: true}, {err: denial}, {}}, writeErr)
 	if got[0].charged || !errors.Is(got[0].err, writeErr) || got[1].err != denial || !errors.Is(got[2].err, writeErr) {
 		t.Errorf("verdicts after a failed write = %+v", got)
+	}
+}
+
+// TestConcurrentClaimsShareOneWritePerRound holds the first claim's status
+// write in flight until seven more claims wait on the same budget: the next
+// round carries all seven in one write, and each gets its own verdict (the
+// budget allows 6 in all: 5 of the 7 are charged, 2 denied).
+func TestConcurrentClaimsShareOneWritePerRound(t *testing.T) {
+	scheme := runtime.NewScheme()
+	utilruntime.Must(ngv1alpha1.AddToScheme(scheme))
+	b := counted(20, 20, maxUnavailable("6"))
+	b.ResourceVersion = ""
+	gate := make(chan struct{})
+	var writes atomic.Int32
+	cl := fake.NewClientBuilder().WithScheme(scheme).WithStatusSubresource(b).WithObjects(b).
+		WithInterceptorFuncs(interceptor.Funcs{SubResourceUpdate: func(ctx context.Context, c client.Client, sub string, obj client.Object, opts ...client.SubResourceUpdateOption) error {
+			if writes.Add(1) == 1 {
+				<-gate
+			}
+			return c.SubResource(sub).Update(ctx, obj, opts...)
+		}}).Build()
+	c := &Claimer{Client: cl, Reader: cl, Clock: clocktesting.NewFakePassiveClock(now)}
+
+	type result struct {
+		node    string
+		charged bool
+		err     error
+	}
+	results := make(chan result, 8)
+	claim := func(name string) {
+		n := node(name)
+		ok, err := c.Claim(context.Background(), b.Name, &n, false)
+		results <- result{name, ok, err}
+	}
+	go claim("first")
+	waitFor(t, func() bool { return writes.Load() == 1 }) // its write is in flight
+	for i := range 7 {
+		go claim(fmt.Sprintf("n%d", i))
+	}
+	waitFor(t, func() bool {
+		c.mu.Lock()
+		defer c.mu.Unlock()
+		return len(c.queues[b.Name].pending) == 7
+	})
+	close(gate)
+
+	charged, denied := 0, 0
+	for range 8 {
+		r := <-results
+		var d *Denial
+		switch {
+		case r.charged && r.err == nil:
+			charged++
+		case errors.As(r.err, &d) && d.Code == http.StatusTooManyRequests:
+			denied++
+		default:
+			t.Errorf("%s: charged %v, error %v", r.node, r.charged, r.err)
+		}
+	}
+	if charged != 6 || denied != 2 || writes.Load() != 2 {
+		t.Errorf("%d charged, %d denied in %d status writes; want 6, 2 in 2", charged, denied, writes.Load())
+	}
+	var got ngv1alpha1.NodeDisruptionBudget
+	if err := cl.Get(context.Background(), client.ObjectKey{Name: b.Name}, &got); err != nil {
+		t.Fatal(err)
+	}
+	if len(got.Status.DisruptedNodes) != 6 || got.Status.DisruptionsAllowed != 0 {
+		t.Errorf("status after the rounds: %+v", got.Status)
+	}
+}
+
+// waitFor polls cond (the committer runs on its own goroutine).
+func waitFor(t *testing.T, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatal("condition not met within 10s")
+		}
+		goruntime.Gosched()
+		time.Sleep(time.Millisecond)
 	}
 }
