@@ -123,7 +123,7 @@ func (c *Claimer) submit(ctx context.Context, budget string, ch change) verdict 
 func (c *Claimer) commit(budget string, q *commitQueue) {
 	waited := false
 	for {
-		batch := c.take(q)
+		batch := c.take(budget, q)
 		if len(batch) == 0 {
 			return
 		}
@@ -153,8 +153,10 @@ func (c *Claimer) awaitClaim(q *commitQueue) {
 	}
 }
 
-// take returns every waiter still waiting, or none and ends the committer.
-func (c *Claimer) take(q *commitQueue) []*waiter {
+// take returns every waiter still waiting, or none and ends the committer;
+// then a queue that keeps no copy of its budget (gone, or after a failure) is
+// forgotten.
+func (c *Claimer) take(budget string, q *commitQueue) []*waiter {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	var batch []*waiter
@@ -166,6 +168,9 @@ func (c *Claimer) take(q *commitQueue) []*waiter {
 	q.pending = nil
 	if len(batch) == 0 {
 		q.committing = false
+		if q.last == nil {
+			delete(c.queues, budget)
+		}
 	}
 	return batch
 }
