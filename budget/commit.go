@@ -37,10 +37,12 @@ import (
 const (
 	// roundTimeout bounds a round whose waiters have no deadline of their own.
 	roundTimeout = 10 * time.Second
-	// recomputeDelay is how long status recomputations wait for a claim to
-	// share their write: a few claims' arrival gaps during a burst of deletes,
-	// and small beside the status controller's own reaction time.
-	recomputeDelay = 50 * time.Millisecond
+	// recomputeDelay is how long a status write waits for a claim to share
+	// it, while claims are coming (within claimBurstWindow): a few claims'
+	// arrival gaps during a burst of deletes, and small beside the status
+	// controller's own reaction time (a NotReady node is seen after 40 s).
+	recomputeDelay   = 100 * time.Millisecond
+	claimBurstWindow = time.Second
 )
 
 // change is one claim (charge node), release (give node back), or status
@@ -76,8 +78,10 @@ type commitQueue struct {
 	// Only the committer touches them.
 	last       *ngv1alpha1.NodeDisruptionBudget
 	conflicted bool
-	// kick wakes a committer holding status recomputations for a claim.
-	kick chan struct{}
+	// kick wakes a committer holding status recomputations for a claim;
+	// lastClaim is when the last claim or release came.
+	kick      chan struct{}
+	lastClaim time.Time
 }
 
 // submit queues a change on the budget and waits for its verdict, or for ctx
@@ -95,6 +99,7 @@ func (c *Claimer) submit(ctx context.Context, budget string, ch change) verdict 
 	}
 	q.pending = append(q.pending, w)
 	if ch.recompute == nil {
+		q.lastClaim = c.Clock.Now()
 		select {
 		case q.kick <- struct{}{}:
 		default: // a kick is already pending
@@ -127,7 +132,7 @@ func (c *Claimer) commit(budget string, q *commitQueue) {
 		if len(batch) == 0 {
 			return
 		}
-		if !waited && recomputesOnly(changesOf(batch)) {
+		if !waited && recomputesOnly(changesOf(batch)) && c.claimedRecently(q) {
 			c.requeue(q, batch)
 			c.awaitClaim(q)
 			waited = true
@@ -138,6 +143,14 @@ func (c *Claimer) commit(budget string, q *commitQueue) {
 			c.requeue(q, retry)
 		}
 	}
+}
+
+// claimedRecently reports whether a claim or release came within
+// claimBurstWindow: only then is one likely to come within recomputeDelay.
+func (c *Claimer) claimedRecently(q *commitQueue) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return !q.lastClaim.IsZero() && c.Clock.Since(q.lastClaim) < claimBurstWindow
 }
 
 // awaitClaim holds a round of status recomputations alone for up to

@@ -127,7 +127,12 @@ func (r *StatusReconciler) Reconcile(ctx context.Context, req reconcile.Request)
 // than a newer version's (which may have pruned a node seen deleting) could
 // count that node available again. A newer version reconciles again anyway.
 func (r *StatusReconciler) recomputeWithClaims(ctx context.Context, ndb *ngv1alpha1.NodeDisruptionBudget, selected []corev1.Node) (reconcile.Result, error) {
-	var now, requeueAt time.Time
+	now := r.Clock.Now()
+	status, requeueAt := r.computeStatus(ndb, selected, now)
+	if apiequality.Semantic.DeepEqual(status, ndb.Status) {
+		recordBudgetMetrics(ndb.Name, status)
+		return requeueResult(now, requeueAt), nil // nothing to write: no round
+	}
 	err := r.Claimer.Recompute(ctx, ndb.Name, func(read *ngv1alpha1.NodeDisruptionBudget) bool {
 		now, requeueAt = r.Clock.Now(), time.Time{}
 		if read.ResourceVersion != ndb.ResourceVersion {
@@ -145,10 +150,14 @@ func (r *StatusReconciler) recomputeWithClaims(ctx context.Context, ndb *ngv1alp
 	if err != nil {
 		return reconcile.Result{}, fmt.Errorf("updating NodeDisruptionBudget %s status: %w", ndb.Name, err)
 	}
-	if requeueAt.IsZero() {
-		return reconcile.Result{}, nil
+	return requeueResult(now, requeueAt), nil
+}
+
+func requeueResult(now, at time.Time) reconcile.Result {
+	if at.IsZero() {
+		return reconcile.Result{}
 	}
-	return reconcile.Result{RequeueAfter: requeueAt.Sub(now)}, nil
+	return reconcile.Result{RequeueAfter: at.Sub(now)}
 }
 
 func (r *StatusReconciler) selectedNodes(ctx context.Context, ndb *ngv1alpha1.NodeDisruptionBudget) ([]corev1.Node, error) {
