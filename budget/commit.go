@@ -15,7 +15,8 @@ import (
 	ngv1alpha1 "github.com/nodeguard/nodeguard/api/v1alpha1"
 )
 
-// The group commit of claims and releases on one budget within one replica.
+// The group commit of claims, releases and the status controller's writes on
+// one budget within one replica.
 //
 // Every change joins its budget's queue. One committer per budget (a goroutine
 // that lives while the queue has work) takes everything waiting, applies it in
@@ -40,7 +41,8 @@ const (
 	// recomputeDelay is how long a status write waits for a claim to share
 	// it, while claims are coming (within claimBurstWindow): a few claims'
 	// arrival gaps during a burst of deletes, and small beside the status
-	// controller's own reaction time (a NotReady node is seen after 40 s).
+	// controller's own reaction time (a node turns NotReady only after tens of
+	// seconds without a heartbeat).
 	recomputeDelay   = 100 * time.Millisecond
 	claimBurstWindow = time.Second
 )

@@ -51,7 +51,7 @@ type DeleteHandler struct {
 	// Reader reads maintenance Leases fresh from the API server.
 	Reader client.Reader
 	// Budgets lists NodeDisruptionBudgets (the manager's cache is fine: each
-	// claim re-reads its budget from the API server).
+	// claim is decided by a conditional status write).
 	Budgets  client.Reader
 	Claimer  *budget.Claimer
 	Managed  labels.Selector
