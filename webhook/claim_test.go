@@ -11,8 +11,12 @@ import (
 	"sync"
 	"testing"
 
+	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/clock"
+	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	ngv1alpha1 "github.com/nodeguard/nodeguard/api/v1alpha1"
@@ -246,4 +250,39 @@ func TestClaimPastItsDeadlineIsATryAgain(t *testing.T) {
 		t.Fatalf("claim after its deadline: %v, want a 429 asking to retry", err)
 	}
 	requireCharged(t, name)
+}
+
+// TestMaintenanceHoldGivesBackTheClaim: the DELETE webhook reads the node's
+// maintenance Lease while it claims the budgets; a hold found denies the delete
+// and gives the claim back, so the budget's disruption is still there for
+// another node.
+func TestMaintenanceHoldGivesBackTheClaim(t *testing.T) {
+	harness.SkipWithoutEnv(t, env)
+	useGuards(t, startGuard(t, false))
+	ctx := context.Background()
+	_ = env.Client.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ngv1alpha1.MaintenanceLeaseNamespace}})
+	names := createReadyNodes(t, "heldclaim", 2)
+	createBudget(t, "heldclaim", 1, builder.NDBMaxUnavailable("1"))
+	lease := &coordinationv1.Lease{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ngv1alpha1.MaintenanceLeaseNamespace, Name: names[0]},
+		Spec:       coordinationv1.LeaseSpec{HolderIdentity: ptr.To("kubeadm-bob")},
+	}
+	if err := env.Client.Create(ctx, lease); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = env.Client.Delete(context.Background(), lease) })
+
+	err := env.Client.Delete(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: names[0]}})
+	if !apierrors.IsTooManyRequests(err) || !strings.Contains(err.Error(), "is under maintenance") {
+		t.Fatalf("deleting the held node: %v, want 429 naming the hold", err)
+	}
+	if ndb := getBudget(t, "heldclaim"); len(ndb.Status.DisruptedNodes) != 0 || ndb.Status.DisruptionsAllowed != 1 {
+		t.Fatalf("the held node's claim was not given back: %+v", ndb.Status)
+	}
+	if err := env.Client.Delete(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: names[1]}}); err != nil {
+		t.Fatalf("deleting the other node: %v", err)
+	}
+	if ndb := getBudget(t, "heldclaim"); ndb.Status.DisruptionsAllowed != 0 {
+		t.Errorf("after the other node's delete the budget still allows %d", ndb.Status.DisruptionsAllowed)
+	}
 }
