@@ -5,12 +5,13 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"sync"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/clock"
+	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	ngv1alpha1 "github.com/nodeguard/nodeguard/api/v1alpha1"
@@ -35,17 +36,40 @@ func (d *Denial) Error() string { return d.Message }
 // Claimer charges node disruptions to budgets the way the Eviction API charges
 // pod disruptions to PodDisruptionBudgets: it reads the budget, checks that it
 // allows one more disruption, and records the node in status.disruptedNodes in
-// one status write with a resourceVersion precondition. Concurrent claims
-// (from any number of webhook replicas) conflict, re-read and re-check, so a
-// budget never admits more than it allows. No in-memory lock is involved.
+// one status write with a resourceVersion precondition. That precondition is
+// the only lock between replicas: concurrent writers conflict, re-read and
+// re-check, so a budget never admits more than it allows.
+//
+// Within one replica, concurrent claims and releases on the same budget are
+// group-committed (commit.go): one status write carries every waiting change
+// that fits, each answered with its own verdict, so concurrent deletes cost
+// about one write per round instead of a conflict storm. A Claimer must not be
+// copied after first use.
 type Claimer struct {
 	// Client writes budget status.
 	Client client.Client
 	// Reader reads budgets fresh from the API server (not a cache).
 	Reader client.Reader
-	Clock  clock.PassiveClock
-	// OnConflict, if set, is called for each conflicting write that is retried.
+	// Cache, if set, reads budgets from an informer. Claims start from its
+	// copy when it is newer than the replica's own last write, saving a read;
+	// a stale copy only costs a conflict and a fresh read.
+	Cache client.Reader
+	Clock clock.PassiveClock
+	// OnConflict, if set, is called for each conflicting status write that is
+	// retried (one write may carry several claims).
 	OnConflict func()
+
+	mu     sync.Mutex
+	queues map[string]*commitQueue
+}
+
+// NewClaimer returns the manager's claimer: it writes with the manager's
+// client, reads fresh through its API reader and starts rounds from its cache.
+// Share one per process between the DELETE webhook and the status controller
+// (StatusReconciler.Claimer), so that their writes join instead of racing.
+func NewClaimer(mgr ctrl.Manager) *Claimer {
+	return &Claimer{Client: mgr.GetClient(), Reader: mgr.GetAPIReader(), Cache: mgr.GetClient(),
+		Clock: clock.RealClock{}, OnConflict: CountClaimConflict}
 }
 
 // Claim charges one disruption of node to the named budget. It returns true
@@ -54,51 +78,38 @@ type Claimer struct {
 // per delete), or it is already unavailable and the budget's
 // unhealthyNodeDeletionPolicy lets it go without a charge. It returns a *Denial
 // when the budget does not allow it, or an error. With dryRun it checks and
-// writes nothing. When ctx ends during conflict retries, it returns a 429 Denial.
+// writes nothing. When ctx ends before the claim is decided, it returns a 429
+// Denial.
 func (c *Claimer) Claim(ctx context.Context, budget string, node *corev1.Node, dryRun bool) (bool, error) {
-	unavailable, why := Unavailable(node)
-	for {
-		var ndb ngv1alpha1.NodeDisruptionBudget
-		if err := c.Reader.Get(ctx, client.ObjectKey{Name: budget}, &ndb); err != nil {
-			if apierrors.IsNotFound(err) {
-				return false, nil // deleted since it was listed: nothing to charge
-			}
-			return false, c.contextDenial(ctx, budget, fmt.Errorf("reading NodeDisruptionBudget %q: %w", budget, err))
-		}
-		if _, charged := ndb.Status.DisruptedNodes[node.Name]; charged {
-			return false, nil
-		}
-		now := c.Clock.Now()
-		if unavailable {
-			return false, c.checkUnhealthy(&ndb, node.Name, why, now)
-		}
-		n, err := c.check(&ndb, now)
-		if err != nil || dryRun {
-			return err == nil, err
-		}
-		if ndb.Status.DisruptedNodes == nil {
-			ndb.Status.DisruptedNodes = map[string]metav1.Time{}
-		}
-		ndb.Status.DisruptedNodes[node.Name] = metav1.NewTime(now)
-		ndb.Status.CurrentAvailable = max(n.Available-1, 0)
-		ndb.Status.DisruptionsAllowed = n.Allowed - 1
-		err = c.Client.Status().Update(ctx, &ndb)
-		if apierrors.IsNotFound(err) {
-			return false, nil
-		}
-		if apierrors.IsConflict(err) {
-			if c.OnConflict != nil {
-				c.OnConflict()
-			}
-			if ctx.Err() == nil {
-				continue
-			}
-		}
-		if err != nil {
-			return false, c.contextDenial(ctx, budget, fmt.Errorf("charging NodeDisruptionBudget %q: %w", budget, err))
-		}
-		return true, nil
+	if unavailable, why := Unavailable(node); unavailable || dryRun {
+		return c.evaluate(ctx, budget, node.Name, unavailable, why)
 	}
+	v := c.submit(ctx, budget, change{node: node.Name})
+	if v.err != nil {
+		return false, c.contextDenial(ctx, budget, v.err)
+	}
+	return v.charged, nil
+}
+
+// evaluate decides a claim that writes nothing (a dry run, or a node already
+// unavailable) from a fresh read of the budget.
+func (c *Claimer) evaluate(ctx context.Context, budget, node string, unavailable bool, why string) (bool, error) {
+	var ndb ngv1alpha1.NodeDisruptionBudget
+	if err := c.Reader.Get(ctx, client.ObjectKey{Name: budget}, &ndb); err != nil {
+		if apierrors.IsNotFound(err) {
+			return false, nil // deleted since it was listed: nothing to charge
+		}
+		return false, c.contextDenial(ctx, budget, fmt.Errorf("reading NodeDisruptionBudget %q: %w", budget, err))
+	}
+	if _, charged := ndb.Status.DisruptedNodes[node]; charged {
+		return false, nil
+	}
+	now := c.Clock.Now()
+	if unavailable {
+		return false, c.checkUnhealthy(&ndb, node, why, now)
+	}
+	_, err := c.check(&ndb, now)
+	return err == nil, err
 }
 
 // check returns the budget's numbers if it allows one more disruption now, or
@@ -168,31 +179,24 @@ func (c *Claimer) contextDenial(ctx context.Context, budget string, err error) e
 		Message: fmt.Sprintf("NodeDisruptionBudget %q is busy with concurrent node deletions; retry the delete", budget)}
 }
 
+// Recompute runs fn on the budget as the next group-commit round reads it, and
+// writes what fn changed together with that round's claims and releases. fn
+// changes the status in place and reports whether it changed anything; it may
+// run more than once (again after a conflict, on a fresh read). A budget that
+// is gone is no error.
+func (c *Claimer) Recompute(ctx context.Context, budget string, fn func(*ngv1alpha1.NodeDisruptionBudget) bool) error {
+	return c.submit(ctx, budget, change{recompute: fn}).err
+}
+
 // Release gives back a disruption this admission charged, when a later budget
-// denied the same delete. It retries conflicts for up to releaseTimeout.
+// denied the same delete. It runs on its own context, bounded by
+// releaseTimeout, so that it happens even when the admission's time is up; it
+// joins the budget's group commit like a claim.
 func (c *Claimer) Release(ctx context.Context, budget, node string) error {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), releaseTimeout)
 	defer cancel()
-	for {
-		var ndb ngv1alpha1.NodeDisruptionBudget
-		if err := c.Reader.Get(ctx, client.ObjectKey{Name: budget}, &ndb); err != nil {
-			return client.IgnoreNotFound(err)
-		}
-		if _, charged := ndb.Status.DisruptedNodes[node]; !charged {
-			return nil
-		}
-		delete(ndb.Status.DisruptedNodes, node)
-		ndb.Status.CurrentAvailable++
-		if n, err := FromStatus(&ndb, c.Clock.Now()); err == nil {
-			ndb.Status.DisruptionsAllowed = n.Allowed
-		}
-		err := c.Client.Status().Update(ctx, &ndb)
-		if apierrors.IsConflict(err) && ctx.Err() == nil {
-			continue
-		}
-		if err != nil {
-			return fmt.Errorf("releasing node %s from NodeDisruptionBudget %q: %w", node, budget, err)
-		}
-		return nil
+	if v := c.submit(ctx, budget, change{node: node, release: true}); v.err != nil {
+		return fmt.Errorf("releasing node %s from NodeDisruptionBudget %q: %w", node, budget, v.err)
 	}
+	return nil
 }

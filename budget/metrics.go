@@ -29,12 +29,21 @@ var (
 	}, []string{labelBudget})
 	claimConflicts = prometheus.NewCounter(prometheus.CounterOpts{
 		Name: "nodeguard_ndb_claim_conflicts_total",
-		Help: "Disruption claims that lost a race to a concurrent status write and were retried.",
+		Help: "Status writes of disruption claims that lost a race to a concurrent status write and were retried.",
+	})
+	claimBatchSize = prometheus.NewHistogram(prometheus.HistogramOpts{
+		Name:    "nodeguard_ndb_claim_batch_size",
+		Help:    "Claims charged and releases carried by one successful status write of a NodeDisruptionBudget (group commit).",
+		Buckets: prometheus.ExponentialBuckets(1, 2, 8),
+	})
+	claimFreshReads = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "nodeguard_ndb_claim_fresh_reads_total",
+		Help: "Reads of a NodeDisruptionBudget from the API server by claim rounds; the other rounds reuse the object of the replica's own last write.",
 	})
 )
 
 func init() {
-	metrics.Registry.MustRegister(disruptionsAllowed, expectedNodes, availableNodes, desiredNodes, claimConflicts)
+	metrics.Registry.MustRegister(disruptionsAllowed, expectedNodes, availableNodes, desiredNodes, claimConflicts, claimBatchSize, claimFreshReads)
 }
 
 // CountClaimConflict counts one retried claim conflict; use as Claimer.OnConflict.

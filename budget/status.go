@@ -34,6 +34,10 @@ type StatusReconciler struct {
 	Client       client.Client
 	Clock        clock.PassiveClock
 	ClaimTimeout time.Duration
+	// Claimer, if set, carries the status writes in its group commit with the
+	// claims of the same process (see Claimer.Recompute); without it, the
+	// controller writes on its own and races them.
+	Claimer *Claimer
 }
 
 // +kubebuilder:rbac:groups=nodeguard.io,resources=nodedisruptionbudgets,verbs=get;list;watch
@@ -92,11 +96,14 @@ func (r *StatusReconciler) Reconcile(ctx context.Context, req reconcile.Request)
 		}
 		return reconcile.Result{}, client.IgnoreNotFound(err)
 	}
-	now := r.Clock.Now()
 	selected, err := r.selectedNodes(ctx, &ndb)
 	if err != nil {
 		return reconcile.Result{}, err
 	}
+	if r.Claimer != nil {
+		return r.recomputeWithClaims(ctx, &ndb, selected)
+	}
+	now := r.Clock.Now()
 	status, requeueAt := r.computeStatus(&ndb, selected, now)
 	recordBudgetMetrics(ndb.Name, status)
 	if !apiequality.Semantic.DeepEqual(status, ndb.Status) {
@@ -111,6 +118,46 @@ func (r *StatusReconciler) Reconcile(ctx context.Context, req reconcile.Request)
 		return reconcile.Result{}, nil
 	}
 	return reconcile.Result{RequeueAfter: requeueAt.Sub(now)}, nil
+}
+
+// recomputeWithClaims writes the status in the claims' next group-commit
+// round, with the round's claims instead of racing them. It writes only if the
+// round's budget is still the version this reconcile read with its nodes: the
+// nodes are as old as that version, and a status computed from older nodes
+// than a newer version's (which may have pruned a node seen deleting) could
+// count that node available again. A newer version reconciles again anyway.
+func (r *StatusReconciler) recomputeWithClaims(ctx context.Context, ndb *ngv1alpha1.NodeDisruptionBudget, selected []corev1.Node) (reconcile.Result, error) {
+	now := r.Clock.Now()
+	status, requeueAt := r.computeStatus(ndb, selected, now)
+	if apiequality.Semantic.DeepEqual(status, ndb.Status) {
+		recordBudgetMetrics(ndb.Name, status)
+		return requeueResult(now, requeueAt), nil // nothing to write: no round
+	}
+	err := r.Claimer.Recompute(ctx, ndb.Name, func(read *ngv1alpha1.NodeDisruptionBudget) bool {
+		now, requeueAt = r.Clock.Now(), time.Time{}
+		if read.ResourceVersion != ndb.ResourceVersion {
+			return false
+		}
+		status, at := r.computeStatus(read, selected, now)
+		requeueAt = at
+		recordBudgetMetrics(read.Name, status)
+		if apiequality.Semantic.DeepEqual(status, read.Status) {
+			return false
+		}
+		read.Status = status
+		return true
+	})
+	if err != nil {
+		return reconcile.Result{}, fmt.Errorf("updating NodeDisruptionBudget %s status: %w", ndb.Name, err)
+	}
+	return requeueResult(now, requeueAt), nil
+}
+
+func requeueResult(now, at time.Time) reconcile.Result {
+	if at.IsZero() {
+		return reconcile.Result{}
+	}
+	return reconcile.Result{RequeueAfter: at.Sub(now)}
 }
 
 func (r *StatusReconciler) selectedNodes(ctx context.Context, ndb *ngv1alpha1.NodeDisruptionBudget) ([]corev1.Node, error) {
@@ -135,22 +182,10 @@ func (r *StatusReconciler) computeStatus(ndb *ngv1alpha1.NodeDisruptionBudget, s
 
 	pruned := ndb.DeepCopy()
 	pruned.Status.DisruptedNodes = status.DisruptedNodes
-	cond := metav1.Condition{Type: ngv1alpha1.ConditionDisruptionAllowed, ObservedGeneration: ndb.Generation}
 	n, err := Evaluate(pruned, selected, now)
-	switch {
-	case err != nil:
-		cond.Status, cond.Reason, cond.Message = metav1.ConditionFalse, ngv1alpha1.ReasonInvalidSpec, err.Error()
-	case n.Allowed > 0:
-		cond.Status, cond.Reason, cond.Message = metav1.ConditionTrue, ngv1alpha1.ReasonSufficientNodes, n.String()
-	case n.Window != nil:
-		cond.Status, cond.Reason = metav1.ConditionFalse, ngv1alpha1.ReasonWindowActive
-		cond.Message = fmt.Sprintf("%s; disruption window %q ends %s", n, n.Window.Schedule, n.Window.Ends.UTC().Format(time.RFC3339))
-	default:
-		cond.Status, cond.Reason, cond.Message = metav1.ConditionFalse, ngv1alpha1.ReasonInsufficientNodes, n.String()
-	}
 	status.ExpectedNodes, status.CurrentAvailable = n.Expected, n.Available
 	status.DesiredAvailable, status.DisruptionsAllowed = n.Desired, n.Allowed
-	meta.SetStatusCondition(&status.Conditions, cond)
+	meta.SetStatusCondition(&status.Conditions, allowedCondition(n, err, ndb.Generation))
 
 	if change := NextWindowChange(ndb.Spec.Windows, now); !change.IsZero() && (requeueAt.IsZero() || change.Before(requeueAt)) {
 		requeueAt = change

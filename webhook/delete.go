@@ -51,7 +51,7 @@ type DeleteHandler struct {
 	// Reader reads maintenance Leases fresh from the API server.
 	Reader client.Reader
 	// Budgets lists NodeDisruptionBudgets (the manager's cache is fine: each
-	// claim re-reads its budget from the API server).
+	// claim is decided by a conditional status write).
 	Budgets  client.Reader
 	Claimer  *budget.Claimer
 	Managed  labels.Selector
@@ -122,18 +122,47 @@ func (h *DeleteHandler) decide(ctx context.Context, node *corev1.Node, dryRun bo
 		return decision{allowed: true, reason: reasonInstanceGone, message: fmt.Sprintf(
 			"node %s is not Ready and its instance %s no longer exists: nothing is left to protect", node.Name, node.Spec.ProviderID)}, nil
 	}
+	missing := !slices.Contains(node.Finalizers, ngv1alpha1.TerminationFinalizer) && !dryRun
+	addedAt, justAdded := finalizerJustAdded(node, h.Clock.Now())
+	if !missing && !justAdded {
+		return h.claimUnlessHeld(ctx, node, dryRun)
+	}
 	if d, done, err := h.checkMaintenanceHold(ctx, node); done || err != nil {
 		return d, err
 	}
-	if !slices.Contains(node.Finalizers, ngv1alpha1.TerminationFinalizer) && !dryRun {
+	if missing {
 		return h.addFinalizer(ctx, node)
 	}
-	if addedAt, fresh := finalizerJustAdded(node, h.Clock.Now()); fresh {
-		return decision{code: http.StatusTooManyRequests, reason: reasonFinalizerAdded, message: fmt.Sprintf(
-			"nodeguard added its finalizer to node %s at %s, while a delete may have been in flight: retry the delete in a few seconds",
-			node.Name, addedAt.UTC().Format(time.RFC3339))}, nil
+	return decision{code: http.StatusTooManyRequests, reason: reasonFinalizerAdded, message: fmt.Sprintf(
+		"nodeguard added its finalizer to node %s at %s, while a delete may have been in flight: retry the delete in a few seconds",
+		node.Name, addedAt.UTC().Format(time.RFC3339))}, nil
+}
+
+// claimUnlessHeld claims the budgets while it reads the node's maintenance
+// Lease, instead of after it: read first, the Lease would add an API round
+// trip to every guarded delete. A hold still wins: the claims this request
+// charged are given back and the delete is denied with the hold. The overlap
+// leaves a charge that lives for one round trip; a concurrent delete meeting
+// it is told to retry, never admitted beyond the budget.
+func (h *DeleteHandler) claimUnlessHeld(ctx context.Context, node *corev1.Node, dryRun bool) (decision, error) {
+	type hold struct {
+		d    decision
+		held bool
+		err  error
 	}
-	return h.claimBudgets(ctx, node, dryRun)
+	holds := make(chan hold, 1)
+	go func() {
+		d, held, err := h.checkMaintenanceHold(ctx, node)
+		holds <- hold{d, held, err}
+	}()
+	d, err := h.claimBudgets(ctx, node, dryRun)
+	if found := <-holds; found.held || found.err != nil {
+		if err == nil {
+			h.release(ctx, node.Name, d.claimed)
+		}
+		return found.d, found.err
+	}
+	return d, err
 }
 
 // checkMaintenanceHold denies while someone other than nodeguard holds the

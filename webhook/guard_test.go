@@ -56,8 +56,11 @@ type guard struct {
 func startGuard(t *testing.T, backfill bool) *guard {
 	t.Helper()
 	mgr, addr, answers := newManager(t)
-	ngwebhook.Register(mgr, ngwebhook.Options{Managed: labels.Everything(), DeleteTimeout: ngwebhook.DefaultDeleteTimeout})
-	if err := (&budget.StatusReconciler{Client: mgr.GetClient(), Clock: clock.RealClock{}, ClaimTimeout: budget.DefaultClaimTimeout}).SetupWithManager(mgr); err != nil {
+	// One claimer for the webhook and the status controller, as cmd/nodeguard wires them.
+	claimer := budget.NewClaimer(mgr)
+	ngwebhook.Register(mgr, ngwebhook.Options{Managed: labels.Everything(), DeleteTimeout: ngwebhook.DefaultDeleteTimeout, Claimer: claimer})
+	if err := (&budget.StatusReconciler{Client: mgr.GetClient(), Clock: clock.RealClock{}, ClaimTimeout: budget.DefaultClaimTimeout,
+		Claimer: claimer}).SetupWithManager(mgr); err != nil {
 		t.Fatal(err)
 	}
 	if backfill {

@@ -19,6 +19,9 @@ type Options struct {
 	DeleteTimeout time.Duration
 	// Instances says whether a node's cloud instance exists (nil: no cloud).
 	Instances InstanceChecker
+	// Claimer charges budgets; share it with the status controller (nil: a
+	// claimer of the webhook's own).
+	Claimer *budget.Claimer
 }
 
 // Register serves the webhooks on the manager's webhook server. Every replica
@@ -27,15 +30,16 @@ type Options struct {
 func Register(mgr ctrl.Manager, opts Options) {
 	recorder := mgr.GetEventRecorder("nodeguard-webhook")
 	server := mgr.GetWebhookServer()
+	claimer := opts.Claimer
+	if claimer == nil {
+		claimer = budget.NewClaimer(mgr)
+	}
 	server.Register(FinalizerPath, &webhook.Admission{Handler: &FinalizerHandler{Managed: opts.Managed}})
 	server.Register(DeletePath, &webhook.Admission{Handler: &DeleteHandler{
-		Client:  mgr.GetClient(),
-		Reader:  mgr.GetAPIReader(),
-		Budgets: mgr.GetClient(),
-		Claimer: &budget.Claimer{
-			Client: mgr.GetClient(), Reader: mgr.GetAPIReader(), Clock: clock.RealClock{},
-			OnConflict: budget.CountClaimConflict,
-		},
+		Client:   mgr.GetClient(),
+		Reader:   mgr.GetAPIReader(),
+		Budgets:  mgr.GetClient(),
+		Claimer:  claimer,
 		Managed:  opts.Managed,
 		Recorder: recorder,
 		Clock:    clock.RealClock{},
@@ -45,10 +49,7 @@ func Register(mgr ctrl.Manager, opts Options) {
 	}})
 	server.Register(NodeClaimDeletePath, &webhook.Admission{Handler: &NodeClaimDeleteHandler{
 		Nodes: mgr.GetClient(), Budgets: mgr.GetClient(), Reader: mgr.GetAPIReader(),
-		Claimer: &budget.Claimer{
-			Client: mgr.GetClient(), Reader: mgr.GetAPIReader(), Clock: clock.RealClock{},
-			OnConflict: budget.CountClaimConflict,
-		},
+		Claimer: claimer,
 		Managed: opts.Managed, Recorder: recorder, Clock: clock.RealClock{}, Timeout: opts.DeleteTimeout,
 		Instances: opts.Instances,
 	}})

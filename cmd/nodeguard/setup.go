@@ -84,8 +84,12 @@ func identity() string {
 // With Azure, the DELETE webhook asks ARM whether a NotReady node's VM is gone.
 func setupGuard(mgr ctrl.Manager, opts options, adminState *azure.Manager) error {
 	managed, _ := labels.Parse(opts.nodeSelector) // validated
+	// One claimer for the webhooks, the scale-down hold and the status
+	// controller: their budget status writes join one group commit instead of
+	// racing each other.
+	claimer := budget.NewClaimer(mgr)
 	if opts.webhookPort >= 0 {
-		wo := ngwebhook.Options{Managed: managed, DeleteTimeout: opts.deleteTimeout}
+		wo := ngwebhook.Options{Managed: managed, DeleteTimeout: opts.deleteTimeout, Claimer: claimer}
 		if adminState != nil { // never a typed nil in the interface
 			wo.Instances = adminState
 		}
@@ -99,9 +103,7 @@ func setupGuard(mgr ctrl.Manager, opts options, adminState *azure.Manager) error
 		return err
 	}
 	hold := &autoscaler.HoldReconciler{Client: mgr.GetClient(), Reader: mgr.GetAPIReader(),
-		Claimer: &budget.Claimer{Client: mgr.GetClient(), Reader: mgr.GetAPIReader(), Clock: clock.RealClock{},
-			OnConflict: budget.CountClaimConflict},
-		Managed: managed, Recorder: mgr.GetEventRecorder("nodeguard-scale-down"), Clock: clock.RealClock{},
+		Claimer: claimer, Managed: managed, Recorder: mgr.GetEventRecorder("nodeguard-scale-down"), Clock: clock.RealClock{},
 		AdminStateTimeout: opts.adminStateTimeout, Disabled: !opts.scaleDownHold}
 	if adminState != nil { // never a typed nil in the interface
 		hold.AdminState = adminState
@@ -113,7 +115,8 @@ func setupGuard(mgr ctrl.Manager, opts options, adminState *azure.Manager) error
 		Recorder: mgr.GetEventRecorder("nodeguard-scale-down")}).SetupWithManager(mgr); err != nil {
 		return err
 	}
-	return (&budget.StatusReconciler{Client: mgr.GetClient(), Clock: clock.RealClock{}, ClaimTimeout: opts.claimTimeout}).SetupWithManager(mgr)
+	return (&budget.StatusReconciler{Client: mgr.GetClient(), Clock: clock.RealClock{}, ClaimTimeout: opts.claimTimeout,
+		Claimer: claimer}).SetupWithManager(mgr)
 }
 
 // The secure metrics endpoint authenticates scrapers with TokenReviews and

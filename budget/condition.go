@@ -1,0 +1,30 @@
+package budget
+
+import (
+	"fmt"
+	"time"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	ngv1alpha1 "github.com/nodeguard/nodeguard/api/v1alpha1"
+)
+
+// allowedCondition is the DisruptionAllowed condition for a budget's numbers
+// (or the error evaluating them). The status controller and the claims both
+// set it, so that a claim's write leaves the status controller nothing to
+// rewrite.
+func allowedCondition(n Numbers, err error, generation int64) metav1.Condition {
+	cond := metav1.Condition{Type: ngv1alpha1.ConditionDisruptionAllowed, ObservedGeneration: generation}
+	switch {
+	case err != nil:
+		cond.Status, cond.Reason, cond.Message = metav1.ConditionFalse, ngv1alpha1.ReasonInvalidSpec, err.Error()
+	case n.Allowed > 0:
+		cond.Status, cond.Reason, cond.Message = metav1.ConditionTrue, ngv1alpha1.ReasonSufficientNodes, n.String()
+	case n.Window != nil:
+		cond.Status, cond.Reason = metav1.ConditionFalse, ngv1alpha1.ReasonWindowActive
+		cond.Message = fmt.Sprintf("%s; disruption window %q ends %s", n, n.Window.Schedule, n.Window.Ends.UTC().Format(time.RFC3339))
+	default:
+		cond.Status, cond.Reason, cond.Message = metav1.ConditionFalse, ngv1alpha1.ReasonInsufficientNodes, n.String()
+	}
+	return cond
+}

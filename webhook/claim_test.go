@@ -1,0 +1,288 @@
+package webhook_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"maps"
+	"net/http"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+
+	coordinationv1 "k8s.io/api/coordination/v1"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/clock"
+	"k8s.io/utils/ptr"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	ngv1alpha1 "github.com/nodeguard/nodeguard/api/v1alpha1"
+	"github.com/nodeguard/nodeguard/budget"
+	"github.com/nodeguard/nodeguard/test/builder"
+	"github.com/nodeguard/nodeguard/test/harness"
+)
+
+// newReplica is one webhook replica's claimer: its own group commit and its
+// own copy of the budgets it last wrote.
+func newReplica() *budget.Claimer {
+	return &budget.Claimer{Client: env.Client, Reader: env.Client, Clock: clock.RealClock{}}
+}
+
+// countedBudget creates a budget over `expected` available nodes allowing
+// maxUnavailable of them, with its status written as the status controller
+// would: the claims read nothing else. No status controller runs, so nothing
+// but the claimers writes the budget.
+func countedBudget(t *testing.T, name string, expected, maxUnavailable int32) {
+	t.Helper()
+	ctx := context.Background()
+	ndb := builder.NDB(name, builder.NDBSelecting("pool", name), builder.NDBMaxUnavailable(fmt.Sprint(maxUnavailable)))
+	if err := env.Client.Create(ctx, ndb); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = env.Client.Delete(context.Background(), ndb) })
+	ndb.Status = ngv1alpha1.NodeDisruptionBudgetStatus{ObservedGeneration: ndb.Generation, ExpectedNodes: expected,
+		CurrentAvailable: expected, DesiredAvailable: expected - maxUnavailable, DisruptionsAllowed: maxUnavailable}
+	if err := env.Client.Status().Update(ctx, ndb); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func readyNodeObject(name string) *corev1.Node { return builder.Node(name, builder.Ready()) }
+
+// claim claims node of budget through c and returns (charged, denial code):
+// code 0 when admitted; it fails the test on any other error.
+func claim(t *testing.T, c *budget.Claimer, name, node string) (bool, int32) {
+	t.Helper()
+	charged, err := c.Claim(context.Background(), name, readyNodeObject(node), false)
+	var denial *budget.Denial
+	if errors.As(err, &denial) {
+		return false, denial.Code
+	}
+	if err != nil {
+		t.Errorf("claiming %s of %s: %v", node, name, err)
+	}
+	return charged, 0
+}
+
+func requireCharged(t *testing.T, name string, want ...string) {
+	t.Helper()
+	ndb := getBudget(t, name)
+	if got := slices.Sorted(maps.Keys(ndb.Status.DisruptedNodes)); !slices.Equal(got, want) {
+		t.Fatalf("disruptedNodes of %s = %v, want %v", name, got, want)
+	}
+	if ndb.Status.DisruptionsAllowed < 0 {
+		t.Fatalf("%s allows %d disruptions", name, ndb.Status.DisruptionsAllowed)
+	}
+}
+
+// TestConcurrentClaimsInOneReplicaEachGetTheirVerdict: 20 concurrent claims of
+// distinct nodes through one claimer, on a budget allowing 5: exactly 5 are
+// charged and the 15 others are each denied with 429 and the budget's numbers.
+// Claiming a charged node again charges nothing; releases and new claims
+// racing each other never take the budget past its limit.
+func TestConcurrentClaimsInOneReplicaEachGetTheirVerdict(t *testing.T) {
+	harness.SkipWithoutEnv(t, env)
+	const name = "group"
+	countedBudget(t, name, 20, 5)
+	c := newReplica()
+	var mu sync.Mutex
+	var charged []string
+	var wg sync.WaitGroup
+	for i := range 20 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			node := fmt.Sprintf("group-%d", i)
+			ok, err := c.Claim(context.Background(), name, readyNodeObject(node), false)
+			var denial *budget.Denial
+			switch {
+			case ok && err == nil:
+				mu.Lock()
+				charged = append(charged, node)
+				mu.Unlock()
+			case errors.As(err, &denial):
+				if denial.Code != http.StatusTooManyRequests || !strings.Contains(denial.Message, "allowed 0, unavailable 5 of max 5") {
+					t.Errorf("%s: denial %d %q, want 429 with the budget's numbers", node, denial.Code, denial.Message)
+				}
+			default:
+				t.Errorf("%s: charged %v, error %v", node, ok, err)
+			}
+		}()
+	}
+	wg.Wait()
+	slices.Sort(charged)
+	if len(charged) != 5 {
+		t.Fatalf("%d claims charged (%v), want 5", len(charged), charged)
+	}
+	requireCharged(t, name, charged...)
+
+	for _, node := range charged {
+		if ok, code := claim(t, c, name, node); ok || code != 0 {
+			t.Errorf("claiming the charged %s again: charged %v, denial %d; want admitted without a charge", node, ok, code)
+		}
+	}
+	requireCharged(t, name, charged...)
+
+	// Two releases race ten new claims: whatever the order, the budget holds
+	// the 3 kept claims plus at most the 2 freed.
+	var newly []string
+	for _, node := range charged[:2] {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if err := c.Release(context.Background(), name, node); err != nil {
+				t.Errorf("releasing %s: %v", node, err)
+			}
+		}()
+	}
+	for i := range 10 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			node := fmt.Sprintf("group-new-%d", i)
+			if ok, _ := claim(t, c, name, node); ok {
+				mu.Lock()
+				newly = append(newly, node)
+				mu.Unlock()
+			}
+		}()
+	}
+	wg.Wait()
+	if len(newly) > 2 {
+		t.Fatalf("%d new claims charged (%v) after 2 releases, want at most 2", len(newly), newly)
+	}
+	requireCharged(t, name, slices.Sorted(slices.Values(append(slices.Clone(charged[2:]), newly...)))...)
+}
+
+// TestStaleCopyNeverOverAdmits: each replica reuses the budget its last write
+// returned. Another replica's writes make that copy stale; a claim decided from
+// it must end in a conflict and a fresh read, never in an admission the budget
+// no longer allows, nor in "already charged" for a claim given back since.
+func TestStaleCopyNeverOverAdmits(t *testing.T) {
+	harness.SkipWithoutEnv(t, env)
+	ctx := context.Background()
+	a, b := newReplica(), newReplica()
+
+	t.Run("the other replica used the last disruption", func(t *testing.T) {
+		const name = "stale-full"
+		countedBudget(t, name, 4, 2)
+		if ok, code := claim(t, a, name, "n0"); !ok || code != 0 {
+			t.Fatalf("replica A's first claim: charged %v, denial %d", ok, code)
+		}
+		if ok, code := claim(t, b, name, "n1"); !ok || code != 0 {
+			t.Fatalf("replica B's claim: charged %v, denial %d", ok, code)
+		}
+		// A's copy still allows one more.
+		if ok, code := claim(t, a, name, "n2"); ok || code != http.StatusTooManyRequests {
+			t.Fatalf("replica A's claim past the budget: charged %v, denial %d; want 429", ok, code)
+		}
+		requireCharged(t, name, "n0", "n1")
+	})
+
+	t.Run("the other replica gave the claim back", func(t *testing.T) {
+		const name = "stale-released"
+		countedBudget(t, name, 4, 2)
+		if ok, code := claim(t, a, name, "n0"); !ok || code != 0 {
+			t.Fatalf("replica A's first claim: charged %v, denial %d", ok, code)
+		}
+		if err := b.Release(ctx, name, "n0"); err != nil {
+			t.Fatal(err)
+		}
+		for _, node := range []string{"n1", "n2"} {
+			if ok, code := claim(t, b, name, node); !ok || code != 0 {
+				t.Fatalf("replica B's claim of %s: charged %v, denial %d", node, ok, code)
+			}
+		}
+		// A's copy says n0 is charged; it is not, and the budget is full.
+		if ok, code := claim(t, a, name, "n0"); ok || code != http.StatusTooManyRequests {
+			t.Fatalf("replica A's claim of n0, given back since: charged %v, denial %d; want 429", ok, code)
+		}
+		requireCharged(t, name, "n1", "n2")
+	})
+}
+
+// frozenCache is an informer that stopped at one version of a budget.
+type frozenCache struct {
+	client.Reader
+	ndb *ngv1alpha1.NodeDisruptionBudget
+}
+
+func (f frozenCache) Get(_ context.Context, _ client.ObjectKey, obj client.Object, _ ...client.GetOption) error {
+	f.ndb.DeepCopyInto(obj.(*ngv1alpha1.NodeDisruptionBudget))
+	return nil
+}
+
+// TestStaleInformerCopyNeverOverAdmits: a claim that starts from an informer
+// copy older than the budget ends in a conflict and a fresh read.
+func TestStaleInformerCopyNeverOverAdmits(t *testing.T) {
+	harness.SkipWithoutEnv(t, env)
+	const name = "stale-informer"
+	countedBudget(t, name, 4, 2)
+	frozen := frozenCache{ndb: getBudget(t, name)}
+	b := newReplica()
+	for _, node := range []string{"n0", "n1"} {
+		if ok, code := claim(t, b, name, node); !ok || code != 0 {
+			t.Fatalf("replica B's claim of %s: charged %v, denial %d", node, ok, code)
+		}
+	}
+	a := newReplica()
+	a.Cache = frozen // still allows 2
+	if ok, code := claim(t, a, name, "n2"); ok || code != http.StatusTooManyRequests {
+		t.Fatalf("claim from a stale informer copy: charged %v, denial %d; want 429", ok, code)
+	}
+	requireCharged(t, name, "n0", "n1")
+}
+
+// TestClaimPastItsDeadlineIsATryAgain: a claim whose time is up before it is
+// decided is a 429 "try again", and charges nothing.
+func TestClaimPastItsDeadlineIsATryAgain(t *testing.T) {
+	harness.SkipWithoutEnv(t, env)
+	const name = "deadline"
+	countedBudget(t, name, 4, 2)
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	_, err := newReplica().Claim(ctx, name, readyNodeObject("n0"), false)
+	var denial *budget.Denial
+	if !errors.As(err, &denial) || denial.Code != http.StatusTooManyRequests || !strings.Contains(denial.Message, "retry the delete") {
+		t.Fatalf("claim after its deadline: %v, want a 429 asking to retry", err)
+	}
+	requireCharged(t, name)
+}
+
+// TestMaintenanceHoldGivesBackTheClaim: the DELETE webhook reads the node's
+// maintenance Lease while it claims the budgets; a hold found denies the delete
+// and gives the claim back, so the budget's disruption is still there for
+// another node.
+func TestMaintenanceHoldGivesBackTheClaim(t *testing.T) {
+	harness.SkipWithoutEnv(t, env)
+	useGuards(t, startGuard(t, false))
+	ctx := context.Background()
+	_ = env.Client.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ngv1alpha1.MaintenanceLeaseNamespace}})
+	names := createReadyNodes(t, "heldclaim", 2)
+	createBudget(t, "heldclaim", 1, builder.NDBMaxUnavailable("1"))
+	lease := &coordinationv1.Lease{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ngv1alpha1.MaintenanceLeaseNamespace, Name: names[0]},
+		Spec:       coordinationv1.LeaseSpec{HolderIdentity: ptr.To("kubeadm-bob")},
+	}
+	if err := env.Client.Create(ctx, lease); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = env.Client.Delete(context.Background(), lease) })
+
+	err := env.Client.Delete(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: names[0]}})
+	if !apierrors.IsTooManyRequests(err) || !strings.Contains(err.Error(), "is under maintenance") {
+		t.Fatalf("deleting the held node: %v, want 429 naming the hold", err)
+	}
+	if ndb := getBudget(t, "heldclaim"); len(ndb.Status.DisruptedNodes) != 0 || ndb.Status.DisruptionsAllowed != 1 {
+		t.Fatalf("the held node's claim was not given back: %+v", ndb.Status)
+	}
+	if err := env.Client.Delete(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: names[1]}}); err != nil {
+		t.Fatalf("deleting the other node: %v", err)
+	}
+	if ndb := getBudget(t, "heldclaim"); ndb.Status.DisruptionsAllowed != 0 {
+		t.Errorf("after the other node's delete the budget still allows %d", ndb.Status.DisruptionsAllowed)
+	}
+}
