@@ -45,6 +45,11 @@ const (
 	DefaultVolumeDetachTimeout = time.Minute
 	DefaultMaxConcurrentNodes  = 10
 	DefaultParallelEvictions   = 20
+	// DefaultDrainBackstop is how long a drain whose pods and PDBs are
+	// watched waits without news before it looks again: for what only time
+	// changes (a pod stuck past its grace period, an unreachable node's
+	// margin), and a 429 that no PDB change will follow.
+	DefaultDrainBackstop = 5 * time.Second
 )
 
 // Waiting intervals. The node's pods (a watch per draining node), PDB status
@@ -52,11 +57,8 @@ const (
 // are backstops.
 const (
 	// podsGonePoll paces the drain of a node whose pods are not watched (a
-	// Reconciler run without SetupWithManager); podsGoneBackstop the drain of
-	// a node whose pods are, for what only time changes (a pod stuck past its
-	// grace period, an unreachable node's margin).
-	podsGonePoll     = 500 * time.Millisecond
-	podsGoneBackstop = 5 * time.Second
+	// Reconciler run without SetupWithManager).
+	podsGonePoll = 500 * time.Millisecond
 	// blockedBackstopMax caps the backstop after a 429; kubectl drain waits 5 s.
 	blockedBackstopMax = 4 * time.Second
 	trafficPoll        = time.Second
@@ -103,6 +105,8 @@ type Options struct {
 	// before the replacement counts as stalled and the drain falls back to
 	// waiting (0: never).
 	ReplacementTimeout time.Duration
+	// DrainBackstop overrides DefaultDrainBackstop.
+	DrainBackstop time.Duration
 }
 
 // Reconciler terminates nodes.

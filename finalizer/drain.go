@@ -164,9 +164,14 @@ func hasEmptyDir(pod *corev1.Pod) bool {
 	return false
 }
 
-// nextDrainPass is when to look again: soon while pods are going away, with a
-// growing backstop while every queue is blocked.
+// nextDrainPass is when to look again. With the node's pods and PDBs
+// watched, their changes wake the drain, and this is a backstop. Without, soon
+// while pods are going away, with a growing backstop while every queue is
+// blocked.
 func (r *Reconciler) nextDrainPass(uid types.UID, plan *drain.Plan, out drain.Outcome) time.Duration {
+	if r.pods != nil {
+		return r.podsGoneWait()
+	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if r.backoff == nil {
@@ -174,7 +179,7 @@ func (r *Reconciler) nextDrainPass(uid types.UID, plan *drain.Plan, out drain.Ou
 	}
 	if out.Evicted > 0 || len(plan.Terminating) > 0 {
 		delete(r.backoff, uid)
-		return r.podsGoneWait()
+		return podsGonePoll
 	}
 	next := min(max(r.backoff[uid]*2, podsGonePoll), blockedBackstopMax)
 	r.backoff[uid] = next
@@ -184,10 +189,13 @@ func (r *Reconciler) nextDrainPass(uid types.UID, plan *drain.Plan, out drain.Ou
 // podsGoneWait is when to look again while pods terminate: the watch of the
 // node's pods wakes the drain as they go; without one, poll.
 func (r *Reconciler) podsGoneWait() time.Duration {
-	if r.pods == nil {
+	switch {
+	case r.pods == nil:
 		return podsGonePoll
+	case r.Opts.DrainBackstop > 0:
+		return r.Opts.DrainBackstop
 	}
-	return podsGoneBackstop
+	return DefaultDrainBackstop
 }
 
 // reportBlockers returns what the drain waits for and emits, once each, an

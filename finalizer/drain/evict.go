@@ -43,7 +43,7 @@ type Evictor struct {
 	evicted map[string]map[types.UID]bool
 	// wakeSeq numbers the Wake calls; lastWake is the last of each PDB.
 	wakeSeq  uint64
-	lastWake map[types.UID]uint64
+	lastWake map[types.UID]wake
 }
 
 // Outcome is what one pass of evictions did.

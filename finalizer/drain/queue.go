@@ -3,6 +3,7 @@ package drain
 import (
 	"context"
 	"slices"
+	"sync"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -90,12 +91,15 @@ const wakeTimeout = time.Minute
 // handler's, which ends when it returns), up to wakeTimeout: an eviction cut
 // off half-way can leave its PDB charged for minutes.
 func (e *Evictor) Wake(ctx context.Context, pdb types.UID, sending func()) bool {
+	if sending != nil {
+		sending = sync.OnceFunc(sending) // one status change, one wake-up: whichever run sends first
+	}
 	e.mu.Lock()
 	if e.lastWake == nil {
-		e.lastWake = map[types.UID]uint64{}
+		e.lastWake = map[types.UID]wake{}
 	}
 	e.wakeSeq++
-	e.lastWake[pdb] = e.wakeSeq
+	e.lastWake[pdb] = wake{seq: e.wakeSeq, sending: sending}
 	waiting := len(e.waiting[pdb]) > 0
 	e.mu.Unlock()
 	if !waiting {
@@ -124,11 +128,17 @@ func (e *Evictor) Mark() uint64 {
 func (e *Evictor) parkAfter(ctx context.Context, pdb types.UID, node string, pods []*corev1.Pod, mark uint64) {
 	e.park(pdb, node, pods)
 	e.mu.Lock()
-	missed := len(pods) > 0 && e.lastWake[pdb] > mark
+	last := e.lastWake[pdb]
 	e.mu.Unlock()
-	if missed {
-		go e.runParked(ctx, pdb, nil)
+	if len(pods) > 0 && last.seq > mark {
+		go e.runParked(ctx, pdb, last.sending)
 	}
+}
+
+// wake is the last Wake of a PDB: its number and its sending callback.
+type wake struct {
+	seq     uint64
+	sending func()
 }
 
 // runParked evicts the parked pods of the PDB, node by node in name order,
