@@ -233,7 +233,7 @@ func onlyCharged(old, cur *policyv1.PodDisruptionBudget) bool {
 // delay of the first eviction it sends.
 func (r *Reconciler) wake(ctx context.Context, pdb *policyv1.PodDisruptionBudget) bool {
 	changed := r.Clock.Now()
-	return r.Evictor.Wake(ctx, pdb.UID, func() { wakeupDelay.Observe(r.Clock.Since(changed).Seconds()) })
+	return r.Evictor.Wake(ctx, pdb.UID, pdb.Status.DisruptionsAllowed, func() { wakeupDelay.Observe(r.Clock.Since(changed).Seconds()) })
 }
 
 // attachedNode maps a VolumeAttachment to its node, if that node is being
@@ -334,7 +334,9 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reco
 			return reconcile.Result{}, fmt.Errorf("%s phase of node %s: %w", p.name, node.Name, err)
 		}
 		if !result.IsZero() {
-			r.reportCondition(ctx, &node, p.name)
+			if held := r.reportCondition(ctx, &node, p.name); held > 0 && held < result.RequeueAfter {
+				result.RequeueAfter = held
+			}
 			return result, nil
 		}
 	}

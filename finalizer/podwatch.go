@@ -84,13 +84,6 @@ func (w *nodePods) unwatch(node string) {
 	}
 }
 
-// watching counts the nodes whose pods are watched.
-func (w *nodePods) watching() int {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	return len(w.watches)
-}
-
 // Start implements manager.Runnable: it stops every watch on shutdown (the
 // watches themselves start with the drains, on the leader).
 func (w *nodePods) Start(ctx context.Context) error {
@@ -117,18 +110,18 @@ func wakeNode(ctx context.Context, wake chan<- event.GenericEvent, node string) 
 }
 
 // matters reports whether a pod update can change a drain pass: the pod
-// finished, a pod not terminating lost its readiness (the queues put pods not
-// Ready first, and a PDB may let them go), or its labels or annotations
-// changed (PDB selection, do-not-evict). A pod starting to terminate does not:
-// the drain evicted it, or it is going anyway, and its deletion wakes the
-// node. Status chatter does not either.
+// started terminating or finished, a pod not terminating changed readiness
+// (the queues put pods not Ready first, and a PDB may let them go), or its
+// labels or annotations changed (PDB selection, do-not-evict). Status
+// chatter does not wake it.
 func matters(oldObj, curObj any) bool {
 	old, ok1 := oldObj.(*corev1.Pod)
 	cur, ok2 := curObj.(*corev1.Pod)
 	if !ok1 || !ok2 {
 		return true
 	}
-	return old.Status.Phase != cur.Status.Phase ||
+	return (old.DeletionTimestamp == nil) != (cur.DeletionTimestamp == nil) ||
+		old.Status.Phase != cur.Status.Phase ||
 		cur.DeletionTimestamp == nil && ready(old) != ready(cur) ||
 		!maps.Equal(old.Labels, cur.Labels) || !maps.Equal(old.Annotations, cur.Annotations) ||
 		!reflect.DeepEqual(old.OwnerReferences, cur.OwnerReferences)

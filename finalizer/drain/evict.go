@@ -60,9 +60,10 @@ type Outcome struct {
 }
 
 // Evict runs one pass over the node's plan: each PDB queue serially until a
-// 429 or its end, all queues and the unprotected pods concurrently. Blocked
-// queues send nothing. A queue that stops short parks its remaining pods until
-// its PDB allows a disruption (Wake).
+// 429, the disruptions its PDB allowed are spent, or its end; all queues and
+// the unprotected pods concurrently. Blocked queues send nothing. A queue that
+// stops short parks its remaining pods until its PDB allows a disruption
+// (Wake).
 func (e *Evictor) Evict(ctx context.Context, node string, plan *Plan) Outcome {
 	var (
 		mu  sync.Mutex
@@ -104,12 +105,21 @@ func (e *Evictor) Evict(ctx context.Context, node string, plan *Plan) Outcome {
 			lock := e.lockFor(g.UID)
 			lock.Lock()
 			defer lock.Unlock()
+			b := budgetOf(&g)
 			for i, pod := range g.Pods {
 				if e.wasEvicted(node, pod.UID) {
 					continue
 				}
+				if !b.allows(pod) { // spent: the PDB's next status goes on
+					e.parkAfter(ctx, g.UID, node, g.Pods[i:], plan.WakeMark)
+					return
+				}
 				mark := e.Mark()
-				if ctx.Err() != nil || record(pod, &g.PDB, e.evictOnce(ctx, node, pod)) {
+				err := e.evictOnce(ctx, node, pod)
+				if err == nil {
+					b.spend(pod)
+				}
+				if ctx.Err() != nil || record(pod, &g.PDB, err) {
 					e.parkAfter(ctx, g.UID, node, g.Pods[i:], mark)
 					return
 				}

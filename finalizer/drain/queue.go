@@ -84,13 +84,13 @@ func (e *Evictor) Forget(node string) {
 // wakeTimeout bounds the evictions one Wake sends.
 const wakeTimeout = time.Minute
 
-// Wake is told that the PDB's status now allows a disruption. If queues are
+// Wake is told that the PDB's status now allows disruptions (allowed). If queues are
 // parked under it, it sends their next evictions in the background, serially
 // as always, and returns true; sending is called just before its first
 // eviction request, if it sends one. The evictions outlive ctx (an event
 // handler's, which ends when it returns), up to wakeTimeout: an eviction cut
 // off half-way can leave its PDB charged for minutes.
-func (e *Evictor) Wake(ctx context.Context, pdb types.UID, sending func()) bool {
+func (e *Evictor) Wake(ctx context.Context, pdb types.UID, allowed int32, sending func()) bool {
 	if sending != nil {
 		sending = sync.OnceFunc(sending) // one status change, one wake-up: whichever run sends first
 	}
@@ -99,7 +99,7 @@ func (e *Evictor) Wake(ctx context.Context, pdb types.UID, sending func()) bool 
 		e.lastWake = map[types.UID]wake{}
 	}
 	e.wakeSeq++
-	e.lastWake[pdb] = wake{seq: e.wakeSeq, sending: sending}
+	e.lastWake[pdb] = wake{seq: e.wakeSeq, allowed: allowed, sending: sending}
 	waiting := len(e.waiting[pdb]) > 0
 	e.mu.Unlock()
 	if !waiting {
@@ -108,7 +108,7 @@ func (e *Evictor) Wake(ctx context.Context, pdb types.UID, sending func()) bool 
 	go func() {
 		ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), wakeTimeout)
 		defer cancel()
-		e.runParked(ctx, pdb, sending)
+		e.runParked(ctx, pdb, budget{left: allowed, limited: true}, sending)
 	}()
 	return true
 }
@@ -131,20 +131,45 @@ func (e *Evictor) parkAfter(ctx context.Context, pdb types.UID, node string, pod
 	last := e.lastWake[pdb]
 	e.mu.Unlock()
 	if len(pods) > 0 && last.seq > mark {
-		go e.runParked(ctx, pdb, last.sending)
+		go e.runParked(ctx, pdb, budget{left: last.allowed, limited: true}, last.sending)
 	}
 }
 
-// wake is the last Wake of a PDB: its number and its sending callback.
+// wake is the last Wake of a PDB: its number, what it allowed and its
+// sending callback.
 type wake struct {
 	seq     uint64
+	allowed int32
 	sending func()
+}
+
+// budget is what a queue may still send before its PDB's next status: the
+// disruptions the status allowed, each Ready pod evicted spending one. A pod
+// not Ready is always tried (the Eviction API may let it go at 0); with no
+// status computed for the PDB's current spec, nothing is counted. A queue
+// that spent it parks without a request that could only be refused (429).
+type budget struct {
+	left    int32
+	limited bool
+}
+
+func (b *budget) allows(pod *corev1.Pod) bool { return !b.limited || !podReady(pod) || b.left > 0 }
+
+func (b *budget) spend(pod *corev1.Pod) {
+	if podReady(pod) {
+		b.left--
+	}
+}
+
+// budgetOf is the budget of a planned queue, from the PDB as the plan read it.
+func budgetOf(g *Group) budget {
+	return budget{left: g.Allowed, limited: g.Budget != nil && g.Budget.Status.ObservedGeneration >= g.Budget.Generation}
 }
 
 // runParked evicts the parked pods of the PDB, node by node in name order,
 // until a 429 parks the rest again. The pods' going wakes their nodes' drain
 // passes (the pod watches).
-func (e *Evictor) runParked(ctx context.Context, pdb types.UID, sending func()) {
+func (e *Evictor) runParked(ctx context.Context, pdb types.UID, b budget, sending func()) {
 	lock := e.lockFor(pdb)
 	lock.Lock()
 	defer lock.Unlock()
@@ -161,7 +186,7 @@ func (e *Evictor) runParked(ctx context.Context, pdb types.UID, sending func()) 
 			if e.wasEvicted(node, pods[i].UID) {
 				continue
 			}
-			if ctx.Err() != nil {
+			if ctx.Err() != nil || !b.allows(pods[i]) {
 				blocked = true
 				break
 			}
@@ -172,7 +197,10 @@ func (e *Evictor) runParked(ctx context.Context, pdb types.UID, sending func()) 
 				}
 			}
 			switch err := e.evictOnce(ctx, node, pods[i]); classify(err) {
-			case ResultEvicted, ResultGone, ResultMultiplePDBs:
+			case ResultEvicted:
+				b.spend(pods[i])
+				pods[i] = nil
+			case ResultGone, ResultMultiplePDBs:
 				pods[i] = nil
 			default: // 429, or an error: keep the order, wait for the next change
 				blocked = true
