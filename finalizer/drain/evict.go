@@ -96,7 +96,14 @@ func (e *Evictor) Evict(ctx context.Context, node string, plan *Plan) Outcome {
 			mu.Lock()
 			out.Blocked = append(out.Blocked, g.PDB)
 			mu.Unlock()
-			e.parkAfter(ctx, g.UID, node, g.Pods, plan.WakeMark)
+			if g.ByDesign {
+				// No status change will free it: replacement first (or a
+				// new spec and the pass it wakes) does, never a wake-up
+				// that could evict a pod a rollout is about to replace.
+				e.park(g.UID, node, nil)
+			} else {
+				e.parkAfter(ctx, g.UID, node, g.Pods, plan.WakeMark)
+			}
 			continue
 		}
 		wg.Add(1)
