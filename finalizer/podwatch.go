@@ -5,6 +5,7 @@ import (
 	"maps"
 	"reflect"
 	"sync"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -29,7 +30,17 @@ type nodePods struct {
 	mu      sync.Mutex
 	stopped bool
 	watches map[string]context.CancelFunc
+	// pending are the nodes whose pass is already asked for, within
+	// podEventsCoalesce.
+	pending map[string]bool
 }
+
+// podEventsCoalesce gathers the pod events of one node into one drain pass:
+// a wave of evictions makes a wave of events, and each pass reads the node,
+// its Lease and its pods. The evictions themselves never wait for a pass
+// (parked queues are woken by their PDBs), so this only delays noticing that
+// the last pod of a tier went.
+const podEventsCoalesce = 100 * time.Millisecond
 
 func newNodePods(cs kubernetes.Interface, wake chan<- event.GenericEvent) *nodePods {
 	return &nodePods{
@@ -40,6 +51,7 @@ func newNodePods(cs kubernetes.Interface, wake chan<- event.GenericEvent) *nodeP
 		},
 		wake:    wake,
 		watches: map[string]context.CancelFunc{},
+		pending: map[string]bool{},
 	}
 }
 
@@ -98,7 +110,21 @@ func (w *nodePods) Start(ctx context.Context) error {
 	return nil
 }
 
-func (w *nodePods) notify(ctx context.Context, node string) { wakeNode(ctx, w.wake, node) }
+// notify asks for a pass of the node, once per podEventsCoalesce.
+func (w *nodePods) notify(ctx context.Context, node string) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.pending[node] {
+		return
+	}
+	w.pending[node] = true
+	time.AfterFunc(podEventsCoalesce, func() {
+		w.mu.Lock()
+		delete(w.pending, node)
+		w.mu.Unlock()
+		wakeNode(ctx, w.wake, node)
+	})
+}
 
 // wakeNode asks for a pass of the node through the controller's wake-up
 // channel.
