@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"fmt"
+	"net/http"
 	"os/exec"
 	"path/filepath"
 	"slices"
@@ -335,7 +336,7 @@ func drainTable(rs []*drainResult) *bench.Table {
 			fmt.Sprintf("%d, %d", r.MaxUnavailable[0], r.MaxUnavailable[1]), fmt.Sprintf("%d, %d", r.MaxInFlight[0], r.MaxInFlight[1]))
 	}
 	t.Note("Times run from the start (kubectl drain started; kubectl delete node issued) until the last pod object on the node is gone. nodeguard's time includes the maintenance Lease, cordon, draining taint and AdminState Down through the ARM emulator.")
-	t.Note("PDB allows → next eviction (the wake-up delay): from each moment a PDB went from allowing no disruption to allowing one, as the benchmark's own watch of the PDBs delivers it, while the drainer still had pods under it, to the drainer's next eviction request for that PDB at the proxy. kubectl drain retries every 5 s; nodeguard's queue is woken by the status change (its own view of the same delay is the metric nodeguard_drain_wakeup_delay_seconds). A request that beat the benchmark's watch counts 0.")
+	t.Note("PDB allows → next eviction (the wake-up delay): from each moment a PDB went from allowing no disruption to allowing one, as the benchmark's own watch of the PDBs delivers it, to the drainer's eviction request that used it, at the proxy (the k-th such change pairs with the drainer's (k+1)-th granted eviction of that PDB: budget 1). kubectl drain retries every 5 s; nodeguard's parked queue is woken by the status change (its own view of the same delay is the metric nodeguard_drain_wakeup_delay_seconds). A request that beat the benchmark's watch counts 0.")
 	t.Note("Lower bound = longest PDB chain (pods of one PDB on the node ÷ disruptions allowed) × the median eviction-to-replacement-Ready cycle seen by the monitor in the same run (both nodes pooled). Under pod-general a cycle is 1–6 s at random, so the bound is an estimate and a ratio near 1.0× means at the bound; the exact figure per drainer is its own longest PDB's sum of cycles, in the notes.")
 	for _, r := range rs {
 		t.Note("%s: chain %d × cycle %s (median of %d) = %s; the longest PDB's own cycles summed to %s (kubectl) and %s (nodeguard); first eviction request after %s (kubectl) and %s (nodeguard: Lease, cordon, taint, traffic cut); nodeguard's node released (finalizer removed) at %s; kubectl drain exited at %s and printed %d PDB refusals.",
@@ -430,29 +431,28 @@ func (w *pdbWatch) since(key string, start time.Time) []time.Duration {
 }
 
 // wakeups are, for each time a PDB of the namespace went from allowing no
-// disruption to allowing one while the drainer still had pods of it to evict,
-// the delay until the drainer's next eviction request for it. Both times are
-// taken here, the status change as this watch delivers it and the request as
-// the proxy forwards it; a request the watch beat is a delay of 0.
+// disruption to allowing one, the delay until the drainer's eviction request
+// that used it. Under a budget of 1 each such change lets exactly one
+// eviction through, so the k-th change pairs with the eviction answered 201
+// after the first (which used the budget the PDB started with). Both times
+// are taken here, the status change as this watch delivers it and the
+// request as the proxy forwards it; a request that beat the benchmark's watch
+// counts 0.
 func (w *pdbWatch) wakeups(evictions []harness.Eviction, ns string, apps []string) []time.Duration {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	var out []time.Duration
 	for _, app := range apps {
-		var starts []time.Time
+		var granted []time.Time
 		for _, e := range evictions {
-			if e.Workload == app {
-				starts = append(starts, e.Start)
+			if e.Workload == app && e.Status == http.StatusCreated {
+				granted = append(granted, e.Start)
 			}
 		}
-		slices.SortFunc(starts, func(a, b time.Time) int { return a.Compare(b) })
-		for _, t := range w.opened[ns+"/"+app] {
-			i, _ := slices.BinarySearchFunc(starts, t, func(a, b time.Time) int { return a.Compare(b) })
-			switch {
-			case i < len(starts):
-				out = append(out, starts[i].Sub(t))
-			case len(starts) > 0 && starts[len(starts)-1].After(t.Add(-50*time.Millisecond)):
-				out = append(out, 0) // the last request raced the watch
+		slices.SortFunc(granted, func(a, b time.Time) int { return a.Compare(b) })
+		for k, t := range w.opened[ns+"/"+app] {
+			if k+1 < len(granted) {
+				out = append(out, max(granted[k+1].Sub(t), 0))
 			}
 		}
 	}
