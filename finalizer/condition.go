@@ -44,7 +44,11 @@ func (r *Reconciler) waitFor(uid types.UID, format string, args ...any) {
 // is the phase, its message what the phase waits for. It answers "why is my
 // node still here?" in kubectl describe node. Only that condition is written
 // (a strategic merge keyed by type), never the kubelet's.
-func (r *Reconciler) reportCondition(ctx context.Context, node *corev1.Node, phase string) {
+//
+// A change held back by the interval returns when it is due, for the caller
+// to look again then: the drain no longer polls, and the condition must not
+// lag.
+func (r *Reconciler) reportCondition(ctx context.Context, node *corev1.Node, phase string) (heldFor time.Duration) {
 	r.mu.Lock()
 	message := r.waitingFor[node.UID]
 	if message == "" {
@@ -56,6 +60,7 @@ func (r *Reconciler) reportCondition(ctx context.Context, node *corev1.Node, pha
 	due := last.reason != reason || last.message != message
 	if due && now.Sub(last.at) < conditionMinInterval && last.reason == reason {
 		due = false // same phase, new detail: wait for the interval
+		heldFor = conditionMinInterval - now.Sub(last.at)
 	}
 	if due {
 		if r.conditions == nil {
@@ -65,7 +70,7 @@ func (r *Reconciler) reportCondition(ctx context.Context, node *corev1.Node, pha
 	}
 	r.mu.Unlock()
 	if !due {
-		return
+		return heldFor
 	}
 	if err := r.patchCondition(ctx, node, reason, message, now); err != nil {
 		logf.FromContext(ctx).Error(err, "Updating the node's termination condition", "node", node.Name)
@@ -73,6 +78,7 @@ func (r *Reconciler) reportCondition(ctx context.Context, node *corev1.Node, pha
 		delete(r.conditions, node.UID) // try again next pass
 		r.mu.Unlock()
 	}
+	return 0
 }
 
 type writtenCondition struct {

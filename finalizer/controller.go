@@ -17,17 +17,22 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	policyv1 "k8s.io/api/policy/v1"
+	storagev1 "k8s.io/api/storage/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/events"
+	"k8s.io/client-go/util/workqueue"
 	"k8s.io/utils/clock"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/builder"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller"
+	"sigs.k8s.io/controller-runtime/pkg/event"
 	"sigs.k8s.io/controller-runtime/pkg/handler"
 	"sigs.k8s.io/controller-runtime/pkg/predicate"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+	"sigs.k8s.io/controller-runtime/pkg/source"
 
 	ngv1alpha1 "github.com/nodeguard/nodeguard/api/v1alpha1"
 	"github.com/nodeguard/nodeguard/azure"
@@ -40,18 +45,24 @@ const (
 	DefaultVolumeDetachTimeout = time.Minute
 	DefaultMaxConcurrentNodes  = 10
 	DefaultParallelEvictions   = 20
+	// DefaultDrainBackstop is how long a drain whose pods and PDBs are
+	// watched waits without news before it looks again: for what only time
+	// changes (a pod stuck past its grace period, an unreachable node's
+	// margin), and a 429 that no PDB change will follow.
+	DefaultDrainBackstop = 5 * time.Second
 )
 
-// Waiting intervals. PDB status changes and node changes trigger passes at
-// once; these are backstops.
+// Waiting intervals. The node's pods (a watch per draining node), PDB status
+// changes, VolumeAttachments and node changes trigger passes at once; these
+// are backstops.
 const (
-	// podsGonePoll: no pod cache, so terminating pods are polled for.
+	// podsGonePoll paces the drain of a node whose pods are not watched (a
+	// Reconciler run without SetupWithManager).
 	podsGonePoll = 500 * time.Millisecond
 	// blockedBackstopMax caps the backstop after a 429; kubectl drain waits 5 s.
 	blockedBackstopMax = 4 * time.Second
 	trafficPoll        = time.Second
 	holdPoll           = 15 * time.Second
-	volumePoll         = 2 * time.Second
 )
 
 // AdminState is what the controller needs of the Azure admin-state manager.
@@ -94,14 +105,16 @@ type Options struct {
 	// before the replacement counts as stalled and the drain falls back to
 	// waiting (0: never).
 	ReplacementTimeout time.Duration
+	// DrainBackstop overrides DefaultDrainBackstop.
+	DrainBackstop time.Duration
 }
 
 // Reconciler terminates nodes.
 type Reconciler struct {
-	// Client reads cached nodes and PDBs and writes.
+	// Client reads cached nodes, PDBs and VolumeAttachments, and writes.
 	Client client.Client
 	// Reader reads fresh from the API server: pods by node (never cached),
-	// Leases, VolumeAttachments.
+	// Leases.
 	Reader   client.Reader
 	Evictor  *drain.Evictor
 	Recorder events.EventRecorder
@@ -114,12 +127,16 @@ type Reconciler struct {
 
 	phases phases
 	repl   replacements
+	// pods watches the pods of the nodes being drained (nil: they are polled).
+	pods *nodePods
+	// wakeups asks for passes of nodes whose wait ended (pods, traffic cut).
+	wakeups chan event.GenericEvent
 	// seen remembers what was already reported, so that a waiting drain does
 	// not repeat itself: pod UIDs reported once, and each node's last waiting
 	// message and backstop.
 	mu       sync.Mutex
 	reported map[types.UID]map[string]bool
-	waiting  map[types.UID]string
+	waiting  map[types.UID]writtenMessage
 	backoff  map[types.UID]time.Duration
 	// queues are the PDBs of each draining node's eviction queues, by node
 	// name: a PDB change wakes only the nodes waiting on that PDB.
@@ -132,23 +149,105 @@ type Reconciler struct {
 
 // +kubebuilder:rbac:groups="",resources=nodes,verbs=get;list;watch;patch
 // +kubebuilder:rbac:groups="",resources=nodes/status,verbs=patch
-// +kubebuilder:rbac:groups="",resources=pods,verbs=list;delete
+// +kubebuilder:rbac:groups="",resources=pods,verbs=list;watch;delete
 // +kubebuilder:rbac:groups="",resources=pods/eviction,verbs=create
 // +kubebuilder:rbac:groups=policy,resources=poddisruptionbudgets,verbs=list;watch
 // +kubebuilder:rbac:groups=apps,resources=replicasets,verbs=get
 // +kubebuilder:rbac:groups=apps,resources=deployments,verbs=get;patch
-// +kubebuilder:rbac:groups=storage.k8s.io,resources=volumeattachments,verbs=list
+// +kubebuilder:rbac:groups=storage.k8s.io,resources=volumeattachments,verbs=list;watch
 // +kubebuilder:rbac:groups=coordination.k8s.io,resources=leases,verbs=get;list;watch;create;update
 
 // SetupWithManager registers the controller. It sees nodes being deleted with
-// the finalizer, and every PDB status change wakes the nodes being drained.
+// the finalizer; the pods of each node being drained (a watch of its own), the
+// PDB status changes its queues wait on and its VolumeAttachments wake it.
 func (r *Reconciler) SetupWithManager(mgr ctrl.Manager) error {
-	return ctrl.NewControllerManagedBy(mgr).
+	cs, err := kubernetes.NewForConfig(mgr.GetConfig())
+	if err != nil {
+		return err
+	}
+	r.wakeups = make(chan event.GenericEvent, 1024)
+	r.pods = newNodePods(cs, r.wakeups)
+	if err := mgr.Add(r.pods); err != nil {
+		return err
+	}
+	b := ctrl.NewControllerManagedBy(mgr).
 		Named("termination").
 		For(&corev1.Node{}, builder.WithPredicates(predicate.NewPredicateFuncs(func(o client.Object) bool { return ngv1alpha1.TerminatingUnderFinalizer(o) }))).
-		Watches(&policyv1.PodDisruptionBudget{}, handler.EnqueueRequestsFromMapFunc(r.terminatingNodes)).
-		WithOptions(controller.Options{MaxConcurrentReconciles: max(r.Opts.MaxConcurrentNodes, 1)}).
-		Complete(r)
+		Watches(&policyv1.PodDisruptionBudget{}, r.pdbHandler()).
+		WatchesRawSource(source.Channel(r.wakeups, &handler.EnqueueRequestForObject{})).
+		WithOptions(controller.Options{MaxConcurrentReconciles: max(r.Opts.MaxConcurrentNodes, 1)})
+	if r.Opts.VolumeDetachTimeout > 0 {
+		// A cache of VolumeAttachments (few and small), not a list per pass.
+		b = b.Watches(&storagev1.VolumeAttachment{}, handler.EnqueueRequestsFromMapFunc(r.attachedNode))
+	}
+	return b.Complete(r)
+}
+
+// pdbHandler wakes what waits on a PDB. A status change that allows a
+// disruption sends the next evictions of the queues parked under it at once
+// (drain.Evictor.Wake); the pods' going then wakes their nodes. Any other
+// change wakes the nodes whose queues include the PDB, except a change that
+// only charged it (fewer disruptions allowed: an eviction's own mark).
+func (r *Reconciler) pdbHandler() handler.EventHandler {
+	enqueue := func(ctx context.Context, pdb client.Object, q workqueue.TypedRateLimitingInterface[reconcile.Request]) {
+		for _, req := range r.terminatingNodes(ctx, pdb) {
+			q.Add(req)
+		}
+	}
+	return handler.Funcs{
+		CreateFunc: func(ctx context.Context, e event.CreateEvent, q workqueue.TypedRateLimitingInterface[reconcile.Request]) {
+			enqueue(ctx, e.Object, q)
+		},
+		UpdateFunc: func(ctx context.Context, e event.UpdateEvent, q workqueue.TypedRateLimitingInterface[reconcile.Request]) {
+			old, ok1 := e.ObjectOld.(*policyv1.PodDisruptionBudget)
+			pdb, ok2 := e.ObjectNew.(*policyv1.PodDisruptionBudget)
+			switch {
+			case !ok1 || !ok2:
+				enqueue(ctx, e.ObjectNew, q)
+			case allowsDisruption(pdb) && r.wake(ctx, pdb):
+			case onlyCharged(old, pdb):
+			default:
+				enqueue(ctx, pdb, q)
+			}
+		},
+		DeleteFunc: func(ctx context.Context, e event.DeleteEvent, q workqueue.TypedRateLimitingInterface[reconcile.Request]) {
+			enqueue(ctx, e.Object, q)
+		},
+	}
+}
+
+// allowsDisruption reports whether the PDB's status, computed for its
+// current spec, allows a disruption.
+func allowsDisruption(pdb *policyv1.PodDisruptionBudget) bool {
+	return pdb.Status.DisruptionsAllowed > 0 && pdb.Status.ObservedGeneration >= pdb.Generation
+}
+
+// onlyCharged reports whether the PDB allows fewer disruptions than before
+// for the same spec and pods: what an eviction does to it.
+func onlyCharged(old, cur *policyv1.PodDisruptionBudget) bool {
+	return cur.Status.DisruptionsAllowed < old.Status.DisruptionsAllowed && cur.Generation == old.Generation &&
+		cur.Status.ExpectedPods == old.Status.ExpectedPods
+}
+
+// wake hands the PDB's parked queues to the Evictor and records the wake-up
+// delay of the first eviction it sends.
+func (r *Reconciler) wake(ctx context.Context, pdb *policyv1.PodDisruptionBudget) bool {
+	changed := r.Clock.Now()
+	return r.Evictor.Wake(ctx, pdb.UID, pdb.Status.DisruptionsAllowed, func() { wakeupDelay.Observe(r.Clock.Since(changed).Seconds()) })
+}
+
+// attachedNode maps a VolumeAttachment to its node, if that node is being
+// terminated.
+func (r *Reconciler) attachedNode(ctx context.Context, o client.Object) []reconcile.Request {
+	va, ok := o.(*storagev1.VolumeAttachment)
+	if !ok || va.Spec.NodeName == "" {
+		return nil
+	}
+	var node corev1.Node
+	if err := r.Client.Get(ctx, client.ObjectKey{Name: va.Spec.NodeName}, &node); err != nil || !ngv1alpha1.TerminatingUnderFinalizer(&node) {
+		return nil
+	}
+	return []reconcile.Request{{NamespacedName: types.NamespacedName{Name: node.Name}}}
 }
 
 // terminatingNodes maps a PDB change to the nodes being terminated whose
@@ -235,7 +334,9 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reco
 			return reconcile.Result{}, fmt.Errorf("%s phase of node %s: %w", p.name, node.Name, err)
 		}
 		if !result.IsZero() {
-			r.reportCondition(ctx, &node, p.name)
+			if held := r.reportCondition(ctx, &node, p.name); held > 0 && held < result.RequeueAfter {
+				result.RequeueAfter = held
+			}
 			return result, nil
 		}
 	}
@@ -264,6 +365,10 @@ func (r *Reconciler) forget(uid types.UID) {
 	r.phases.mu.Unlock()
 	r.phases.forget(uid)
 	r.repl.forget(uid)
+	if name != "" {
+		r.pods.unwatch(name)
+		r.Evictor.Forget(name)
+	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	delete(r.queues, name)

@@ -19,21 +19,28 @@ import (
 )
 
 // drain runs one pass of evictions and waits until the node's pods are gone.
-// After a 429 the PDB's queue waits for the PDB's status to change (the
-// controller watches PDBs); the requeue is only a backstop.
+// The node's pods are watched while it drains: a pod going wakes the next
+// pass. After a 429 the PDB's queue parks until the PDB's status allows a
+// disruption, which sends its next eviction at once (pdbHandler); the
+// requeue is only a backstop.
 func (r *Reconciler) drain(ctx context.Context, node *corev1.Node) (reconcile.Result, error) {
 	if _, done := node.Annotations[ngv1alpha1.DrainedAtAnnotation]; done {
+		r.stopDraining(node.Name)
 		return reconcile.Result{}, nil
 	}
+	r.pods.watch(node.Name)
 	deadline, hasDeadline := r.drainDeadline(node)
 	pastDeadline := hasDeadline && !r.Clock.Now().Before(deadline)
+	mark := r.Evictor.Mark()
 	plan, err := r.plan(ctx, node, pastDeadline)
 	if err != nil {
 		return reconcile.Result{}, err
 	}
+	plan.WakeMark = mark
 	r.rememberQueues(node.Name, plan.Groups)
 	r.reportGivenUp(node, plan)
 	if plan.Remaining() == 0 {
+		r.stopDraining(node.Name)
 		drainDuration.Observe(r.Clock.Since(terminationStarted(node)).Seconds())
 		r.event(node, corev1.EventTypeNormal, ReasonDrained, "every evictable pod is gone")
 		return reconcile.Result{}, r.annotate(ctx, node, ngv1alpha1.DrainedAtAnnotation)
@@ -46,7 +53,8 @@ func (r *Reconciler) drain(ctx context.Context, node *corev1.Node) (reconcile.Re
 		return r.deleteRemaining(ctx, node, plan, deadline)
 	}
 	r.warnBeforeEvicting(node, plan)
-	out := r.Evictor.Evict(ctx, plan)
+	out := r.Evictor.Evict(ctx, node.Name, plan)
+
 	for _, err := range out.Errs {
 		logf.FromContext(ctx).Error(err, "Eviction failed; retrying", "node", node.Name)
 	}
@@ -60,6 +68,12 @@ func (r *Reconciler) drain(ctx context.Context, node *corev1.Node) (reconcile.Re
 		next = settling
 	}
 	return reconcile.Result{RequeueAfter: next}, nil
+}
+
+// stopDraining ends the watch of the node's pods and its parked queues.
+func (r *Reconciler) stopDraining(node string) {
+	r.pods.unwatch(node)
+	r.Evictor.Forget(node)
 }
 
 // plan lists the node's pods (field selector, from the API server: no pod
@@ -150,9 +164,14 @@ func hasEmptyDir(pod *corev1.Pod) bool {
 	return false
 }
 
-// nextDrainPass is when to look again: soon while pods are going away, with a
-// growing backstop while every queue is blocked.
+// nextDrainPass is when to look again. With the node's pods and PDBs
+// watched, their changes wake the drain, and this is a backstop. Without, soon
+// while pods are going away, with a growing backstop while every queue is
+// blocked.
 func (r *Reconciler) nextDrainPass(uid types.UID, plan *drain.Plan, out drain.Outcome) time.Duration {
+	if r.pods != nil {
+		return r.podsGoneWait()
+	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if r.backoff == nil {
@@ -167,8 +186,21 @@ func (r *Reconciler) nextDrainPass(uid types.UID, plan *drain.Plan, out drain.Ou
 	return next
 }
 
-// reportBlockers returns what the drain waits for and emits, once each, an event per pod the drain cannot evict and
-// an event whenever what the drain waits for changes, so that kubectl describe
+// podsGoneWait is when to look again while pods terminate: the watch of the
+// node's pods wakes the drain as they go; without one, poll.
+func (r *Reconciler) podsGoneWait() time.Duration {
+	switch {
+	case r.pods == nil:
+		return podsGonePoll
+	case r.Opts.DrainBackstop > 0:
+		return r.Opts.DrainBackstop
+	}
+	return DefaultDrainBackstop
+}
+
+// reportBlockers returns what the drain waits for and emits, once each, an
+// event per pod the drain cannot evict, and an event when what the drain waits
+// for changes (at most every conditionMinInterval), so that kubectl describe
 // node tells the story.
 func (r *Reconciler) reportBlockers(node *corev1.Node, plan *drain.Plan, out drain.Outcome) string {
 	for _, pod := range append(plan.MultiplePDBs, out.MultiplePDBs...) {
@@ -184,14 +216,20 @@ func (r *Reconciler) reportBlockers(node *corev1.Node, plan *drain.Plan, out dra
 		}
 	}
 	msg := waitingMessage(plan, out)
+	now := r.Clock.Now()
 	r.mu.Lock()
-	changed := r.waiting[node.UID] != msg
-	if r.waiting == nil {
-		r.waiting = map[types.UID]string{}
+	last := r.waiting[node.UID]
+	// A drain pass runs on every change: at most one event per
+	// conditionMinInterval, like the condition, so events do not flood.
+	due := last.message != msg && (last.at.IsZero() || now.Sub(last.at) >= conditionMinInterval)
+	if due {
+		if r.waiting == nil {
+			r.waiting = map[types.UID]writtenMessage{}
+		}
+		r.waiting[node.UID] = writtenMessage{message: msg, at: now}
 	}
-	r.waiting[node.UID] = msg
 	r.mu.Unlock()
-	if changed {
+	if due {
 		r.event(node, corev1.EventTypeNormal, ReasonDrainWaiting, "%s", msg)
 	}
 	return msg
@@ -275,10 +313,11 @@ func (r *Reconciler) deleteRemaining(ctx context.Context, node *corev1.Node, pla
 	if len(replacing) > 0 {
 		r.waitFor(node.UID, "drain deadline passed; waiting for %s that their Deployments' rollouts replace: %s", pods(len(replacing)), groupNotes(plan))
 	}
+	r.Evictor.Forget(node.Name) // nothing waits for a PDB any more
 	if err := r.Evictor.Delete(ctx, doomed); err != nil {
 		return reconcile.Result{}, err
 	}
-	return reconcile.Result{RequeueAfter: podsGonePoll}, nil
+	return reconcile.Result{RequeueAfter: r.podsGoneWait()}, nil
 }
 
 // groupNotes joins what replacement first says about the queues.
@@ -307,4 +346,10 @@ func roughly(d time.Duration) string {
 		return d.Round(time.Minute).String()
 	}
 	return d.Round(time.Second).String()
+}
+
+// writtenMessage is the last DrainWaiting event of a node.
+type writtenMessage struct {
+	message string
+	at      time.Time
 }

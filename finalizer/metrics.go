@@ -53,6 +53,11 @@ var (
 		Help:    "Time from the start of a node's termination (cordon) until its pods are gone.",
 		Buckets: prometheus.ExponentialBuckets(1, 2, 14),
 	})
+	wakeupDelay = prometheus.NewHistogram(prometheus.HistogramOpts{
+		Name:    "nodeguard_drain_wakeup_delay_seconds",
+		Help:    "Time from a PodDisruptionBudget status change that allows a disruption, as nodeguard's watch delivers it, to the eviction request it sends for a queue that waited on that PDB.",
+		Buckets: prometheus.ExponentialBuckets(0.0005, 2, 14),
+	})
 	terminationDuration = prometheus.NewHistogram(prometheus.HistogramOpts{
 		Name:    "nodeguard_termination_duration_seconds",
 		Help:    "Time from a node's deletion until nodeguard released it.",
@@ -61,7 +66,7 @@ var (
 )
 
 func init() {
-	metrics.Registry.MustRegister(nodesInPhase, evictions, podsGivenUp, replacementRestarts, drainDuration, terminationDuration)
+	metrics.Registry.MustRegister(nodesInPhase, evictions, podsGivenUp, replacementRestarts, drainDuration, wakeupDelay, terminationDuration)
 	for _, c := range []string{drain.GiveUpStuck, drain.GiveUpUnreachable, drain.GiveUpDeadline} {
 		podsGivenUp.WithLabelValues(c)
 	}

@@ -86,6 +86,7 @@ func (r *Reconciler) cutTraffic(ctx context.Context, node *corev1.Node) (reconci
 		if r.Clock.Now().Before(deadline) {
 			r.waitFor(node.UID, "waiting for Azure to confirm load-balancer AdminState Down; draining anyway in %s (--admin-state-timeout)",
 				deadline.Sub(r.Clock.Now()).Round(time.Second))
+			r.wakeWhenConfirmed(ctx, node, deadline.Sub(r.Clock.Now()))
 			return reconcile.Result{RequeueAfter: trafficPoll}, nil
 		}
 		r.event(node, corev1.EventTypeWarning, ReasonTrafficCutTimedOut,
@@ -103,14 +104,32 @@ func (r *Reconciler) cutTraffic(ctx context.Context, node *corev1.Node) (reconci
 	return reconcile.Result{}, nil
 }
 
+// wakeWhenConfirmed waits, once per node and in the background, for at most
+// wait, until Azure confirms the node's AdminState Down (or it fails), and
+// then wakes the node: the drain starts as soon as the cut is confirmed, not
+// a poll later.
+func (r *Reconciler) wakeWhenConfirmed(ctx context.Context, node *corev1.Node, wait time.Duration) {
+	if r.wakeups == nil || !r.once(node.UID, "traffic-wake") {
+		return
+	}
+	go func() {
+		waitCtx, cancel := context.WithTimeout(ctx, wait)
+		defer cancel()
+		_ = r.AdminState.WaitConfirmed(waitCtx, node.UID, azure.AdminStateDown) // the pass reads the outcome
+		wakeNode(ctx, r.wakeups, node.Name)
+	}()
+}
+
 // waitForVolumes waits, for at most VolumeDetachTimeout after the drain, until
-// no VolumeAttachment refers to the node.
+// no VolumeAttachment refers to the node. VolumeAttachments come from the
+// cache, and their changes wake the node (SetupWithManager): the requeue is
+// the timeout.
 func (r *Reconciler) waitForVolumes(ctx context.Context, node *corev1.Node) (reconcile.Result, error) {
 	if r.Opts.VolumeDetachTimeout <= 0 {
 		return reconcile.Result{}, nil
 	}
 	var list storagev1.VolumeAttachmentList
-	if err := r.Reader.List(ctx, &list); err != nil {
+	if err := r.Client.List(ctx, &list); err != nil {
 		return reconcile.Result{}, fmt.Errorf("listing VolumeAttachments: %w", err)
 	}
 	var attached []string
@@ -123,7 +142,8 @@ func (r *Reconciler) waitForVolumes(ctx context.Context, node *corev1.Node) (rec
 		return reconcile.Result{}, nil
 	}
 	drainedAt, _ := annotationTime(node, ngv1alpha1.DrainedAtAnnotation)
-	if r.Clock.Now().After(drainedAt.Add(r.Opts.VolumeDetachTimeout)) {
+	left := drainedAt.Add(r.Opts.VolumeDetachTimeout).Sub(r.Clock.Now())
+	if left < 0 {
 		if r.once(node.UID, "volume-timeout") {
 			r.event(node, corev1.EventTypeWarning, ReasonVolumeDetachTimedOut,
 				"%d volume attachment(s) still present after %s, releasing anyway: %v", len(attached), r.Opts.VolumeDetachTimeout, attached)
@@ -131,11 +151,11 @@ func (r *Reconciler) waitForVolumes(ctx context.Context, node *corev1.Node) (rec
 		return reconcile.Result{}, nil
 	}
 	r.waitFor(node.UID, "waiting for %d VolumeAttachment(s) to go: %v; releasing anyway in %s (--volume-detach-timeout)",
-		len(attached), attached, drainedAt.Add(r.Opts.VolumeDetachTimeout).Sub(r.Clock.Now()).Round(time.Second))
+		len(attached), attached, left.Round(time.Second))
 	if r.once(node.UID, "volume-wait") {
 		r.event(node, corev1.EventTypeNormal, ReasonWaitingForVolumeDetach, "waiting for %d volume attachment(s) to go: %v", len(attached), attached)
 	}
-	return reconcile.Result{RequeueAfter: volumePoll}, nil
+	return reconcile.Result{RequeueAfter: left + time.Millisecond}, nil
 }
 
 // release removes only nodeguard's finalizer, with an optimistic lock, which

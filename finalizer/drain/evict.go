@@ -37,6 +37,13 @@ type Evictor struct {
 
 	mu    sync.Mutex
 	locks map[types.UID]*sync.Mutex
+	// waiting are the parked PDB queues (queue.go); evicted the pods whose
+	// eviction was answered 200, by node.
+	waiting map[types.UID]parked
+	evicted map[string]map[types.UID]bool
+	// wakeSeq numbers the Wake calls; lastWake is the last of each PDB.
+	wakeSeq  uint64
+	lastWake map[types.UID]wake
 }
 
 // Outcome is what one pass of evictions did.
@@ -52,10 +59,12 @@ type Outcome struct {
 	Errs []error
 }
 
-// Evict runs one pass over the plan: each PDB queue serially until a 429 or
-// its end, all queues and the unprotected pods concurrently. Blocked queues
-// send nothing.
-func (e *Evictor) Evict(ctx context.Context, plan *Plan) Outcome {
+// Evict runs one pass over the node's plan: each PDB queue serially until a
+// 429, the disruptions its PDB allowed are spent, or its end; all queues and
+// the unprotected pods concurrently. Blocked queues send nothing. A queue that
+// stops short parks its remaining pods until its PDB allows a disruption
+// (Wake).
+func (e *Evictor) Evict(ctx context.Context, node string, plan *Plan) Outcome {
 	var (
 		mu  sync.Mutex
 		out Outcome
@@ -80,11 +89,21 @@ func (e *Evictor) Evict(ctx context.Context, plan *Plan) Outcome {
 		}
 		return false
 	}
+	queued := map[types.UID]bool{}
 	for _, g := range plan.Groups {
+		queued[g.UID] = true
 		if g.Blocked {
 			mu.Lock()
 			out.Blocked = append(out.Blocked, g.PDB)
 			mu.Unlock()
+			if g.ByDesign {
+				// No status change will free it: replacement first (or a
+				// new spec and the pass it wakes) does, never a wake-up
+				// that could evict a pod a rollout is about to replace.
+				e.park(g.UID, node, nil)
+			} else {
+				e.parkAfter(ctx, g.UID, node, g.Pods, plan.WakeMark)
+			}
 			continue
 		}
 		wg.Add(1)
@@ -93,13 +112,29 @@ func (e *Evictor) Evict(ctx context.Context, plan *Plan) Outcome {
 			lock := e.lockFor(g.UID)
 			lock.Lock()
 			defer lock.Unlock()
-			for _, pod := range g.Pods {
-				if ctx.Err() != nil || record(pod, &g.PDB, e.evict(ctx, pod)) {
+			b := budgetOf(&g)
+			for i, pod := range g.Pods {
+				if e.wasEvicted(node, pod.UID) {
+					continue
+				}
+				if !b.allows(pod) { // spent: the PDB's next status goes on
+					e.parkAfter(ctx, g.UID, node, g.Pods[i:], plan.WakeMark)
+					return
+				}
+				mark := e.Mark()
+				err := e.evictOnce(ctx, node, pod)
+				if err == nil {
+					b.spend(pod)
+				}
+				if ctx.Err() != nil || record(pod, &g.PDB, err) {
+					e.parkAfter(ctx, g.UID, node, g.Pods[i:], mark)
 					return
 				}
 			}
+			e.park(g.UID, node, nil)
 		}()
 	}
+	e.unparkOthers(node, queued)
 	sem := make(chan struct{}, max(e.Parallel, 1))
 	for _, pod := range plan.Unprotected {
 		wg.Add(1)

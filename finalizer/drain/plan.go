@@ -101,6 +101,9 @@ type Plan struct {
 	Later []*corev1.Pod
 	// GivenUp are terminating pods the drain no longer waits for, with why.
 	GivenUp []GivenUp
+	// WakeMark is Evictor.Mark taken before the PDBs were read: a queue the
+	// plan found blocked goes on at once if its PDB allowed a disruption since.
+	WakeMark uint64
 }
 
 // GivenUp is a terminating pod that no longer holds the node.

@@ -293,7 +293,7 @@ func TestBlockedQueuesSendNothing(t *testing.T) {
 				return
 			}
 			// No client: any request would panic.
-			out := (&Evictor{}).Evict(context.Background(), &Plan{Groups: []Group{g}})
+			out := (&Evictor{}).Evict(context.Background(), "node", &Plan{Groups: []Group{g}})
 			if len(out.Blocked) != 1 || out.Evicted != 0 || len(out.Errs) != 0 {
 				t.Errorf("a blocked queue should be reported blocked without a request: %+v", out)
 			}

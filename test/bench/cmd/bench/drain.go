@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"fmt"
+	"net/http"
 	"os/exec"
 	"path/filepath"
 	"slices"
@@ -13,6 +14,10 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	policyv1 "k8s.io/api/policy/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/informers"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	ngv1alpha1 "github.com/nodeguard/nodeguard/api/v1alpha1"
@@ -32,29 +37,31 @@ const (
 
 // drainResult is one profile's drain comparison.
 type drainResult struct {
-	Profile         string                   `json:"profile"`
-	PodsPerNode     int                      `json:"podsPerNode"`
-	KubectlEmpty    time.Duration            `json:"kubectlEmpty"`
-	KubectlExit     time.Duration            `json:"kubectlExit"`
-	NodeguardEmpty  time.Duration            `json:"nodeguardEmpty"`
-	NodeguardGone   time.Duration            `json:"nodeguardNodeReleased"`
-	Ratio           float64                  `json:"ratioKubectlOverNodeguard"`
-	Cycle           time.Duration            `json:"evictionToReplacementReadyP50"`
-	Cycles          int                      `json:"cyclesMeasured"`
-	Chain           int                      `json:"longestPDBChain"`
-	LowerBound      time.Duration            `json:"lowerBound"`
-	Evictions       [2]int                   `json:"evictionRequests"` // kubectl, nodeguard
-	TooMany         [2]int                   `json:"evictions429"`
-	KubectlOutput   int                      `json:"kubectl429FromOutput"`
-	MaxUnavailable  [2]int                   `json:"maxUnavailablePerPDB"`
-	MaxInFlight     [2]int                   `json:"maxEvictionsInFlightPerPDB"`
-	Budget          int                      `json:"budget"`
-	FirstEviction   [2]time.Duration         `json:"firstEviction"`
-	Evicts          [2][]harness.Eviction    `json:"evictionLog"`
-	OwnChain        [2]time.Duration         `json:"longestPDBSumOfCycles"`
-	Healthy         map[string][]bench.Point `json:"healthyTimelines"`
-	KubectlTimeline []bench.Point            `json:"kubectlTimeline"`
-	NodeguardLine   []bench.Point            `json:"nodeguardTimeline"`
+	Profile         string                     `json:"profile"`
+	PodsPerNode     int                        `json:"podsPerNode"`
+	KubectlEmpty    time.Duration              `json:"kubectlEmpty"`
+	KubectlExit     time.Duration              `json:"kubectlExit"`
+	NodeguardEmpty  time.Duration              `json:"nodeguardEmpty"`
+	NodeguardGone   time.Duration              `json:"nodeguardNodeReleased"`
+	Ratio           float64                    `json:"ratioKubectlOverNodeguard"`
+	Cycle           time.Duration              `json:"evictionToReplacementReadyP50"`
+	Cycles          int                        `json:"cyclesMeasured"`
+	Chain           int                        `json:"longestPDBChain"`
+	LowerBound      time.Duration              `json:"lowerBound"`
+	Evictions       [2]int                     `json:"evictionRequests"` // kubectl, nodeguard
+	TooMany         [2]int                     `json:"evictions429"`
+	KubectlOutput   int                        `json:"kubectl429FromOutput"`
+	MaxUnavailable  [2]int                     `json:"maxUnavailablePerPDB"`
+	MaxInFlight     [2]int                     `json:"maxEvictionsInFlightPerPDB"`
+	Budget          int                        `json:"budget"`
+	FirstEviction   [2]time.Duration           `json:"firstEviction"`
+	Evicts          [2][]harness.Eviction      `json:"evictionLog"`
+	OwnChain        [2]time.Duration           `json:"longestPDBSumOfCycles"`
+	Wakeup          [2]bench.Summary           `json:"wakeupDelay"` // kubectl, nodeguard
+	PDBOpened       map[string][]time.Duration `json:"pdbAllowsAgain"`
+	Healthy         map[string][]bench.Point   `json:"healthyTimelines"`
+	KubectlTimeline []bench.Point              `json:"kubectlTimeline"`
+	NodeguardLine   []bench.Point              `json:"nodeguardTimeline"`
 }
 
 func protectedApps(c config) []string {
@@ -155,6 +162,10 @@ func runDrain(ctx context.Context, c config, env *harness.Env, profile string) (
 	if err != nil {
 		return nil, err
 	}
+	pw, err := startPDBWatch(ctx, env.Config, kubectlNS, nodeguardNS)
+	if err != nil {
+		return nil, err
+	}
 
 	logf("drain %s: kubectl drain %s-target and kubectl delete node %s, at once", profile, kubectlNS, target)
 	start := tr.begin(kubectlNS+"-target", target)
@@ -214,6 +225,7 @@ func runDrain(ctx context.Context, c config, env *harness.Env, profile string) (
 	r.Chain = slices.Max(chains)
 	r.LowerBound = bench.LowerBound(chains, r.Cycle)
 	r.Healthy = map[string][]bench.Point{}
+	r.PDBOpened = map[string][]time.Duration{}
 	for i, ns := range []string{kubectlNS, nodeguardNS} {
 		if t := firstEviction(proxy, ns); !t.IsZero() {
 			r.FirstEviction[i] = t.Sub(start)
@@ -228,6 +240,10 @@ func runDrain(ctx context.Context, c config, env *harness.Env, profile string) (
 			r.OwnChain[i] = max(r.OwnChain[i], sum)
 		}
 		r.Evicts[i] = proxy.Evictions(ns)
+		r.Wakeup[i] = bench.Summarize(pw.wakeups(r.Evicts[i], ns, apps))
+		for _, app := range apps {
+			r.PDBOpened[ns+"/"+app] = pw.since(ns+"/"+app, start)
+		}
 		r.Evictions[i] = evictionsAnswered(proxy, ns, 0)
 		r.TooMany[i] = evictionsAnswered(proxy, ns, 429)
 		r.MaxInFlight[i] = maxInFlight(proxy, ns, apps)
@@ -235,6 +251,8 @@ func runDrain(ctx context.Context, c config, env *harness.Env, profile string) (
 			r.MaxUnavailable[i] = max(r.MaxUnavailable[i], tr.maxUnavailable(ns+"/"+app))
 		}
 	}
+	logf("drain %s: nodeguard made %d drain passes (pod lists), %d event writes, %d node writes", profile, proxy.PodListsOf(target),
+		len(proxy.Writes("", "/apis/events.k8s.io/")), len(proxy.Writes("", "/api/v1/nodes/"+target)))
 	r.KubectlOutput = strings.Count(string(kubectlOut), "Cannot evict pod as it would violate the pod's disruption budget")
 	logf("drain %s: kubectl %s, nodeguard %s (ratio %.2f), lower bound %s", profile,
 		bench.Seconds(r.KubectlEmpty), bench.Seconds(r.NodeguardEmpty), r.Ratio, bench.Seconds(r.LowerBound))
@@ -307,15 +325,18 @@ func drainTable(rs []*drainResult) *bench.Table {
 	t := &bench.Table{
 		Title: "1. Drain: kubectl drain vs nodeguard (same workload, same cluster, at once)",
 		Header: []string{"kwok pods", "pods/node", "kubectl drain", "nodeguard", "speed-up", "lower bound", "nodeguard / bound",
-			"429s kubectl", "429s nodeguard", "max unavailable/PDB (budget 1) kubectl, nodeguard", "max evictions in flight/PDB kubectl, nodeguard"},
+			"429s kubectl", "429s nodeguard", "PDB allows → next eviction p50 / p99 kubectl", "PDB allows → next eviction p50 / p99 nodeguard",
+			"max unavailable/PDB (budget 1) kubectl, nodeguard", "max evictions in flight/PDB kubectl, nodeguard"},
 	}
 	for _, r := range rs {
 		t.AddRow(r.Profile, fmt.Sprint(r.PodsPerNode), bench.Seconds(r.KubectlEmpty), bench.Seconds(r.NodeguardEmpty), bench.Times(r.Ratio),
 			bench.Seconds(r.LowerBound), bench.Times(bench.Ratio(r.NodeguardEmpty, r.LowerBound)),
 			fmt.Sprintf("%d of %d", r.TooMany[0], r.Evictions[0]), fmt.Sprintf("%d of %d", r.TooMany[1], r.Evictions[1]),
+			wakeupCell(r.Wakeup[0]), wakeupCell(r.Wakeup[1]),
 			fmt.Sprintf("%d, %d", r.MaxUnavailable[0], r.MaxUnavailable[1]), fmt.Sprintf("%d, %d", r.MaxInFlight[0], r.MaxInFlight[1]))
 	}
 	t.Note("Times run from the start (kubectl drain started; kubectl delete node issued) until the last pod object on the node is gone. nodeguard's time includes the maintenance Lease, cordon, draining taint and AdminState Down through the ARM emulator.")
+	t.Note("PDB allows → next eviction (the wake-up delay): from each moment a PDB went from allowing no disruption to allowing one, as the benchmark's own watch of the PDBs delivers it, to the drainer's eviction request that used it, at the proxy (the k-th such change pairs with the drainer's (k+1)-th granted eviction of that PDB: budget 1). kubectl drain retries every 5 s; nodeguard's parked queue is woken by the status change (its own view of the same delay is the metric nodeguard_drain_wakeup_delay_seconds). A request that beat the benchmark's watch counts 0.")
 	t.Note("Lower bound = longest PDB chain (pods of one PDB on the node ÷ disruptions allowed) × the median eviction-to-replacement-Ready cycle seen by the monitor in the same run (both nodes pooled). Under pod-general a cycle is 1–6 s at random, so the bound is an estimate and a ratio near 1.0× means at the bound; the exact figure per drainer is its own longest PDB's sum of cycles, in the notes.")
 	for _, r := range rs {
 		t.Note("%s: chain %d × cycle %s (median of %d) = %s; the longest PDB's own cycles summed to %s (kubectl) and %s (nodeguard); first eviction request after %s (kubectl) and %s (nodeguard: Lease, cordon, taint, traffic cut); nodeguard's node released (finalizer removed) at %s; kubectl drain exited at %s and printed %d PDB refusals.",
@@ -323,6 +344,13 @@ func drainTable(rs []*drainResult) *bench.Table {
 			bench.Seconds(r.NodeguardGone), bench.Seconds(r.KubectlExit), r.KubectlOutput)
 	}
 	return t
+}
+
+func wakeupCell(s bench.Summary) string {
+	if s.N == 0 {
+		return "none"
+	}
+	return fmt.Sprintf("%s / %s (n %d)", bench.Millis(s.P50), bench.Millis(s.P99), s.N)
 }
 
 func drainPanels(rs []*drainResult) []bench.Panel {
@@ -339,4 +367,94 @@ func drainPanels(rs []*drainResult) []bench.Panel {
 		})
 	}
 	return ps
+}
+
+// pdbWatch records, from its own watch, when each PDB of the drain section
+// went from allowing no disruption to allowing one: the moments a drainer
+// whose queue waits on that PDB can send its next eviction.
+type pdbWatch struct {
+	mu      sync.Mutex
+	start   time.Time
+	allowed map[string]int32       // ns/name → disruptionsAllowed last seen
+	opened  map[string][]time.Time // ns/name → when it went from 0 to more
+}
+
+func startPDBWatch(ctx context.Context, cfg *rest.Config, namespaces ...string) (*pdbWatch, error) {
+	cs, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		return nil, err
+	}
+	w := &pdbWatch{allowed: map[string]int32{}, opened: map[string][]time.Time{}}
+	for _, ns := range namespaces {
+		f := informers.NewSharedInformerFactoryWithOptions(cs, 0, informers.WithNamespace(ns))
+		inf := f.Policy().V1().PodDisruptionBudgets().Informer()
+		reg, err := inf.AddEventHandler(cache.ResourceEventHandlerFuncs{
+			AddFunc:    func(obj any) { w.observe(obj) },
+			UpdateFunc: func(_, obj any) { w.observe(obj) },
+		})
+		if err != nil {
+			return nil, err
+		}
+		f.Start(ctx.Done())
+		if !cache.WaitForCacheSync(ctx.Done(), reg.HasSynced) {
+			return nil, ctx.Err()
+		}
+	}
+	return w, nil
+}
+
+func (w *pdbWatch) observe(obj any) {
+	pdb, ok := obj.(*policyv1.PodDisruptionBudget)
+	if !ok {
+		return
+	}
+	now := time.Now()
+	key := pdb.Namespace + "/" + pdb.Name
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if prev, seen := w.allowed[key]; seen && prev == 0 && pdb.Status.DisruptionsAllowed > 0 {
+		w.opened[key] = append(w.opened[key], now)
+	}
+	w.allowed[key] = pdb.Status.DisruptionsAllowed
+}
+
+// since is when the PDB went from allowing no disruption to allowing one,
+// counted from start.
+func (w *pdbWatch) since(key string, start time.Time) []time.Duration {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	var out []time.Duration
+	for _, t := range w.opened[key] {
+		out = append(out, t.Sub(start))
+	}
+	return out
+}
+
+// wakeups are, for each time a PDB of the namespace went from allowing no
+// disruption to allowing one, the delay until the drainer's eviction request
+// that used it. Under a budget of 1 each such change lets exactly one
+// eviction through, so the k-th change pairs with the eviction answered 201
+// after the first (which used the budget the PDB started with). Both times
+// are taken here, the status change as this watch delivers it and the
+// request as the proxy forwards it; a request that beat the benchmark's watch
+// counts 0.
+func (w *pdbWatch) wakeups(evictions []harness.Eviction, ns string, apps []string) []time.Duration {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	var out []time.Duration
+	for _, app := range apps {
+		var granted []time.Time
+		for _, e := range evictions {
+			if e.Workload == app && e.Status == http.StatusCreated {
+				granted = append(granted, e.Start)
+			}
+		}
+		slices.SortFunc(granted, func(a, b time.Time) int { return a.Compare(b) })
+		for k, t := range w.opened[ns+"/"+app] {
+			if k+1 < len(granted) {
+				out = append(out, max(granted[k+1].Sub(t), 0))
+			}
+		}
+	}
+	return out
 }

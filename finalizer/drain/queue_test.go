@@ -1,0 +1,126 @@
+package drain
+
+import (
+	"context"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	policyv1 "k8s.io/api/policy/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/types"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/client/fake"
+	"sigs.k8s.io/controller-runtime/pkg/client/interceptor"
+)
+
+// evictionAPI plays the Eviction API: it answers 429 to the pods in refuse
+// (once each) and 200 to the rest, and logs every request.
+type evictionAPI struct {
+	mu     sync.Mutex
+	refuse map[string]bool
+	sent   []string // "name 200" or "name 429"
+}
+
+func (a *evictionAPI) client() client.Client {
+	return fake.NewClientBuilder().WithInterceptorFuncs(interceptor.Funcs{
+		SubResourceCreate: func(_ context.Context, _ client.Client, sub string, obj client.Object, _ client.Object, _ ...client.SubResourceCreateOption) error {
+			a.mu.Lock()
+			defer a.mu.Unlock()
+			if a.refuse[obj.GetName()] {
+				delete(a.refuse, obj.GetName())
+				a.sent = append(a.sent, obj.GetName()+" 429")
+				return apierrors.NewTooManyRequests("Cannot evict pod as it would violate the pod's disruption budget.", 0)
+			}
+			a.sent = append(a.sent, obj.GetName()+" 200")
+			return nil
+		},
+	}).Build()
+}
+
+func (a *evictionAPI) log() []string {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return slices.Clone(a.sent)
+}
+
+// waitFor polls until the log has n requests.
+func (a *evictionAPI) waitFor(t *testing.T, n int) []string {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for len(a.log()) < n {
+		if time.Now().After(deadline) {
+			t.Fatalf("eviction requests %v, want %d", a.log(), n)
+		}
+		time.Sleep(time.Millisecond)
+	}
+	return a.log()
+}
+
+// TestParkedQueueGoesOnWithEachStatus: a queue sends as many evictions of
+// Ready pods as its PDB's status allowed, then parks without a request that
+// could only be refused; each Wake (a status allowing disruptions again) sends
+// the next ones, a 429 parks the rest in order, and the first request of a
+// wake-up is reported once.
+func TestParkedQueueGoesOnWithEachStatus(t *testing.T) {
+	api := &evictionAPI{refuse: map[string]bool{"web-3": true}}
+	e := &Evictor{Client: api.client()}
+	var pods []*corev1.Pod
+	for _, name := range []string{"web-1", "web-2", "web-3", "web-4"} {
+		p := pod(name, "web", ready)
+		pods = append(pods, &p)
+	}
+	pdb := &policyv1.PodDisruptionBudget{}
+	pdb.UID, pdb.Generation = "pdb-web", 1
+	pdb.Status = policyv1.PodDisruptionBudgetStatus{ObservedGeneration: 1, DisruptionsAllowed: 1}
+	plan := &Plan{Groups: []Group{{UID: pdb.UID, Pods: pods, Allowed: 1, Budget: pdb}}}
+
+	out := e.Evict(context.Background(), "node", plan)
+	if got := api.log(); out.Evicted != 1 || !slices.Equal(got, []string{"web-1 200"}) {
+		t.Fatalf("first pass sent %v (evicted %d), want only web-1: the status allowed one", got, out.Evicted)
+	}
+	if !e.Waiting(pdb.UID) {
+		t.Fatal("the queue did not park")
+	}
+
+	wakeups := 0
+	sending := func() { wakeups++ }
+	if !e.Wake(context.Background(), pdb.UID, 2, sending) {
+		t.Fatal("Wake found no parked queue")
+	}
+	// web-2 goes, web-3 is refused: web-3 and web-4 park, in order.
+	if got := api.waitFor(t, 2+1); !slices.Equal(got, []string{"web-1 200", "web-2 200", "web-3 429"}) {
+		t.Fatalf("after the first wake-up: %v", got)
+	}
+	waitParked(t, e, pdb.UID)
+	if !e.Wake(context.Background(), pdb.UID, 1, sending) {
+		t.Fatal("Wake found no parked queue after the 429")
+	}
+	if got := api.waitFor(t, 4); !slices.Equal(got[3:], []string{"web-3 200"}) {
+		t.Fatalf("after the second wake-up: %v, want web-3 (web-4 waits: one allowed)", got)
+	}
+	waitParked(t, e, pdb.UID)
+	if wakeups != 2 {
+		t.Errorf("%d wake-ups reported, want 2", wakeups)
+	}
+
+	e.Forget("node")
+	if e.Wake(context.Background(), pdb.UID, 1, nil) {
+		t.Error("a forgotten node's queue was woken")
+	}
+}
+
+// waitParked polls until the PDB's queue is parked again (Wake runs in the
+// background).
+func waitParked(t *testing.T, e *Evictor, pdb types.UID) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for !e.Waiting(pdb) {
+		if time.Now().After(deadline) {
+			t.Fatal("the queue did not park again")
+		}
+		time.Sleep(time.Millisecond)
+	}
+}

@@ -1,0 +1,163 @@
+package finalizer
+
+import (
+	"context"
+	"maps"
+	"reflect"
+	"sync"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/fields"
+	"k8s.io/client-go/kubernetes"
+	toolscache "k8s.io/client-go/tools/cache"
+	"sigs.k8s.io/controller-runtime/pkg/cache"
+	"sigs.k8s.io/controller-runtime/pkg/event"
+)
+
+// nodePods watches the pods of each node being drained, one watch per node
+// selected by spec.nodeName (as a kubelet watches its own): a change that
+// matters to the drain wakes the node's reconcile at once, where the drain
+// used to poll. There is no cluster-wide pod cache; a watch ends with its
+// node's drain.
+type nodePods struct {
+	// listWatch makes the list-watch of one node's pods.
+	listWatch func(node string) toolscache.ListerWatcher
+	// wake takes the nodes to reconcile (the controller's wake-up channel).
+	wake chan<- event.GenericEvent
+
+	mu      sync.Mutex
+	stopped bool
+	watches map[string]context.CancelFunc
+	// pending are the nodes whose pass is already asked for, within
+	// podEventsCoalesce.
+	pending map[string]bool
+}
+
+// podEventsCoalesce gathers the pod events of one node into one drain pass:
+// a wave of evictions makes a wave of events, and each pass reads the node,
+// its Lease and its pods. The evictions themselves never wait for a pass
+// (parked queues are woken by their PDBs), so this only delays noticing that
+// the last pod of a tier went.
+const podEventsCoalesce = 100 * time.Millisecond
+
+func newNodePods(cs kubernetes.Interface, wake chan<- event.GenericEvent) *nodePods {
+	return &nodePods{
+		listWatch: func(node string) toolscache.ListerWatcher {
+			return toolscache.NewFilteredListWatchFromClient(cs.CoreV1().RESTClient(), "pods", metav1.NamespaceAll, func(o *metav1.ListOptions) {
+				o.FieldSelector = fields.OneTermEqualSelector("spec.nodeName", node).String()
+			})
+		},
+		wake:    wake,
+		watches: map[string]context.CancelFunc{},
+		pending: map[string]bool{},
+	}
+}
+
+// watch starts watching the node's pods, once.
+func (w *nodePods) watch(node string) {
+	if w == nil {
+		return
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if _, ok := w.watches[node]; ok || w.stopped {
+		return
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	w.watches[node] = cancel
+	inf := toolscache.NewSharedIndexInformer(w.listWatch(node), &corev1.Pod{}, 0, toolscache.Indexers{})
+	_ = inf.SetTransform(cache.TransformStripManagedFields())
+	_, _ = inf.AddEventHandler(toolscache.ResourceEventHandlerDetailedFuncs{
+		// The initial list wakes the node too: a change between the drain
+		// pass's own list and this one is not missed.
+		AddFunc: func(any, bool) { w.notify(ctx, node) },
+		UpdateFunc: func(old, cur any) {
+			if matters(old, cur) {
+				w.notify(ctx, node)
+			}
+		},
+		DeleteFunc: func(any) { w.notify(ctx, node) },
+	})
+	go inf.RunWithContext(ctx)
+}
+
+// unwatch stops watching the node's pods.
+func (w *nodePods) unwatch(node string) {
+	if w == nil {
+		return
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if cancel, ok := w.watches[node]; ok {
+		cancel()
+		delete(w.watches, node)
+	}
+}
+
+// Start implements manager.Runnable: it stops every watch on shutdown (the
+// watches themselves start with the drains, on the leader).
+func (w *nodePods) Start(ctx context.Context) error {
+	<-ctx.Done()
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.stopped = true
+	for node, cancel := range w.watches {
+		cancel()
+		delete(w.watches, node)
+	}
+	return nil
+}
+
+// notify asks for a pass of the node, once per podEventsCoalesce.
+func (w *nodePods) notify(ctx context.Context, node string) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.pending[node] {
+		return
+	}
+	w.pending[node] = true
+	time.AfterFunc(podEventsCoalesce, func() {
+		w.mu.Lock()
+		delete(w.pending, node)
+		w.mu.Unlock()
+		wakeNode(ctx, w.wake, node)
+	})
+}
+
+// wakeNode asks for a pass of the node through the controller's wake-up
+// channel.
+func wakeNode(ctx context.Context, wake chan<- event.GenericEvent, node string) {
+	select {
+	case wake <- event.GenericEvent{Object: &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: node}}}:
+	case <-ctx.Done():
+	}
+}
+
+// matters reports whether a pod update can change a drain pass: the pod
+// started terminating or finished, a pod not terminating changed readiness
+// (the queues put pods not Ready first, and a PDB may let them go), or its
+// labels or annotations changed (PDB selection, do-not-evict). Status
+// chatter does not wake it.
+func matters(oldObj, curObj any) bool {
+	old, ok1 := oldObj.(*corev1.Pod)
+	cur, ok2 := curObj.(*corev1.Pod)
+	if !ok1 || !ok2 {
+		return true
+	}
+	return (old.DeletionTimestamp == nil) != (cur.DeletionTimestamp == nil) ||
+		old.Status.Phase != cur.Status.Phase ||
+		cur.DeletionTimestamp == nil && ready(old) != ready(cur) ||
+		!maps.Equal(old.Labels, cur.Labels) || !maps.Equal(old.Annotations, cur.Annotations) ||
+		!reflect.DeepEqual(old.OwnerReferences, cur.OwnerReferences)
+}
+
+func ready(pod *corev1.Pod) bool {
+	for _, c := range pod.Status.Conditions {
+		if c.Type == corev1.PodReady {
+			return c.Status == corev1.ConditionTrue
+		}
+	}
+	return false
+}
