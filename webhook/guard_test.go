@@ -55,10 +55,26 @@ type guard struct {
 
 func startGuard(t *testing.T, backfill bool) *guard {
 	t.Helper()
+	return startNodeguard(t, true, backfill)
+}
+
+// startReplica starts a guard that serves the webhooks only, as a nodeguard
+// replica that is not the leader does: the status controller and the
+// backfill run on the leader alone (controller-runtime's leader election).
+func startReplica(t *testing.T) *guard {
+	t.Helper()
+	return startNodeguard(t, false, false)
+}
+
+func startNodeguard(t *testing.T, leader, backfill bool) *guard {
+	t.Helper()
 	mgr, addr, answers := newManager(t)
 	// One claimer for the webhook and the status controller, as cmd/nodeguard wires them.
 	claimer := budget.NewClaimer(mgr)
 	ngwebhook.Register(mgr, ngwebhook.Options{Managed: labels.Everything(), DeleteTimeout: ngwebhook.DefaultDeleteTimeout, Claimer: claimer})
+	if !leader {
+		return run(t, mgr, addr, answers)
+	}
 	if err := (&budget.StatusReconciler{Client: mgr.GetClient(), Clock: clock.RealClock{}, ClaimTimeout: budget.DefaultClaimTimeout,
 		Claimer: claimer}).SetupWithManager(mgr); err != nil {
 		t.Fatal(err)
