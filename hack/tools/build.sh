@@ -7,7 +7,7 @@
 #   controller-gen                                           (hack/tools/codegen)
 #   cert-manager (controller, cainjector) and its CRDs        (hack/tools/certmanager)
 #   Karpenter with its kwok cloud provider, and its CRDs       (hack/tools/karpenter)
-# A cold build takes about 12 minutes on 2 cores; progress is printed as it goes.
+# A cold build takes about 15 minutes on 2 cores; progress is printed as it goes.
 set -euo pipefail
 
 here=$(cd "$(dirname "$0")" && pwd)
