@@ -120,9 +120,9 @@ var karpenterPools = [][2]string{{"kubernetes", "kubernetes"}, {"kubernetes-inte
 
 func (m *cloudNodeManager) run(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	t.Cleanup(func() { cancel(); <-done })
 	w := watchPool(t, ctx, &corev1.NodeList{}, m.pool)
+	done := make(chan struct{})
+	t.Cleanup(func() { cancel(); <-done }) // before the watch stops
 	go func() {
 		defer close(done)
 		for ev := range w.ResultChan() {
@@ -138,6 +138,9 @@ func (m *cloudNodeManager) run(t *testing.T) {
 			case watch.Deleted:
 				m.unregister(n.Name)
 			}
+		}
+		if ctx.Err() == nil {
+			t.Errorf("the watch of the NodePool's nodes ended early: nodes may have gone unchecked")
 		}
 	}()
 }
