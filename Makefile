@@ -132,7 +132,7 @@ test-release: ## Build the image as make image does and check it (config, both p
 ##@ Tools
 
 .PHONY: tools
-tools: ## Build controller-gen, etcd, kube-apiserver, kube-controller-manager, kube-scheduler, kwok and cert-manager into bin/ (skips what is built).
+tools: ## Build controller-gen, etcd, kube-apiserver, kube-controller-manager, kube-scheduler, kwok, cert-manager and Karpenter (kwok provider) into bin/ (skips what is built).
 	@hack/tools/build.sh
 
 .PHONY: clean

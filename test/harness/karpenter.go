@@ -1,0 +1,99 @@
+package harness
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/yaml"
+)
+
+// Real Karpenter (hack/tools/karpenter: its controller with the kwok cloud
+// provider, whose instances are Node objects that kwok plays), for the tests
+// of what nodeguard does with Karpenter's disruptions.
+
+// KarpenterCRDDir holds Karpenter's CRDs (NodePool, NodeClaim,
+// KWOKNodeClass), copied out of its module by make tools.
+func KarpenterCRDDir() string { return filepath.Join(BinDir(), "karpenter-crds") }
+
+// InstallKarpenterCRDs installs (or updates) Karpenter's CRDs and waits until
+// they are served.
+func InstallKarpenterCRDs(t testing.TB, c client.Client) {
+	t.Helper()
+	files, err := filepath.Glob(filepath.Join(KarpenterCRDDir(), "*.yaml"))
+	if err != nil || len(files) == 0 {
+		t.Fatalf("no Karpenter CRDs in %s (%v): run make tools", KarpenterCRDDir(), err)
+	}
+	ctx := context.Background()
+	for _, f := range files {
+		data, err := os.ReadFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var crd apiextensionsv1.CustomResourceDefinition
+		if err := yaml.UnmarshalStrict(data, &crd); err != nil {
+			t.Fatalf("%s: %v", f, err)
+		}
+		err = c.Create(ctx, &crd)
+		if apierrors.IsAlreadyExists(err) {
+			var have apiextensionsv1.CustomResourceDefinition
+			if err = c.Get(ctx, client.ObjectKey{Name: crd.Name}, &have); err == nil {
+				crd.ResourceVersion = have.ResourceVersion
+				err = c.Update(ctx, &crd)
+			}
+		}
+		if err != nil {
+			t.Fatalf("installing CRD %s: %v", crd.Name, err)
+		}
+		Eventually(t, time.Minute, func(ctx context.Context) (bool, error) {
+			var got apiextensionsv1.CustomResourceDefinition
+			if err := c.Get(ctx, client.ObjectKey{Name: crd.Name}, &got); err != nil {
+				return false, err
+			}
+			for _, cond := range got.Status.Conditions {
+				if cond.Type == apiextensionsv1.Established && cond.Status == apiextensionsv1.ConditionTrue {
+					return true, nil
+				}
+			}
+			return false, nil
+		}, "CRD %s is established", crd.Name)
+	}
+}
+
+// StartKarpenter runs Karpenter's controller (kwok cloud provider) against
+// the cluster of kubeconfig until the test ends, with Karpenter's own
+// settings (environment variables) plus env. Leader election is off (one
+// replica) and its metrics and probe servers listen on free ports. If the
+// test failed, the tail of its log is logged.
+func StartKarpenter(t testing.TB, kubeconfig string, env ...string) *Nodeguard {
+	t.Helper()
+	path, err := binary("karpenter-kwok")
+	if err != nil {
+		t.Fatal(err)
+	}
+	base := []string{
+		"KUBECONFIG=" + kubeconfig,
+		"DISABLE_LEADER_ELECTION=true",
+		fmt.Sprintf("METRICS_PORT=%d", FreePort(t)),
+		fmt.Sprintf("HEALTH_PROBE_PORT=%d", FreePort(t)),
+	}
+	p, err := StartNodeguardProcessWithEnv(path, filepath.Join(t.TempDir(), "karpenter.log"), append(base, env...))
+	if err != nil {
+		t.Fatalf("starting Karpenter: %v", err)
+	}
+	t.Cleanup(func() {
+		if err := p.Stop(10 * time.Second); err != nil && t.Failed() {
+			t.Logf("Karpenter: %v", err)
+		}
+		if t.Failed() {
+			t.Logf("Karpenter log (tail):\n%s", p.LogTail(80))
+		}
+	})
+	return p
+}
