@@ -85,6 +85,8 @@ func main() {
 	flag.StringVar(&profiles, "profiles", harness.PodsFast+","+harness.PodsGeneral, "kwok pod-stage profiles of the drain section.")
 	flag.BoolVar(&c.quick, "quick", false, "A smoke run of a few minutes: pod-fast only, small workloads, few trials.")
 	flag.BoolVar(&scale, "scale", false, "Run the scale section at full size (2,000 nodes, 40,000 pods: long and heavy) instead of 200 nodes and 4,000 pods.")
+	scaleNodes := flag.Int("scale-nodes", 0, "Nodes of the scale section (default 200, 2,000 with --scale); pods are 20 per node unless --scale-pods says otherwise.")
+	scalePods := flag.Int("scale-pods", 0, "Pods of the scale section (default 20 per node).")
 	flag.DurationVar(&c.armLatency, "arm-latency", 50*time.Millisecond, "Fixed latency the ARM emulator adds to every call in the cutover section.")
 	flag.Parse()
 	c.sections = strings.Split(sections, ",")
@@ -108,6 +110,12 @@ func main() {
 		if !scale {
 			c.scaleNodes, c.scalePods, c.scaleIdle = 40, 400, 10*time.Second
 		}
+	}
+	if *scaleNodes > 0 {
+		c.scaleNodes, c.scalePods = *scaleNodes, 20**scaleNodes
+	}
+	if *scalePods > 0 {
+		c.scalePods = *scalePods
 	}
 	// One node in 20 per drainer: 100 of 2,000 at --scale, within the
 	// NDB's 10%.
