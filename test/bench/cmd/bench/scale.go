@@ -517,7 +517,7 @@ func scaleTable(r *scaleResult) *bench.Table {
 		row = append(row, bench.Times(float64(p.RSS["nodeguard"])/float64(max(p.RSS["kube-controller-manager"], 1))))
 		t.AddRow(row...)
 	}
-	t.Note("How to read it: nodeguard's peak RSS should stay under 150 MiB and under half of kube-controller-manager's (last column ≤ 0.50×) in every phase. RSS is the peak of 1-second samples of /proc/<pid>/status in the phase; CPU is user+system time over the phase ÷ its wall time. kube-controller-manager and kube-scheduler cache every pod; nodeguard lists a draining node's pods on demand.")
+	t.Note("How to read it: the target is nodeguard's peak RSS under 150 MiB and under half of kube-controller-manager's (last column ≤ 0.50×) once the cluster holds its pods; the empty cluster shows each process's base footprint. RSS is the peak of 1-second samples of /proc/<pid>/status in the phase; CPU is user+system time over the phase ÷ its wall time. kube-controller-manager and kube-scheduler cache every pod; nodeguard lists a draining node's pods on demand.")
 	t.Note("%d of the pods belong to %d Deployments under maxUnavailable 10%% PDBs; the rest are created bound to their nodes (no controller). The run goes on once every pod is Running (phase, not the Ready condition, which kwok leaves stale on a few pods at fleet load), or once at most %d are not and that number has not dropped for %s: %d pods were not running.",
 		r.DeploymentPods, r.DeploymentPods/100, maxStragglers(r.Pods), stragglerStall, r.Stragglers)
 	return t
