@@ -112,7 +112,8 @@ func main() {
 		}
 	}
 	if *scaleNodes > 0 {
-		c.scaleNodes, c.scalePods = *scaleNodes, 20**scaleNodes
+		n := *scaleNodes
+		c.scaleNodes, c.scalePods = n, 20*n
 	}
 	if *scalePods > 0 {
 		c.scalePods = *scalePods
