@@ -226,6 +226,12 @@ func runScale(ctx context.Context, c config, env *harness.Env) (*scaleResult, er
 }
 
 const (
+	// scaleKwokParallelism is how many pod stages, node stages and node
+	// Leases kwok plays at once in the scale cluster. With kwok's 4, pods
+	// started at about 10 a second at 2,000 nodes on this 2-core machine
+	// (40,000 would have taken over an hour) and heartbeats lagged.
+	scaleKwokParallelism = 32
+
 	scaleNS  = "scale"
 	scaleNDB = "10%"
 	// scaleSetLabel names the set a deleted node belongs to.
