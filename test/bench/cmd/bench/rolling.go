@@ -203,14 +203,30 @@ func rollWithKubectl(ctx context.Context, api *requestCounter, nodes int) error 
 // does, retrying each delete the webhook denies every rollingRetry, and
 // waits until every old node is gone. It returns the denials.
 func rollWithNodeguard(ctx context.Context, cl client.Client, nodes int, mon *nodeMonitor) (int, error) {
-	pending := map[string]bool{}
+	var names []string
 	for i := range nodes {
-		pending[oldNode(rollingNodeguardNS, i)] = true
+		names = append(names, oldNode(rollingNodeguardNS, i))
+	}
+	denied, err := deleteRetrying(ctx, cl, names)
+	if err != nil {
+		return denied, err
+	}
+	return denied, mon.waitGone(ctx, rollingNodeguardNS, 10*time.Minute)
+}
+
+// deleteRetrying deletes the nodes at once, one request each, and retries
+// every delete the webhook denies with 429 (the budget allows none now, or
+// its claim lost a race) every rollingRetry until each is accepted. It
+// returns the denials.
+func deleteRetrying(ctx context.Context, cl client.Client, nodes []string) (int, error) {
+	pending := map[string]bool{}
+	for _, n := range nodes {
+		pending[n] = true
 	}
 	denied := 0
 	t := time.NewTicker(rollingRetry)
 	defer t.Stop()
-	for len(pending) > 0 {
+	for {
 		var mu sync.Mutex
 		var names []string
 		for n := range pending {
@@ -233,7 +249,7 @@ func rollWithNodeguard(ctx context.Context, cl client.Client, nodes int, mon *no
 			return denied, err
 		}
 		if len(pending) == 0 {
-			break
+			return denied, nil
 		}
 		select {
 		case <-ctx.Done():
@@ -241,7 +257,6 @@ func rollWithNodeguard(ctx context.Context, cl client.Client, nodes int, mon *no
 		case <-t.C:
 		}
 	}
-	return denied, mon.waitGone(ctx, rollingNodeguardNS, 10*time.Minute)
 }
 
 // waitReadyIn waits until want pods of the namespace are Ready.

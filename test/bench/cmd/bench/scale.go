@@ -17,6 +17,7 @@ import (
 	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -395,6 +396,9 @@ type fleetDeletion struct {
 	// Released is when the last node was gone; Median the median node's.
 	Released time.Duration `json:"released"`
 	Median   time.Duration `json:"medianReleased"`
+	// Denied are deletes nodeguard's webhook refused (429) and the deleter
+	// retried.
+	Denied int `json:"deniedDeletes"`
 	// API is every request the drainer sent in the window (nodeguard's
 	// watches, lists, lease renewals and status writes included; kubectl's
 	// discovery included).
@@ -403,20 +407,29 @@ type fleetDeletion struct {
 
 func (f *fleetDeletion) perPod() float64 { return float64(f.API.total()) / float64(max(f.Pods, 1)) }
 
-// deleteWithNodeguard deletes the nodes with one kubectl delete node, through
-// nodeguard's request counter (the deletes count as nodeguard's), and waits
-// until every node is gone.
+// deleteWithNodeguard deletes the nodes at once, one request each (as an
+// autoscaler does), through nodeguard's request counter (the deletes count as
+// nodeguard's), retrying the ones the webhook denies, and waits until every
+// node is gone.
 func deleteWithNodeguard(ctx context.Context, cl client.Client, api *requestCounter, nodes []string) (*fleetDeletion, error) {
 	pods, err := podsOn(ctx, cl, nodes)
 	if err != nil {
 		return nil, err
 	}
 	f := &fleetDeletion{Nodes: len(nodes), Pods: pods}
+	cfg, err := clientcmd.BuildConfigFromFlags("", api.Kubeconfig)
+	if err != nil {
+		return nil, err
+	}
+	cfg.QPS, cfg.Burst = 1000, 1000
+	deleter, err := client.New(cfg, client.Options{})
+	if err != nil {
+		return nil, err
+	}
 	before := api.snapshot()
 	start := time.Now()
-	args := append([]string{"--kubeconfig", api.Kubeconfig, "delete", "node", "--wait=false"}, nodes...)
-	if out, err := exec.CommandContext(ctx, "kubectl", args...).CombinedOutput(); err != nil {
-		return nil, fmt.Errorf("kubectl delete node: %v: %s", err, out)
+	if f.Denied, err = deleteRetrying(ctx, deleter, nodes); err != nil {
+		return nil, err
 	}
 	gone, err := waitGone(ctx, cl, "nodeguard", start, len(nodes))
 	f.API = api.snapshot().since(before)
@@ -546,10 +559,10 @@ func fleetTable(r *scaleResult) *bench.Table {
 		t.AddRow(name, fmt.Sprint(f.Nodes), fmt.Sprint(f.Pods), bench.Seconds(f.Released), bench.Seconds(f.Median),
 			fmt.Sprint(f.API.evictionRequests()), fmt.Sprint(f.API.Evictions[429]), fmt.Sprint(f.API.total()), fmt.Sprintf("%.1f", f.perPod()))
 	}
-	row(fmt.Sprintf("nodeguard (`kubectl delete node` × %d at once, --max-concurrent-drains=%d)", r.Deleted, finalizer.DefaultMaxConcurrentNodes), r.Nodeguard)
+	row(fmt.Sprintf("nodeguard (%d node deletes at once, --max-concurrent-drains=%d)", r.Deleted, finalizer.DefaultMaxConcurrentNodes), r.Nodeguard)
 	row(fmt.Sprintf("`kubectl drain --force` + `kubectl delete node`, %d at a time", r.Parallel), r.Kubectl)
 	t.Note("How to read it: lower is better in every column; the two rows drain sets of the same size and layout in the same cluster, one after the other (the kubectl set is cordoned while nodeguard works, so neither set receives the other's evicted pods). nodeguard drains %d nodes at a time by default, and the kubectl loop runs at the same parallelism.", r.Parallel)
-	t.Note("Times run from the first delete (nodeguard) or the first kubectl drain until the node object is gone, by a 250 ms poll. API requests are every request each drainer sent through its own counting proxy in that window: for nodeguard its watches, lists, evictions, status writes and Lease renewals, and the kubectl delete; for kubectl every drain and delete process, discovery included. Refused (429) are evictions a PDB did not allow yet.")
+	t.Note("Times run from the first delete (nodeguard) or the first kubectl drain until the node object is gone, by a 250 ms poll. API requests are every request each drainer sent through its own counting proxy in that window: for nodeguard its watches, lists, evictions, status writes and Lease renewals, and the node deletes (one request per node, a denied one retried every %s: %d denied); for kubectl every drain and delete process, discovery included. Refused (429) are evictions a PDB did not allow yet.", rollingRetry, r.Nodeguard.Denied)
 	if r.Nodeguard != nil && r.Kubectl != nil {
 		t.Note("nodeguard's requests by kind: %s. kubectl's: %s.", topRequests(r.Nodeguard.API, 8), topRequests(r.Kubectl.API, 8))
 	}
