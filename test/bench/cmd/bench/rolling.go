@@ -207,23 +207,35 @@ func rollWithNodeguard(ctx context.Context, cl client.Client, nodes int, mon *no
 	for i := range nodes {
 		names = append(names, oldNode(rollingNodeguardNS, i))
 	}
-	denied, err := deleteRetrying(ctx, cl, names)
+	retries, err := deleteRetrying(ctx, cl, names)
 	if err != nil {
-		return denied, err
+		return retries.Denied, err
 	}
-	return denied, mon.waitGone(ctx, rollingNodeguardNS, 10*time.Minute)
+	if retries.WebhookFailed > 0 {
+		return retries.Denied, fmt.Errorf("%d deletes got no answer from nodeguard's webhook in time", retries.WebhookFailed)
+	}
+	return retries.Denied, mon.waitGone(ctx, rollingNodeguardNS, 10*time.Minute)
+}
+
+// deleteRetries counts the deletes a deleter had to retry.
+type deleteRetries struct {
+	// Denied were answered 429 by the webhook: the budget allows none now,
+	// or the claim lost a race.
+	Denied int `json:"denied"`
+	// WebhookFailed never got the webhook's answer in time: kube-apiserver
+	// answered 500 "failed calling webhook" (failurePolicy Fail).
+	WebhookFailed int `json:"webhookFailed"`
 }
 
 // deleteRetrying deletes the nodes at once, one request each, and retries
-// every delete the webhook denies with 429 (the budget allows none now, or
-// its claim lost a race) every rollingRetry until each is accepted. It
-// returns the denials.
-func deleteRetrying(ctx context.Context, cl client.Client, nodes []string) (int, error) {
+// every delete the webhook denies (429) or does not answer in time every
+// rollingRetry until each is accepted.
+func deleteRetrying(ctx context.Context, cl client.Client, nodes []string) (deleteRetries, error) {
 	pending := map[string]bool{}
 	for _, n := range nodes {
 		pending[n] = true
 	}
-	denied := 0
+	var retries deleteRetries
 	t := time.NewTicker(rollingRetry)
 	defer t.Stop()
 	for {
@@ -240,20 +252,22 @@ func deleteRetrying(ctx context.Context, cl client.Client, nodes []string) (int,
 			case err == nil || apierrors.IsNotFound(err):
 				delete(pending, n)
 			case apierrors.IsTooManyRequests(err):
-				denied++
+				retries.Denied++
+			case apierrors.IsInternalError(err) && strings.Contains(err.Error(), "failed calling webhook"):
+				retries.WebhookFailed++
 			default:
 				return fmt.Errorf("deleting node %s: %w", n, err)
 			}
 			return nil
 		}); err != nil {
-			return denied, err
+			return retries, err
 		}
 		if len(pending) == 0 {
-			return denied, nil
+			return retries, nil
 		}
 		select {
 		case <-ctx.Done():
-			return denied, ctx.Err()
+			return retries, ctx.Err()
 		case <-t.C:
 		}
 	}

@@ -396,9 +396,8 @@ type fleetDeletion struct {
 	// Released is when the last node was gone; Median the median node's.
 	Released time.Duration `json:"released"`
 	Median   time.Duration `json:"medianReleased"`
-	// Denied are deletes nodeguard's webhook refused (429) and the deleter
-	// retried.
-	Denied int `json:"deniedDeletes"`
+	// Retries are the deletes the deleter had to send again.
+	Retries deleteRetries `json:"retriedDeletes"`
 	// API is every request the drainer sent in the window (nodeguard's
 	// watches, lists, lease renewals and status writes included; kubectl's
 	// discovery included).
@@ -428,7 +427,7 @@ func deleteWithNodeguard(ctx context.Context, cl client.Client, api *requestCoun
 	}
 	before := api.snapshot()
 	start := time.Now()
-	if f.Denied, err = deleteRetrying(ctx, deleter, nodes); err != nil {
+	if f.Retries, err = deleteRetrying(ctx, deleter, nodes); err != nil {
 		return nil, err
 	}
 	gone, err := waitGone(ctx, cl, "nodeguard", start, len(nodes))
@@ -562,7 +561,7 @@ func fleetTable(r *scaleResult) *bench.Table {
 	row(fmt.Sprintf("nodeguard (%d node deletes at once, --max-concurrent-drains=%d)", r.Deleted, finalizer.DefaultMaxConcurrentNodes), r.Nodeguard)
 	row(fmt.Sprintf("`kubectl drain --force` + `kubectl delete node`, %d at a time", r.Parallel), r.Kubectl)
 	t.Note("How to read it: lower is better in every column; the two rows drain sets of the same size and layout in the same cluster, one after the other (the kubectl set is cordoned while nodeguard works, so neither set receives the other's evicted pods). nodeguard drains %d nodes at a time by default, and the kubectl loop runs at the same parallelism.", r.Parallel)
-	t.Note("Times run from the first delete (nodeguard) or the first kubectl drain until the node object is gone, by a 250 ms poll. API requests are every request each drainer sent through its own counting proxy in that window: for nodeguard its watches, lists, evictions, status writes and Lease renewals, and the node deletes (one request per node, a denied one retried every %s: %d denied); for kubectl every drain and delete process, discovery included. Refused (429) are evictions a PDB did not allow yet.", rollingRetry, r.Nodeguard.Denied)
+	t.Note("Times run from the first delete (nodeguard) or the first kubectl drain until the node object is gone, by a 250 ms poll. API requests are every request each drainer sent through its own counting proxy in that window: for nodeguard its watches, lists, evictions, status writes and Lease renewals, and the node deletes (one request per node, a denied or unanswered one retried every %s: %d denied with 429, %d not answered by the webhook within kube-apiserver's 5 s webhook timeout); for kubectl every drain and delete process, discovery included. Refused (429) are evictions a PDB did not allow yet.", rollingRetry, r.Nodeguard.Retries.Denied, r.Nodeguard.Retries.WebhookFailed)
 	if r.Nodeguard != nil && r.Kubectl != nil {
 		t.Note("nodeguard's requests by kind: %s. kubectl's: %s.", topRequests(r.Nodeguard.API, 8), topRequests(r.Kubectl.API, 8))
 	}
