@@ -41,6 +41,9 @@ func startRequestCounter(cfg *rest.Config, kubeconfigPath string) (*requestCount
 	rp := httputil.NewSingleHostReverseProxy(target)
 	rp.Transport = transport
 	rp.FlushInterval = -1 // stream watches
+	// A client that gives up (its context ends) cancels the request; that is
+	// the client's business, not worth a log line each.
+	rp.ErrorHandler = func(w http.ResponseWriter, _ *http.Request, _ error) { w.WriteHeader(http.StatusBadGateway) }
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		return nil, err
