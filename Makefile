@@ -95,7 +95,7 @@ BENCH_OUT  ?= $(CURDIR)/_output/bench
 BENCH_ARGS ?=
 
 .PHONY: bench
-bench: tools ## Benchmark nodeguard against kubectl drain, naive ARM updates and a no-op webhook (15-25 min; BENCH_ARGS=--quick for a smoke run, --scale for 2,000 nodes).
+bench: tools ## Benchmark nodeguard against kubectl drain, naive ARM updates and a no-op webhook (about 18 min on 2 cores; BENCH_ARGS=--quick for a smoke run, --scale for 2,000 nodes and 40,000 pods).
 	@mkdir -p $(BENCH_OUT)
 	$(GO) build -o $(BENCH_OUT)/nodeguard ./cmd/nodeguard
 	$(GO) build -o $(BENCH_OUT)/bench ./test/bench/cmd/bench

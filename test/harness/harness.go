@@ -52,6 +52,11 @@ type Options struct {
 	Cluster bool
 	// PodStages is PodsFast (the default) or PodsGeneral.
 	PodStages string
+	// KwokParallelism, when above 0, is how many pod stages, node stages and
+	// node Leases kwok plays at once (its default is 4 each). At thousands of
+	// nodes on a busy machine 4 workers fall behind: pods take many minutes
+	// to start and heartbeats lag.
+	KwokParallelism int
 	// WebhookManifests are files or directories of webhook configurations that
 	// envtest installs, pointing them at a local webhook server whose host, port
 	// and certificate directory are in Env.Webhook.
@@ -230,7 +235,7 @@ func (e *Env) startCluster(ctx context.Context, opts Options) error {
 	if err := e.start("kube-scheduler", append(authn, "--leader-elect=false", "--secure-port=0")...); err != nil {
 		return err
 	}
-	stages, err := e.kwokStages(opts.PodStages)
+	stages, err := e.kwokStages(opts.PodStages, opts.KwokParallelism)
 	if err != nil {
 		return err
 	}
@@ -246,9 +251,9 @@ func (e *Env) startCluster(ctx context.Context, opts Options) error {
 	return e.waitForComponents(ctx)
 }
 
-// kwokStages writes the stock node stages plus the chosen pod stages into one
-// kwok config file.
-func (e *Env) kwokStages(pods string) (string, error) {
+// kwokStages writes the stock node stages plus the chosen pod stages, and
+// kwok's worker counts when set, into one kwok config file.
+func (e *Env) kwokStages(pods string, parallelism int) (string, error) {
 	if pods == "" {
 		pods = PodsFast
 	}
@@ -263,6 +268,10 @@ func (e *Env) kwokStages(pods string) (string, error) {
 			return "", err
 		}
 		docs = append(docs, string(data))
+	}
+	if parallelism > 0 {
+		docs = append(docs, fmt.Sprintf("---\napiVersion: config.kwok.x-k8s.io/v1alpha1\nkind: KwokConfiguration\noptions:\n"+
+			"  podPlayStageParallelism: %[1]d\n  nodePlayStageParallelism: %[1]d\n  nodeLeaseParallelism: %[1]d\n", parallelism))
 	}
 	out := filepath.Join(e.Dir, "kwok-stages.yaml")
 	return out, os.WriteFile(out, []byte(strings.Join(docs, "\n")), 0o644)

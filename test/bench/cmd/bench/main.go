@@ -10,10 +10,15 @@
 //  3. admission: latency of node CREATE/UPDATE/DELETE through the real
 //     apiserver with nodeguard's webhooks against a no-op webhook;
 //  4. scale: nodeguard's RSS and CPU with many kwok nodes and pods, idle and
-//     while 20 nodes drain, beside kube-controller-manager's;
+//     while nodes drain, beside kube-controller-manager's; one node in 20
+//     deleted at once under a 10% node budget, against a kubectl drain loop
+//     at the same parallelism (time, 429s, API requests per drained pod);
 //  5. replace: a node holding the only replica of a Deployment under
 //     minAvailable: 1, kubectl drain --timeout against nodeguard's
-//     replacement first.
+//     replacement first;
+//  6. rolling: every node of a group replaced under a node budget of 3 and
+//     PDBs, a helper playing the autoscaler, against a kubectl drain +
+//     delete script 3 nodes at a time.
 //
 // Every figure is a ratio or a count measured in the same run; absolute times
 // are context. It prints a markdown table and writes it, the raw numbers
@@ -62,10 +67,12 @@ type config struct {
 	admissionConc  int
 	admissionRound int
 
-	scaleNodes, scalePods, scaleDrain int
-	scaleIdle                         time.Duration
+	scaleNodes, scalePods, scaleDelete int
+	scaleIdle                          time.Duration
 
 	replaceTimeout time.Duration
+
+	rollingNodes, rollingApps, rollingReplicas int
 }
 
 func main() {
@@ -74,10 +81,12 @@ func main() {
 	var scale bool
 	flag.StringVar(&c.nodeguard, "nodeguard", filepath.Join(harness.RepoRoot(), "_output", "bench", "nodeguard"), "The nodeguard binary under test.")
 	flag.StringVar(&c.out, "out", filepath.Join(harness.RepoRoot(), "_output", "bench"), "Directory for results.md, results.json, drain-timeline.svg and the clusters' logs.")
-	flag.StringVar(&sections, "sections", "drain,cutover,admission,scale,replace", "Comma-separated sections to run.")
+	flag.StringVar(&sections, "sections", "drain,cutover,admission,scale,replace,rolling", "Comma-separated sections to run.")
 	flag.StringVar(&profiles, "profiles", harness.PodsFast+","+harness.PodsGeneral, "kwok pod-stage profiles of the drain section.")
 	flag.BoolVar(&c.quick, "quick", false, "A smoke run of a few minutes: pod-fast only, small workloads, few trials.")
 	flag.BoolVar(&scale, "scale", false, "Run the scale section at full size (2,000 nodes, 40,000 pods: long and heavy) instead of 200 nodes and 4,000 pods.")
+	scaleNodes := flag.Int("scale-nodes", 0, "Nodes of the scale section (default 200, 2,000 with --scale); pods are 20 per node unless --scale-pods says otherwise.")
+	scalePods := flag.Int("scale-pods", 0, "Pods of the scale section (default 20 per node).")
 	flag.DurationVar(&c.armLatency, "arm-latency", 50*time.Millisecond, "Fixed latency the ARM emulator adds to every call in the cutover section.")
 	flag.Parse()
 	c.sections = strings.Split(sections, ",")
@@ -85,8 +94,9 @@ func main() {
 	c.drainApps, c.drainReplicas, c.drainFree = 4, 10, 10
 	c.cutTrials, c.fleetNodes, c.fleetRounds = 200, 100, 3
 	c.admissionN, c.admissionConc, c.admissionRound = 100, 8, 4
-	c.scaleNodes, c.scalePods, c.scaleDrain, c.scaleIdle = 200, 4000, 20, 30*time.Second
+	c.scaleNodes, c.scalePods, c.scaleIdle = 200, 4000, 30*time.Second
 	c.replaceTimeout = 5 * time.Minute
+	c.rollingNodes, c.rollingApps, c.rollingReplicas = 20, 4, 10
 	if scale {
 		c.scaleNodes, c.scalePods, c.scaleIdle = 2000, 40000, 60*time.Second
 	}
@@ -96,10 +106,21 @@ func main() {
 		c.cutTrials, c.fleetNodes, c.fleetRounds = 30, 40, 1
 		c.admissionN, c.admissionRound = 30, 1
 		c.replaceTimeout = time.Minute
+		c.rollingNodes, c.rollingApps, c.rollingReplicas = 6, 2, 6
 		if !scale {
-			c.scaleNodes, c.scalePods, c.scaleDrain, c.scaleIdle = 40, 400, 5, 10*time.Second
+			c.scaleNodes, c.scalePods, c.scaleIdle = 40, 400, 10*time.Second
 		}
 	}
+	if *scaleNodes > 0 {
+		n := *scaleNodes
+		c.scaleNodes, c.scalePods = n, 20*n
+	}
+	if *scalePods > 0 {
+		c.scalePods = *scalePods
+	}
+	// One node in 20 per drainer: 100 of 2,000 at --scale, within the
+	// NDB's 10%.
+	c.scaleDelete = max(c.scaleNodes/20, 1)
 	ctrl.SetLogger(zap.New(zap.WriteTo(os.Stderr), zap.Level(zapcore.ErrorLevel)))
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
@@ -119,6 +140,7 @@ type results struct {
 	Admit    *admitResult   `json:"admission,omitempty"`
 	Scale    *scaleResult   `json:"scale,omitempty"`
 	Replace  *replaceResult `json:"replace,omitempty"`
+	Rolling  *rollingResult `json:"rolling,omitempty"`
 	Tables   []*bench.Table `json:"tables"`
 	Panels   []bench.Panel  `json:"panels,omitempty"`
 	Errors   []string       `json:"errors,omitempty"`
@@ -138,15 +160,16 @@ func run(ctx context.Context, c config) error {
 		"drain":     fmt.Sprintf("%d Deployments x %d replicas under maxUnavailable 1 + %d unprotected pods per node", c.drainApps, c.drainReplicas, c.drainFree),
 		"cutover":   fmt.Sprintf("%d trials, ARM latency %s, %d nodes x %d rounds", c.cutTrials, c.armLatency, c.fleetNodes, c.fleetRounds),
 		"admission": fmt.Sprintf("%d per operation x %d rounds, %d clients", c.admissionN, c.admissionRound, c.admissionConc),
-		"scale":     fmt.Sprintf("%d nodes, %d pods, %d nodes drained, idle %s", c.scaleNodes, c.scalePods, c.scaleDrain, c.scaleIdle),
+		"scale":     fmt.Sprintf("%d nodes, %d pods, %d nodes deleted per drainer, idle %s", c.scaleNodes, c.scalePods, c.scaleDelete, c.scaleIdle),
 		"replace":   fmt.Sprintf("1 replica under minAvailable 1, kubectl drain --timeout=%s", c.replaceTimeout),
+		"rolling":   fmt.Sprintf("%d nodes per drainer, %d Deployments x %d replicas, node budget %d", c.rollingNodes, c.rollingApps, c.rollingReplicas, rollingBudget),
 	}}
 	fail := func(section string, err error) {
 		msg := fmt.Sprintf("%s: %v", section, err)
 		fmt.Fprintln(os.Stderr, "bench: "+msg)
 		res.Errors = append(res.Errors, msg)
 	}
-	needShared := c.has("cutover") || c.has("admission") || c.has("replace")
+	needShared := c.has("cutover") || c.has("admission") || c.has("replace") || c.has("rolling")
 	for i, profile := range c.profiles {
 		if !c.has("drain") && (i > 0 || !needShared) {
 			break
@@ -155,7 +178,7 @@ func run(ctx context.Context, c config) error {
 			break
 		}
 		logf("starting a cluster with kwok %s pod stages", profile)
-		env, err := startCluster(ctx, filepath.Join(c.out, "cluster-"+profile), profile)
+		env, err := startCluster(ctx, filepath.Join(c.out, "cluster-"+profile), profile, 0)
 		if err != nil {
 			fail("cluster "+profile, err)
 			continue
@@ -190,11 +213,18 @@ func run(ctx context.Context, c config) error {
 			}
 			res.Replace = r
 		}
+		if i == 0 && c.has("rolling") && ctx.Err() == nil {
+			r, err := runRolling(ctx, c, env)
+			if err != nil {
+				fail("rolling", err)
+			}
+			res.Rolling = r
+		}
 		_ = env.Stop()
 	}
 	if c.has("scale") && ctx.Err() == nil {
 		logf("starting a cluster for the scale section")
-		env, err := startCluster(ctx, filepath.Join(c.out, "cluster-scale"), harness.PodsFast)
+		env, err := startCluster(ctx, filepath.Join(c.out, "cluster-scale"), harness.PodsFast, scaleKwokParallelism)
 		if err != nil {
 			fail("cluster scale", err)
 		} else {
@@ -211,7 +241,7 @@ func run(ctx context.Context, c config) error {
 }
 
 func writeResults(c config, res *results) error {
-	res.Tables = append(res.Tables, drainTable(res.Drain), cutoverTable(res.Cutover), admissionTable(res.Admit), scaleTable(res.Scale), replaceTable(res.Replace))
+	res.Tables = append(res.Tables, drainTable(res.Drain), cutoverTable(res.Cutover), admissionTable(res.Admit), scaleTable(res.Scale), fleetTable(res.Scale), replaceTable(res.Replace), rollingTable(res.Rolling))
 	res.Tables = slices.DeleteFunc(res.Tables, func(t *bench.Table) bool { return t == nil })
 	var md bytes.Buffer
 	fmt.Fprintf(&md, "## nodeguard benchmark results\n\n")

@@ -3,18 +3,26 @@ package main
 import (
 	"context"
 	"fmt"
+	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/fields"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	"github.com/nodeguard/nodeguard/budget"
+	"github.com/nodeguard/nodeguard/finalizer"
 	"github.com/nodeguard/nodeguard/test/armemulator"
 	"github.com/nodeguard/nodeguard/test/bench"
 	"github.com/nodeguard/nodeguard/test/builder"
@@ -26,10 +34,17 @@ import (
 var scaleProcs = []string{"nodeguard", "kube-controller-manager", "kube-scheduler"}
 
 type scaleResult struct {
-	Nodes, Pods, Drained int
-	DeploymentPods       int           `json:"deploymentPods"`
-	DrainTime            time.Duration `json:"drainTime"`
-	Phases               []scalePhase  `json:"phases"`
+	Nodes, Pods    int
+	DeploymentPods int `json:"deploymentPods"`
+	// Stragglers are the pods that were not running when the run went on.
+	Stragglers int `json:"stragglers"`
+	// Deleted nodes per drainer; Parallel is nodeguard's default
+	// --max-concurrent-drains, which the kubectl loop matches.
+	Deleted   int            `json:"deleted"`
+	Parallel  int            `json:"parallel"`
+	Nodeguard *fleetDeletion `json:"nodeguard,omitempty"`
+	Kubectl   *fleetDeletion `json:"kubectl,omitempty"`
+	Phases    []scalePhase   `json:"phases"`
 }
 
 // scalePhase is one window: per process, peak RSS and average CPU.
@@ -94,23 +109,22 @@ func (s *sampler) window(name string, fn func() error) (scalePhase, error) {
 }
 
 // runScale measures nodeguard's footprint with many kwok nodes and pods, idle
-// and while nodes drain. Most pods are created bound to their nodes (no
+// and while nodes are deleted, and the fleet deletion itself against a
+// kubectl drain loop. Most pods are created bound to their nodes (no
 // scheduler, no ReplicaSet controller: the stock controllers' client rate
 // limits would take far longer than the measurement); a tenth belong to
 // Deployments under PDBs, so drains go through the budgets.
 func runScale(ctx context.Context, c config, env *harness.Env) (*scaleResult, error) {
-	r := &scaleResult{Nodes: c.scaleNodes, Pods: c.scalePods, Drained: c.scaleDrain}
+	r := &scaleResult{Nodes: c.scaleNodes, Pods: c.scalePods, Deleted: c.scaleDelete, Parallel: min(finalizer.DefaultMaxConcurrentNodes, c.scaleDelete)}
 	cfg := rest.CopyConfig(env.Config)
 	cfg.QPS, cfg.Burst = 2000, 2000
 	cl, err := client.New(cfg, client.Options{Scheme: env.Scheme})
 	if err != nil {
 		return nil, err
 	}
-	var names []string
+	names, ngSet, kubectlSet := scaleNodeNames(c)
 	var emuNodes []armemulator.Node
-	for i := range c.scaleNodes {
-		name := fmt.Sprintf("scale-%04d", i)
-		names = append(names, name)
+	for i, name := range names {
 		emuNodes = append(emuNodes, armemulator.Node{Name: name, IPs: []string{nodeIP(i)}})
 	}
 	emu, err := armemulator.Start("127.0.0.1:0", armemulator.SeedForNodes(subscription, resourceGroup, emuNodes, armemulator.Topology{Internal: true}), armemulator.Options{})
@@ -118,7 +132,17 @@ func runScale(ctx context.Context, c config, env *harness.Env) (*scaleResult, er
 		return nil, err
 	}
 	defer emu.Close()
-	ng, err := startNodeguard(c.nodeguard, env, env.Kubeconfig, emu.URL(), filepath.Join(env.Dir, "nodeguard-scale.log"))
+	ngAPI, err := startRequestCounter(env.Config, filepath.Join(env.Dir, "scale-nodeguard.kubeconfig"))
+	if err != nil {
+		return nil, err
+	}
+	defer ngAPI.close()
+	kubectlAPI, err := startRequestCounter(env.Config, filepath.Join(env.Dir, "scale-kubectl.kubeconfig"))
+	if err != nil {
+		return nil, err
+	}
+	defer kubectlAPI.close()
+	ng, err := startNodeguard(c.nodeguard, env, ngAPI.Kubeconfig, emu.URL(), filepath.Join(env.Dir, "nodeguard-scale.log"))
 	if err != nil {
 		return nil, err
 	}
@@ -132,9 +156,13 @@ func runScale(ctx context.Context, c config, env *harness.Env) (*scaleResult, er
 	sctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	go s.run(sctx)
-
+	phase := func(name string, fn func() error) error {
+		p, err := s.window(name, fn)
+		r.Phases = append(r.Phases, p)
+		return err
+	}
 	idle := func(name string) error {
-		p, err := s.window(name, func() error {
+		return phase(name, func() error {
 			select {
 			case <-time.After(c.scaleIdle):
 				return nil
@@ -142,116 +170,337 @@ func runScale(ctx context.Context, c config, env *harness.Env) (*scaleResult, er
 				return ctx.Err()
 			}
 		})
-		r.Phases = append(r.Phases, p)
-		return err
 	}
 	if err := idle("empty cluster, idle"); err != nil {
 		return r, err
 	}
 	logf("scale: creating %d nodes", c.scaleNodes)
-	p, err := s.window(fmt.Sprintf("creating %d nodes", c.scaleNodes), func() error {
-		if err := forEach(ctx, names, 32, func(ctx context.Context, n string) error {
-			i, _ := strconv.Atoi(n[len("scale-"):])
-			return cl.Create(ctx, builder.Node(n, builder.WithLabels(managedLabel, "true"), builder.WithInternalIP(nodeIP(i))))
-		}); err != nil {
-			return err
-		}
-		return harness.Poll(ctx, 10*time.Minute, func(ctx context.Context) (bool, error) {
-			var nodes corev1.NodeList
-			if err := cl.List(ctx, &nodes); err != nil {
-				return false, err
-			}
-			ready := 0
-			for _, n := range nodes.Items {
-				for _, cond := range n.Status.Conditions {
-					if cond.Type == corev1.NodeReady && cond.Status == corev1.ConditionTrue {
-						ready++
-					}
-				}
-			}
-			return ready >= c.scaleNodes, nil
-		})
-	})
-	r.Phases = append(r.Phases, p)
-	if err != nil {
+	if err := phase(fmt.Sprintf("creating %d nodes", c.scaleNodes), func() error { return createScaleNodes(ctx, cl, names, ngSet, kubectlSet) }); err != nil {
 		return r, err
 	}
 
 	logf("scale: creating %d pods", c.scalePods)
-	if err := create(ctx, cl, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "scale"}}); err != nil {
+	if err := create(ctx, cl, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: scaleNS}}); err != nil {
 		return r, err
 	}
 	deployments := max(c.scalePods/10/100, 1)
 	r.DeploymentPods = deployments * 100
-	bare := c.scalePods - r.DeploymentPods
-	p, err = s.window(fmt.Sprintf("creating %d pods", c.scalePods), func() error {
-		for i := range deployments {
-			app := fmt.Sprintf("web-%d", i)
-			if err := create(ctx, cl, builder.Deployment("scale", app, 100)); err != nil {
-				return err
-			}
-			if err := create(ctx, cl, builder.PDB("scale", app, builder.MaxUnavailable("10%"))); err != nil {
-				return err
-			}
-		}
-		var podNames []string
-		for i := range bare {
-			podNames = append(podNames, strconv.Itoa(i))
-		}
-		if err := forEach(ctx, podNames, 32, func(ctx context.Context, s string) error {
-			i, _ := strconv.Atoi(s)
-			return cl.Create(ctx, barePod("scale", "filler-"+s, names[i%len(names)]))
-		}); err != nil {
-			return err
-		}
-		return harness.Poll(ctx, 30*time.Minute, func(ctx context.Context) (bool, error) {
-			var ds appsv1.DeploymentList
-			if err := cl.List(ctx, &ds, client.InNamespace("scale")); err != nil {
-				return false, err
-			}
-			ready := 0
-			for _, d := range ds.Items {
-				ready += int(d.Status.ReadyReplicas)
-			}
-			return ready >= r.DeploymentPods, nil
-		})
-	})
-	r.Phases = append(r.Phases, p)
-	if err != nil {
+	if err := phase(fmt.Sprintf("creating %d pods", c.scalePods), func() error {
+		var err error
+		r.Stragglers, err = createScalePods(ctx, cl, names, deployments, c.scalePods-r.DeploymentPods)
+		return err
+	}); err != nil {
 		return r, err
 	}
 	if err := idle(fmt.Sprintf("%d nodes, %d pods, idle", c.scaleNodes, c.scalePods)); err != nil {
 		return r, err
 	}
+	if err := create(ctx, cl, builder.NDB("scale", builder.NDBSelecting(managedLabel, "true"), builder.NDBMaxUnavailable(scaleNDB))); err != nil {
+		return r, err
+	}
+	// The kubectl set is cordoned while nodeguard deletes its own, so that
+	// both sets keep the pods they started with.
+	for _, n := range kubectlSet {
+		if err := setUnschedulable(ctx, cl, n); err != nil {
+			return r, err
+		}
+	}
 
-	logf("scale: deleting %d nodes under nodeguard", c.scaleDrain)
-	drained := names[:c.scaleDrain]
-	p, err = s.window(fmt.Sprintf("draining %d nodes", c.scaleDrain), func() error {
-		if err := forEach(ctx, drained, 20, func(ctx context.Context, n string) error {
-			return cl.Delete(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: n}})
-		}); err != nil {
+	logf("scale: deleting %d nodes at once under nodeguard (NDB maxUnavailable %s)", len(ngSet), scaleNDB)
+	if err := phase(fmt.Sprintf("deleting %d nodes (nodeguard)", len(ngSet)), func() error {
+		var err error
+		r.Nodeguard, err = deleteWithNodeguard(ctx, cl, ngAPI, ngSet)
+		return err
+	}); err != nil {
+		return r, err
+	}
+	logf("scale: nodeguard released %d nodes in %s; kubectl drain loop on %d nodes, %d at a time", len(ngSet), bench.Seconds(r.Nodeguard.Released), len(kubectlSet), r.Parallel)
+	if err := phase(fmt.Sprintf("draining and deleting %d nodes (kubectl loop)", len(kubectlSet)), func() error {
+		var err error
+		r.Kubectl, err = drainWithKubectl(ctx, cl, kubectlAPI, kubectlSet, r.Parallel)
+		return err
+	}); err != nil {
+		return r, err
+	}
+	logf("scale: kubectl loop released %d nodes in %s", len(kubectlSet), bench.Seconds(r.Kubectl.Released))
+	return r, nil
+}
+
+const (
+	// scaleKwokParallelism is how many pod stages, node stages and node
+	// Leases kwok plays at once in the scale cluster. With kwok's 4, pods
+	// started at about 10 a second at 2,000 nodes on this 2-core machine
+	// (40,000 would have taken over an hour) and heartbeats lagged.
+	scaleKwokParallelism = 32
+
+	scaleNS  = "scale"
+	scaleNDB = "10%"
+	// scaleSetLabel names the set a deleted node belongs to.
+	scaleSetLabel = "bench.nodeguard.io/set"
+)
+
+// scaleNodeNames are the nodes of the run; the first deleted ones are
+// nodeguard's, the next as many are the kubectl loop's (not managed by
+// nodeguard).
+func scaleNodeNames(c config) (names, ngSet, kubectlSet []string) {
+	for i := range c.scaleNodes {
+		names = append(names, fmt.Sprintf("scale-%04d", i))
+	}
+	return names, names[:c.scaleDelete], names[c.scaleDelete : 2*c.scaleDelete]
+}
+
+func createScaleNodes(ctx context.Context, cl client.Client, names, ngSet, kubectlSet []string) error {
+	set := map[string]string{}
+	for _, n := range ngSet {
+		set[n] = "nodeguard"
+	}
+	for _, n := range kubectlSet {
+		set[n] = "kubectl"
+	}
+	if err := forEach(ctx, names, 32, func(ctx context.Context, n string) error {
+		i, _ := strconv.Atoi(n[len("scale-"):])
+		opts := []builder.NodeOption{builder.WithInternalIP(nodeIP(i))}
+		if set[n] != "kubectl" {
+			opts = append(opts, builder.WithLabels(managedLabel, "true"))
+		}
+		if set[n] != "" {
+			opts = append(opts, builder.WithLabels(scaleSetLabel, set[n]))
+		}
+		return cl.Create(ctx, builder.Node(n, opts...))
+	}); err != nil {
+		return err
+	}
+	return pollEvery(ctx, 2*time.Second, 10*time.Minute, func(ctx context.Context) (bool, error) {
+		var nodes corev1.NodeList
+		if err := cl.List(ctx, &nodes); err != nil {
+			return false, err
+		}
+		ready := 0
+		for i := range nodes.Items {
+			if up, _ := budget.Unavailable(&nodes.Items[i]); !up {
+				ready++
+			}
+		}
+		return ready >= len(names), nil
+	})
+}
+
+// createScalePods creates the Deployments (100 replicas each, under
+// maxUnavailable 10% PDBs) and the bare pods, and waits until they run. It
+// returns how many never got there (stragglers: kwok at fleet load leaves a
+// few behind).
+func createScalePods(ctx context.Context, cl client.Client, names []string, deployments, bare int) (int, error) {
+	for i := range deployments {
+		app := fmt.Sprintf("web-%d", i)
+		if err := create(ctx, cl, builder.Deployment(scaleNS, app, 100)); err != nil {
+			return 0, err
+		}
+		if err := create(ctx, cl, builder.PDB(scaleNS, app, builder.MaxUnavailable("10%"))); err != nil {
+			return 0, err
+		}
+	}
+	var podNames []string
+	for i := range bare {
+		podNames = append(podNames, strconv.Itoa(i))
+	}
+	if err := forEach(ctx, podNames, 32, func(ctx context.Context, s string) error {
+		i, _ := strconv.Atoi(s)
+		return cl.Create(ctx, barePod(scaleNS, "filler-"+s, names[i%len(names)]))
+	}); err != nil {
+		return 0, err
+	}
+	return waitRunning(ctx, cl, scaleNS, deployments*100, bare)
+}
+
+// Stragglers: once at most maxStragglers pods are not Running and that number
+// has not dropped for stragglerStall, the run goes on and reports them.
+const stragglerStall = time.Minute
+
+func maxStragglers(pods int) int { return max(pods/1000, 5) }
+
+// waitRunning waits until want pods of the namespace exist and run (phase
+// Running: a pod's Ready condition is the kubelet's, and kwok leaves a few
+// stale at fleet load), tolerating a few stragglers. It counts the pods not
+// running with a field selector and the Deployments' pods from their status,
+// so the poll stays small at 40,000 pods.
+func waitRunning(ctx context.Context, cl client.Client, ns string, deploymentPods, bare int) (int, error) {
+	want := deploymentPods + bare
+	best, lastDrop := want, time.Now()
+	err := pollEvery(ctx, 2*time.Second, 25*time.Minute, func(ctx context.Context) (bool, error) {
+		var ds appsv1.DeploymentList
+		if err := cl.List(ctx, &ds, client.InNamespace(ns)); err != nil {
+			return false, err
+		}
+		exist := bare
+		for _, d := range ds.Items {
+			exist += int(d.Status.Replicas)
+		}
+		var notRunning metav1.PartialObjectMetadataList
+		notRunning.SetGroupVersionKind(corev1.SchemeGroupVersion.WithKind("PodList"))
+		if err := cl.List(ctx, &notRunning, client.InNamespace(ns), client.MatchingFieldsSelector{
+			Selector: fields.OneTermNotEqualSelector("status.phase", string(corev1.PodRunning))}); err != nil {
+			return false, err
+		}
+		missing := max(want-exist, 0) + len(notRunning.Items)
+		if missing < best {
+			best, lastDrop = missing, time.Now()
+		}
+		return missing == 0 || (missing <= maxStragglers(want) && time.Since(lastDrop) >= stragglerStall), nil
+	})
+	if err != nil {
+		return best, fmt.Errorf("%d of %d pods not running: %w", best, want, err)
+	}
+	if best > 0 {
+		logf("scale: going on with %d of %d pods not running after %s without progress", best, want, stragglerStall)
+	}
+	return best, nil
+}
+
+// pollEvery is harness.Poll at a slower pace, for LISTs of thousands of
+// objects.
+func pollEvery(ctx context.Context, every, timeout time.Duration, cond func(ctx context.Context) (bool, error)) error {
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	t := time.NewTicker(every)
+	defer t.Stop()
+	var lastErr error
+	for {
+		ok, err := cond(ctx)
+		if ok && err == nil {
+			return nil
+		}
+		if err != nil {
+			lastErr = err
+		}
+		select {
+		case <-ctx.Done():
+			if lastErr != nil {
+				return fmt.Errorf("%w (last error: %v)", ctx.Err(), lastErr)
+			}
+			return ctx.Err()
+		case <-t.C:
+		}
+	}
+}
+
+func setUnschedulable(ctx context.Context, cl client.Client, name string) error {
+	n := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: name}}
+	return cl.Patch(ctx, n, client.RawPatch(types.MergePatchType, []byte(`{"spec":{"unschedulable":true}}`)))
+}
+
+// fleetDeletion is one drainer's deletion of a set of nodes.
+type fleetDeletion struct {
+	Nodes int `json:"nodes"`
+	// Pods were on the nodes when the deletion started.
+	Pods int `json:"pods"`
+	// Released is when the last node was gone; Median the median node's.
+	Released time.Duration `json:"released"`
+	Median   time.Duration `json:"medianReleased"`
+	// Retries are the deletes the deleter had to send again.
+	Retries deleteRetries `json:"retriedDeletes"`
+	// API is every request the drainer sent in the window (nodeguard's
+	// watches, lists, lease renewals and status writes included; kubectl's
+	// discovery included).
+	API requestCount `json:"api"`
+}
+
+func (f *fleetDeletion) perPod() float64 { return float64(f.API.total()) / float64(max(f.Pods, 1)) }
+
+// deleteWithNodeguard deletes the nodes at once, one request each (as an
+// autoscaler does), through nodeguard's request counter (the deletes count as
+// nodeguard's), retrying the ones the webhook denies, and waits until every
+// node is gone.
+func deleteWithNodeguard(ctx context.Context, cl client.Client, api *requestCounter, nodes []string) (*fleetDeletion, error) {
+	pods, err := podsOn(ctx, cl, nodes)
+	if err != nil {
+		return nil, err
+	}
+	f := &fleetDeletion{Nodes: len(nodes), Pods: pods}
+	cfg, err := clientcmd.BuildConfigFromFlags("", api.Kubeconfig)
+	if err != nil {
+		return nil, err
+	}
+	cfg.QPS, cfg.Burst = 1000, 1000
+	deleter, err := client.New(cfg, client.Options{})
+	if err != nil {
+		return nil, err
+	}
+	before := api.snapshot()
+	start := time.Now()
+	if f.Retries, err = deleteRetrying(ctx, deleter, nodes); err != nil {
+		return nil, err
+	}
+	gone, err := waitGone(ctx, cl, "nodeguard", start, len(nodes))
+	f.API = api.snapshot().since(before)
+	f.Released, f.Median = gone[len(gone)-1], gone[len(gone)/2]
+	return f, err
+}
+
+// drainWithKubectl runs `kubectl drain` then `kubectl delete node` for every
+// node, parallel at a time, and waits until every node is gone.
+func drainWithKubectl(ctx context.Context, cl client.Client, api *requestCounter, nodes []string, parallel int) (*fleetDeletion, error) {
+	pods, err := podsOn(ctx, cl, nodes)
+	if err != nil {
+		return nil, err
+	}
+	f := &fleetDeletion{Nodes: len(nodes), Pods: pods}
+	before := api.snapshot()
+	start := time.Now()
+	if err := forEach(ctx, nodes, parallel, func(ctx context.Context, n string) error {
+		for _, args := range [][]string{
+			{"drain", n, "--ignore-daemonsets", "--delete-emptydir-data", "--force", "--timeout=10m"},
+			{"delete", "node", n},
+		} {
+			if out, err := exec.CommandContext(ctx, "kubectl", append([]string{"--kubeconfig", api.Kubeconfig}, args...)...).CombinedOutput(); err != nil {
+				return fmt.Errorf("kubectl %s: %v: %s", strings.Join(args, " "), err, lastLine(string(out)))
+			}
+		}
+		return nil
+	}); err != nil {
+		return nil, err
+	}
+	gone, err := waitGone(ctx, cl, "kubectl", start, len(nodes))
+	f.API = api.snapshot().since(before)
+	f.Released, f.Median = gone[len(gone)-1], gone[len(gone)/2]
+	return f, err
+}
+
+// waitGone waits until the n nodes of a set are gone and returns when each
+// went (sorted; by this poll's 250 ms).
+func waitGone(ctx context.Context, cl client.Client, set string, start time.Time, n int) ([]time.Duration, error) {
+	var gone []time.Duration
+	err := pollEvery(ctx, 250*time.Millisecond, 20*time.Minute, func(ctx context.Context) (bool, error) {
+		var nodes corev1.NodeList
+		if err := cl.List(ctx, &nodes, client.MatchingLabels{scaleSetLabel: set}); err != nil {
+			return false, err
+		}
+		for len(gone) < n-len(nodes.Items) {
+			gone = append(gone, time.Since(start))
+		}
+		return len(nodes.Items) == 0, nil
+	})
+	for len(gone) < n {
+		gone = append(gone, time.Since(start))
+	}
+	return gone, err
+}
+
+// podsOn counts the pods on the nodes.
+func podsOn(ctx context.Context, cl client.Client, nodes []string) (int, error) {
+	var mu sync.Mutex
+	total := 0
+	err := forEach(ctx, nodes, 8, func(ctx context.Context, n string) error {
+		var pods metav1.PartialObjectMetadataList
+		pods.SetGroupVersionKind(corev1.SchemeGroupVersion.WithKind("PodList"))
+		if err := cl.List(ctx, &pods, client.MatchingFields{"spec.nodeName": n}); err != nil {
 			return err
 		}
-		return harness.Poll(ctx, 15*time.Minute, func(ctx context.Context) (bool, error) {
-			var nodes corev1.NodeList
-			if err := cl.List(ctx, &nodes); err != nil {
-				return false, err
-			}
-			left := map[string]bool{}
-			for _, n := range drained {
-				left[n] = true
-			}
-			for _, n := range nodes.Items {
-				if left[n.Name] {
-					return false, nil
-				}
-			}
-			return true, nil
-		})
+		mu.Lock()
+		total += len(pods.Items)
+		mu.Unlock()
+		return nil
 	})
-	r.DrainTime = p.Duration
-	r.Phases = append(r.Phases, p)
-	return r, err
+	return total, err
 }
 
 func nodeIP(i int) string { return fmt.Sprintf("10.40.%d.%d", i/250, i%250+1) }
@@ -286,8 +535,62 @@ func scaleTable(r *scaleResult) *bench.Table {
 		row = append(row, bench.Times(float64(p.RSS["nodeguard"])/float64(max(p.RSS["kube-controller-manager"], 1))))
 		t.AddRow(row...)
 	}
-	t.Note("RSS is the peak of 1-second samples of /proc/<pid>/status in the phase; CPU is user+system time over the phase ÷ its wall time. kube-controller-manager and kube-scheduler cache every pod; nodeguard lists a draining node's pods on demand.")
-	t.Note("%d of the pods belong to %d Deployments under maxUnavailable 10%% PDBs; the rest are created bound to their nodes (no controller). Draining %d nodes (default --max-concurrent-drains) took %s.",
-		r.DeploymentPods, r.DeploymentPods/100, r.Drained, bench.Seconds(r.DrainTime))
+	t.Note("How to read it: the target is nodeguard's peak RSS under 150 MiB and under half of kube-controller-manager's (last column ≤ 0.50×) once the cluster holds its pods; the empty cluster shows each process's base footprint. RSS is the peak of 1-second samples of /proc/<pid>/status in the phase; CPU is user+system time over the phase ÷ its wall time. kube-controller-manager and kube-scheduler cache every pod; nodeguard lists a draining node's pods on demand.")
+	t.Note("%d of the pods belong to %d Deployments under maxUnavailable 10%% PDBs; the rest are created bound to their nodes (no controller). The run goes on once every pod is Running (phase, not the Ready condition, which kwok leaves stale on a few pods at fleet load), or once at most %d are not and that number has not dropped for %s: %d pods were not running.",
+		r.DeploymentPods, r.DeploymentPods/100, maxStragglers(r.Pods), stragglerStall, r.Stragglers)
 	return t
+}
+
+// fleetTable compares the fleet deletion: nodeguard against the kubectl loop.
+func fleetTable(r *scaleResult) *bench.Table {
+	if r == nil || r.Nodeguard == nil {
+		return nil
+	}
+	t := &bench.Table{
+		Title: fmt.Sprintf("4b. Fleet deletion: %d of %d nodes at once under an NDB of maxUnavailable %s, pods under PDBs", r.Deleted, r.Nodes, scaleNDB),
+		Header: []string{"drainer", "nodes", "pods on them", "every node released", "median node released", "eviction requests", "refused (429)",
+			"API requests", "API requests / drained pod"},
+	}
+	row := func(name string, f *fleetDeletion) {
+		if f == nil {
+			return
+		}
+		t.AddRow(name, fmt.Sprint(f.Nodes), fmt.Sprint(f.Pods), bench.Seconds(f.Released), bench.Seconds(f.Median),
+			fmt.Sprint(f.API.evictionRequests()), fmt.Sprint(f.API.Evictions[429]), fmt.Sprint(f.API.total()), fmt.Sprintf("%.1f", f.perPod()))
+	}
+	row(fmt.Sprintf("nodeguard (%d node deletes at once, --max-concurrent-drains=%d)", r.Deleted, finalizer.DefaultMaxConcurrentNodes), r.Nodeguard)
+	row(fmt.Sprintf("`kubectl drain --force` + `kubectl delete node`, %d at a time", r.Parallel), r.Kubectl)
+	t.Note("How to read it: lower is better in every column; the two rows drain sets of the same size and layout in the same cluster, one after the other (the kubectl set is cordoned while nodeguard works, so neither set receives the other's evicted pods). nodeguard drains %d nodes at a time by default, and the kubectl loop runs at the same parallelism.", r.Parallel)
+	t.Note("Times run from the first delete (nodeguard) or the first kubectl drain until the node object is gone, by a 250 ms poll. API requests are every request each drainer sent through its own counting proxy in that window: for nodeguard its watches, lists, evictions, status writes and Lease renewals, and the node deletes (one request per node, a denied or unanswered one retried every %s: %d denied with 429, %d not answered by the webhook within kube-apiserver's 5 s webhook timeout); for kubectl every drain and delete process, discovery included. Refused (429) are evictions a PDB did not allow yet.", rollingRetry, r.Nodeguard.Retries.Denied, r.Nodeguard.Retries.WebhookFailed)
+	if r.Nodeguard != nil && r.Kubectl != nil {
+		t.Note("nodeguard's requests by kind: %s. kubectl's: %s.", topRequests(r.Nodeguard.API, 8), topRequests(r.Kubectl.API, 8))
+	}
+	return t
+}
+
+// topRequests lists the n most frequent kinds of request.
+func topRequests(c requestCount, n int) string {
+	type kv struct {
+		k string
+		v int
+	}
+	var all []kv
+	for k, v := range c.Requests {
+		all = append(all, kv{k, v})
+	}
+	slices.SortFunc(all, func(a, b kv) int {
+		if a.v != b.v {
+			return b.v - a.v
+		}
+		return strings.Compare(a.k, b.k)
+	})
+	var out []string
+	for i, e := range all {
+		if i == n {
+			out = append(out, "…")
+			break
+		}
+		out = append(out, fmt.Sprintf("%s %d", e.k, e.v))
+	}
+	return strings.Join(out, ", ")
 }
