@@ -181,15 +181,22 @@ func FuzzDeleteReview(f *testing.F) {
 		if resp.Allowed {
 			requireBudgetLetsGo(t, body)
 		}
-		var after ngv1alpha1.NodeDisruptionBudget
-		if err := c.Get(context.Background(), client.ObjectKey{Name: "full"}, &after); err != nil {
-			t.Fatal(err)
-		}
-		if want := fullBudget(now).Status; after.Status.CurrentAvailable != want.CurrentAvailable ||
-			after.Status.DisruptionsAllowed != want.DisruptionsAllowed || len(after.Status.DisruptedNodes) != len(want.DisruptedNodes) {
-			t.Fatalf("a request charged the full budget: status %+v", after.Status)
-		}
+		requireFullBudgetUncharged(t, c, now)
 	})
+}
+
+// requireFullBudgetUncharged fails when a request changed fullBudget's
+// numbers or charged it a node.
+func requireFullBudgetUncharged(t *testing.T, c client.Client, now time.Time) {
+	t.Helper()
+	var after ngv1alpha1.NodeDisruptionBudget
+	if err := c.Get(context.Background(), client.ObjectKey{Name: "full"}, &after); err != nil {
+		t.Fatal(err)
+	}
+	if want := fullBudget(now).Status; after.Status.CurrentAvailable != want.CurrentAvailable ||
+		after.Status.DisruptionsAllowed != want.DisruptionsAllowed || len(after.Status.DisruptedNodes) != len(want.DisruptedNodes) {
+		t.Fatalf("a request charged the full budget: status %+v", after.Status)
+	}
 }
 
 // requireBudgetLetsGo fails unless the allowed DELETE is one fullBudget lets
