@@ -320,7 +320,7 @@ func (r *HoldReconciler) awaitTrafficCut(ctx context.Context, node *corev1.Node)
 		return reconcile.Result{}, false, ctx.Err()
 	}
 	// Not confirmed yet, or the taint watcher has not handed the node over yet.
-	claimedAt, _ := annotationTime(node, ngv1alpha1.ScaleDownClaimedAnnotation)
+	claimedAt, _ := ngv1alpha1.AnnotationTime(node, ngv1alpha1.ScaleDownClaimedAnnotation)
 	if deadline := claimedAt.Add(r.AdminStateTimeout); r.Clock.Now().Before(deadline) {
 		return reconcile.Result{RequeueAfter: trafficPoll}, false, nil
 	}
@@ -370,15 +370,6 @@ func taintedAt(node *corev1.Node) (time.Time, bool) {
 		}
 	}
 	return time.Time{}, false
-}
-
-func annotationTime(node *corev1.Node, key string) (time.Time, bool) {
-	v, ok := node.Annotations[key]
-	if !ok {
-		return time.Time{}, false
-	}
-	t, err := ngv1alpha1.ParseTime(v)
-	return t, err == nil
 }
 
 // patchAnnotations changes the node's annotations with an optimistic lock, so

@@ -64,7 +64,7 @@ func (r *Reconciler) cutTraffic(ctx context.Context, node *corev1.Node) (reconci
 	if r.AdminState == nil {
 		return reconcile.Result{}, nil
 	}
-	if cutAt, ok := annotationTime(node, ngv1alpha1.TrafficCutAtAnnotation); ok {
+	if cutAt, ok := ngv1alpha1.AnnotationTime(node, ngv1alpha1.TrafficCutAtAnnotation); ok {
 		if wait := cutAt.Add(r.Opts.CutoverPause).Sub(r.Clock.Now()); wait > 0 {
 			r.waitFor(node.UID, "traffic cut; pausing %s (--cutover-pause) before the drain", wait.Round(time.Second))
 			return reconcile.Result{RequeueAfter: wait}, nil
@@ -141,7 +141,7 @@ func (r *Reconciler) waitForVolumes(ctx context.Context, node *corev1.Node) (rec
 	if len(attached) == 0 {
 		return reconcile.Result{}, nil
 	}
-	drainedAt, _ := annotationTime(node, ngv1alpha1.DrainedAtAnnotation)
+	drainedAt, _ := ngv1alpha1.AnnotationTime(node, ngv1alpha1.DrainedAtAnnotation)
 	left := drainedAt.Add(r.Opts.VolumeDetachTimeout).Sub(r.Clock.Now())
 	if left < 0 {
 		if r.once(node.UID, "volume-timeout") {
@@ -191,13 +191,4 @@ func (r *Reconciler) annotate(ctx context.Context, node *corev1.Node, key string
 		return fmt.Errorf("annotating %s: %w", key, err)
 	}
 	return nil
-}
-
-func annotationTime(node *corev1.Node, key string) (time.Time, bool) {
-	v, ok := node.Annotations[key]
-	if !ok {
-		return time.Time{}, false
-	}
-	t, err := ngv1alpha1.ParseTime(v)
-	return t, err == nil
 }

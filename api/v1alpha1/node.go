@@ -193,3 +193,14 @@ func FormatTime(t time.Time) string { return t.UTC().Format(time.RFC3339Nano) }
 // ParseTime parses a time annotation; plain RFC 3339 (no fraction), as older
 // nodeguard versions wrote, parses too.
 func ParseTime(s string) (time.Time, error) { return time.Parse(time.RFC3339Nano, s) }
+
+// AnnotationTime reads a time annotation of the node; false when it is
+// missing or unreadable.
+func AnnotationTime(node *corev1.Node, key string) (time.Time, bool) {
+	v, ok := node.Annotations[key]
+	if !ok {
+		return time.Time{}, false
+	}
+	t, err := ParseTime(v)
+	return t, err == nil
+}

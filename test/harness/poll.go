@@ -22,9 +22,14 @@ func Eventually(t testing.TB, timeout time.Duration, cond func(ctx context.Conte
 // Poll calls cond every PollInterval until it returns true (nil), or returns an
 // error when timeout or ctx ends first, wrapping cond's last error if any.
 func Poll(ctx context.Context, timeout time.Duration, cond func(ctx context.Context) (bool, error)) error {
+	return PollEvery(ctx, PollInterval, timeout, cond)
+}
+
+// PollEvery is Poll at another pace (slower, for LISTs of thousands of objects).
+func PollEvery(ctx context.Context, every, timeout time.Duration, cond func(ctx context.Context) (bool, error)) error {
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
-	ticker := time.NewTicker(PollInterval)
+	ticker := time.NewTicker(every)
 	defer ticker.Stop()
 	var lastErr error
 	for {

@@ -270,7 +270,7 @@ func createScaleNodes(ctx context.Context, cl client.Client, names, ngSet, kubec
 	}); err != nil {
 		return err
 	}
-	return pollEvery(ctx, 2*time.Second, 10*time.Minute, func(ctx context.Context) (bool, error) {
+	return harness.PollEvery(ctx, 2*time.Second, 10*time.Minute, func(ctx context.Context) (bool, error) {
 		var nodes corev1.NodeList
 		if err := cl.List(ctx, &nodes); err != nil {
 			return false, err
@@ -326,7 +326,7 @@ func maxStragglers(pods int) int { return max(pods/1000, 5) }
 func waitRunning(ctx context.Context, cl client.Client, ns string, deploymentPods, bare int) (int, error) {
 	want := deploymentPods + bare
 	best, lastDrop := want, time.Now()
-	err := pollEvery(ctx, 2*time.Second, 25*time.Minute, func(ctx context.Context) (bool, error) {
+	err := harness.PollEvery(ctx, 2*time.Second, 25*time.Minute, func(ctx context.Context) (bool, error) {
 		var ds appsv1.DeploymentList
 		if err := cl.List(ctx, &ds, client.InNamespace(ns)); err != nil {
 			return false, err
@@ -354,33 +354,6 @@ func waitRunning(ctx context.Context, cl client.Client, ns string, deploymentPod
 		logf("scale: going on with %d of %d pods not running after %s without progress", best, want, stragglerStall)
 	}
 	return best, nil
-}
-
-// pollEvery is harness.Poll at a slower pace, for LISTs of thousands of
-// objects.
-func pollEvery(ctx context.Context, every, timeout time.Duration, cond func(ctx context.Context) (bool, error)) error {
-	ctx, cancel := context.WithTimeout(ctx, timeout)
-	defer cancel()
-	t := time.NewTicker(every)
-	defer t.Stop()
-	var lastErr error
-	for {
-		ok, err := cond(ctx)
-		if ok && err == nil {
-			return nil
-		}
-		if err != nil {
-			lastErr = err
-		}
-		select {
-		case <-ctx.Done():
-			if lastErr != nil {
-				return fmt.Errorf("%w (last error: %v)", ctx.Err(), lastErr)
-			}
-			return ctx.Err()
-		case <-t.C:
-		}
-	}
 }
 
 func setUnschedulable(ctx context.Context, cl client.Client, name string) error {
@@ -469,7 +442,7 @@ func drainWithKubectl(ctx context.Context, cl client.Client, api *requestCounter
 // went (sorted; by this poll's 250 ms).
 func waitGone(ctx context.Context, cl client.Client, set string, start time.Time, n int) ([]time.Duration, error) {
 	var gone []time.Duration
-	err := pollEvery(ctx, 250*time.Millisecond, 20*time.Minute, func(ctx context.Context) (bool, error) {
+	err := harness.PollEvery(ctx, 250*time.Millisecond, 20*time.Minute, func(ctx context.Context) (bool, error) {
 		var nodes corev1.NodeList
 		if err := cl.List(ctx, &nodes, client.MatchingLabels{scaleSetLabel: set}); err != nil {
 			return false, err
