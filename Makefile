@@ -66,7 +66,7 @@ fuzz: ## Run every fuzz target for FUZZTIME each (default 5m), one after another
 		dir=$$(dirname $$file); \
 		for target in $$(sed -n 's/^func \(Fuzz[A-Za-z0-9_]*\)(.*/\1/p' $$file); do \
 			echo "fuzzing $$target in $$dir for $(FUZZTIME)"; \
-			$(GO) test -short -run '^$$' -fuzz "^$$target\$$" -fuzztime $(FUZZTIME) -fuzzminimizetime 10s $$dir; \
+			$(GO) test -short -run '^$$' -fuzz "^$$target\$$" -fuzztime $(FUZZTIME) -fuzzminimizetime 1x $$dir; \
 		done; \
 	done
 
