@@ -388,16 +388,11 @@ func startPDBWatch(ctx context.Context, cfg *rest.Config, namespaces ...string) 
 	for _, ns := range namespaces {
 		f := informers.NewSharedInformerFactoryWithOptions(cs, 0, informers.WithNamespace(ns))
 		inf := f.Policy().V1().PodDisruptionBudgets().Informer()
-		reg, err := inf.AddEventHandler(cache.ResourceEventHandlerFuncs{
+		if err := watchSynced(ctx, f, inf, cache.ResourceEventHandlerFuncs{
 			AddFunc:    func(obj any) { w.observe(obj) },
 			UpdateFunc: func(_, obj any) { w.observe(obj) },
-		})
-		if err != nil {
+		}); err != nil {
 			return nil, err
-		}
-		f.Start(ctx.Done())
-		if !cache.WaitForCacheSync(ctx.Done(), reg.HasSynced) {
-			return nil, ctx.Err()
 		}
 	}
 	return w, nil

@@ -73,16 +73,11 @@ func startPerPoolWriters(ctx context.Context, cfg *rest.Config, selector, armURL
 		return nil, err
 	}
 	f := informers.NewSharedInformerFactoryWithOptions(cs, 0, informers.WithTweakListOptions(func(o *metav1.ListOptions) { o.LabelSelector = selector }))
-	reg, err := f.Core().V1().Nodes().Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
+	if err := watchSynced(ctx, f, f.Core().V1().Nodes().Informer(), cache.ResourceEventHandlerFuncs{
 		AddFunc:    w.observe,
 		UpdateFunc: func(_, obj any) { w.observe(obj) },
-	})
-	if err != nil {
+	}); err != nil {
 		return nil, err
-	}
-	f.Start(ctx.Done())
-	if !cache.WaitForCacheSync(ctx.Done(), reg.HasSynced) {
-		return nil, ctx.Err()
 	}
 	return w, nil
 }

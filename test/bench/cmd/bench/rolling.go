@@ -336,7 +336,7 @@ func startNodeMonitor(ctx context.Context, env *harness.Env, nodes int) (*nodeMo
 		maxUnav: map[string]int{}, violations: map[string]int{}, over: map[string]bool{}, changed: make(chan struct{}, 1)}
 	f := informers.NewSharedInformerFactoryWithOptions(cs, 0, informers.WithTweakListOptions(func(o *metav1.ListOptions) { o.LabelSelector = rollingLabel + "=true" }))
 	inf := f.Core().V1().Nodes().Informer()
-	reg, err := inf.AddEventHandler(cache.ResourceEventHandlerFuncs{
+	if err := watchSynced(ctx, f, inf, cache.ResourceEventHandlerFuncs{
 		AddFunc:    func(obj any) { m.observe(ctx, obj, false) },
 		UpdateFunc: func(_, obj any) { m.observe(ctx, obj, false) },
 		DeleteFunc: func(obj any) {
@@ -345,13 +345,8 @@ func startNodeMonitor(ctx context.Context, env *harness.Env, nodes int) (*nodeMo
 			}
 			m.observe(ctx, obj, true)
 		},
-	})
-	if err != nil {
+	}); err != nil {
 		return nil, err
-	}
-	f.Start(ctx.Done())
-	if !cache.WaitForCacheSync(ctx.Done(), reg.HasSynced) {
-		return nil, ctx.Err()
 	}
 	return m, nil
 }

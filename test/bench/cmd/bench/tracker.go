@@ -44,7 +44,7 @@ func startPodTracker(ctx context.Context, cfg *rest.Config, selector string, rep
 		replicas: replicas, maxUnav: map[string]int{}}
 	f := informers.NewSharedInformerFactoryWithOptions(cs, 0, informers.WithTweakListOptions(func(o *metav1.ListOptions) { o.LabelSelector = selector }))
 	inf := f.Core().V1().Pods().Informer()
-	reg, err := inf.AddEventHandler(cache.ResourceEventHandlerFuncs{
+	if err := watchSynced(ctx, f, inf, cache.ResourceEventHandlerFuncs{
 		AddFunc:    func(obj any) { t.observe(obj, false) },
 		UpdateFunc: func(_, obj any) { t.observe(obj, false) },
 		DeleteFunc: func(obj any) {
@@ -53,14 +53,8 @@ func startPodTracker(ctx context.Context, cfg *rest.Config, selector string, rep
 			}
 			t.observe(obj, true)
 		},
-	})
-	if err != nil {
+	}); err != nil {
 		return nil, err
-	}
-	f.Start(ctx.Done())
-	// The handler has seen every pod of the initial list.
-	if !cache.WaitForCacheSync(ctx.Done(), reg.HasSynced) {
-		return nil, ctx.Err()
 	}
 	return t, nil
 }
@@ -174,4 +168,18 @@ func podReady(p *corev1.Pod) bool {
 		}
 	}
 	return false
+}
+
+// watchSynced adds h to the factory's informer inf, starts the factory and
+// returns once h has seen every object of the initial list.
+func watchSynced(ctx context.Context, f informers.SharedInformerFactory, inf cache.SharedIndexInformer, h cache.ResourceEventHandler) error {
+	reg, err := inf.AddEventHandler(h)
+	if err != nil {
+		return err
+	}
+	f.Start(ctx.Done())
+	if !cache.WaitForCacheSync(ctx.Done(), reg.HasSynced) {
+		return ctx.Err()
+	}
+	return nil
 }
