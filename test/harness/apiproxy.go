@@ -103,9 +103,7 @@ func StartAPIProxy(cfg *rest.Config, kubeconfigPath string) (*APIProxy, error) {
 		rp.ServeHTTP(w, r)
 	})}
 	go func() { _ = p.srv.Serve(l) }()
-	kc := "apiVersion: v1\nkind: Config\nclusters:\n- name: proxy\n  cluster:\n    server: http://" + l.Addr().String() +
-		"\ncontexts:\n- name: proxy\n  context:\n    cluster: proxy\n    user: proxy\ncurrent-context: proxy\nusers:\n- name: proxy\n  user: {}\n"
-	if err := os.WriteFile(kubeconfigPath, []byte(kc), 0o600); err != nil {
+	if err := WriteProxyKubeconfig(kubeconfigPath, l.Addr().String()); err != nil {
 		p.Close()
 		return nil, err
 	}
@@ -237,4 +235,12 @@ func (a *answerStart) Flush() {
 	if f, ok := a.ResponseWriter.(http.Flusher); ok {
 		f.Flush()
 	}
+}
+
+// WriteProxyKubeconfig writes a kubeconfig that reaches the API server through
+// a plain-HTTP proxy listening on addr (the proxy holds the credentials).
+func WriteProxyKubeconfig(path, addr string) error {
+	kc := "apiVersion: v1\nkind: Config\nclusters:\n- name: proxy\n  cluster:\n    server: http://" + addr +
+		"\ncontexts:\n- name: proxy\n  context:\n    cluster: proxy\n    user: proxy\ncurrent-context: proxy\nusers:\n- name: proxy\n  user: {}\n"
+	return os.WriteFile(path, []byte(kc), 0o600)
 }

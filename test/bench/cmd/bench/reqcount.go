@@ -5,10 +5,10 @@ import (
 	"net/http"
 	"net/http/httputil"
 	"net/url"
-	"os"
 	"strings"
 	"sync"
 
+	"github.com/nodeguard/nodeguard/test/harness"
 	"k8s.io/client-go/rest"
 )
 
@@ -63,9 +63,7 @@ func startRequestCounter(cfg *rest.Config, kubeconfigPath string) (*requestCount
 		rp.ServeHTTP(w, r)
 	})}
 	go func() { _ = rc.srv.Serve(l) }()
-	kc := "apiVersion: v1\nkind: Config\nclusters:\n- name: proxy\n  cluster:\n    server: http://" + l.Addr().String() +
-		"\ncontexts:\n- name: proxy\n  context:\n    cluster: proxy\n    user: proxy\ncurrent-context: proxy\nusers:\n- name: proxy\n  user: {}\n"
-	if err := os.WriteFile(kubeconfigPath, []byte(kc), 0o600); err != nil {
+	if err := harness.WriteProxyKubeconfig(kubeconfigPath, l.Addr().String()); err != nil {
 		rc.close()
 		return nil, err
 	}
