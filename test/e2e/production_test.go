@@ -228,12 +228,19 @@ func TestDeadNodeOutOfServiceIsReleasedSooner(t *testing.T) {
 	}
 	took := dead.deleteAndWaitReleased(t, grace)
 	t.Logf("out-of-service dead node released %s after its delete", took.Round(time.Second))
-	harness.Eventually(t, time.Minute, func(ctx context.Context) (bool, error) {
+	// The pod garbage collector deletes the pods of a gone node once it has
+	// been missing for its quarantine (40 s), checked every 20 s: 40–60 s.
+	harness.Eventually(t, podGCOrphanBound, func(ctx context.Context) (bool, error) {
 		pods, err := evictablePodsOn(ctx, dead.ns, dead.node)
 		return len(pods) == 0, err
-	}, "the pods of the released node are gone")
+	}, "the pod garbage collector removed the pods of the released node")
 	waitLeaseGone(t, dead.node)
 }
+
+// podGCOrphanBound is how long kube-controller-manager's pod garbage
+// collector may take to delete the pods of a deleted node: its quarantine
+// (40 s) plus its period (20 s), with room for a loaded machine.
+const podGCOrphanBound = 90 * time.Second
 
 // finalizerStuckPodMargin is nodeguard's default --stuck-pod-margin.
 const finalizerStuckPodMargin = time.Minute

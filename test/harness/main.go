@@ -6,6 +6,9 @@ import (
 	"fmt"
 	"os"
 	"testing"
+
+	"github.com/go-logr/logr"
+	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
 )
 
 // Main is a TestMain body for a package that shares one control plane across
@@ -24,6 +27,9 @@ func Run(m *testing.M, opts Options, env **Env) int {
 	if !flag.Parsed() {
 		flag.Parse()
 	}
+	// Test clients log nothing worth reading; without a logger
+	// controller-runtime prints a stack trace the first time one is built.
+	ctrllog.SetLogger(logr.Discard())
 	if testing.Short() {
 		return m.Run()
 	}
