@@ -22,6 +22,7 @@ type options struct {
 	metricsAddr         string
 	metricsSecure       bool
 	probeAddr           string
+	pprofAddr           string
 	webhookPort         int
 	webhookCertDir      string
 	leaderElect         bool
@@ -69,6 +70,8 @@ func (o *options) bind(fs *flag.FlagSet) {
 		"Serve metrics over HTTPS, allowing only callers authorized by a SubjectAccessReview for GET /metrics. Set false to serve plain HTTP.")
 	fs.StringVar(&o.probeAddr, "health-probe-bind-address", ":8081",
 		"Address of the /healthz and /readyz endpoints.")
+	fs.StringVar(&o.pprofAddr, "pprof-bind-address", "0",
+		"Address of Go's /debug/pprof endpoints (plain HTTP, no authentication: bind it to localhost or a port-forward only); \"0\" disables it.")
 	fs.IntVar(&o.webhookPort, "webhook-port", 9443,
 		"Port of the admission webhook server (HTTPS); a negative value disables it.")
 	fs.StringVar(&o.webhookCertDir, "webhook-cert-dir", "/tmp/k8s-webhook-server/serving-certs",

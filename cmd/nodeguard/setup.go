@@ -139,6 +139,7 @@ func managerOptions(opts options, lease types.NamespacedName) ctrl.Options {
 		Scheme:                        newScheme(),
 		Metrics:                       metrics,
 		HealthProbeBindAddress:        opts.probeAddr,
+		PprofBindAddress:              opts.pprofAddr,
 		WebhookServer:                 webhook.NewServer(webhook.Options{Port: opts.webhookPort, CertDir: opts.webhookCertDir, TLSOpts: tlsOpts}),
 		LeaderElection:                opts.leaderElect,
 		LeaderElectionNamespace:       lease.Namespace,

@@ -42,6 +42,9 @@ func startCluster(ctx context.Context, dir, podStages string, kwokParallelism in
 	return env, nil
 }
 
+// extraNodeguardFlags are --nodeguard-flags, added to every nodeguard started.
+var extraNodeguardFlags []string
+
 // nodeguardProc is nodeguard running as a subprocess.
 type nodeguardProc struct{ *harness.Nodeguard }
 
@@ -59,7 +62,8 @@ func startNodeguard(binary string, env *harness.Env, kubeconfig, armURL, logPath
 	if armURL != "" {
 		args = append(args, harness.EmulatorArgs(armURL, subscription, resourceGroup)...)
 	}
-	ng, err := harness.StartNodeguardProcess(binary, logPath, append(args, extra...)...)
+	args = append(append(args, extra...), extraNodeguardFlags...)
+	ng, err := harness.StartNodeguardProcess(binary, logPath, args...)
 	if err != nil {
 		return nil, err
 	}

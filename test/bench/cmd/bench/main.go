@@ -88,7 +88,9 @@ func main() {
 	scaleNodes := flag.Int("scale-nodes", 0, "Nodes of the scale section (default 200, 2,000 with --scale); pods are 20 per node unless --scale-pods says otherwise.")
 	scalePods := flag.Int("scale-pods", 0, "Pods of the scale section (default 20 per node).")
 	flag.DurationVar(&c.armLatency, "arm-latency", 50*time.Millisecond, "Fixed latency the ARM emulator adds to every call in the cutover section.")
+	nodeguardFlags := flag.String("nodeguard-flags", "", "Space-separated flags added to every nodeguard the benchmark starts, e.g. --pprof-bind-address=127.0.0.1:6060 to profile it while it runs.")
 	flag.Parse()
+	extraNodeguardFlags = strings.Fields(*nodeguardFlags)
 	c.sections = strings.Split(sections, ",")
 	c.profiles = strings.Split(profiles, ",")
 	c.drainApps, c.drainReplicas, c.drainFree = 4, 10, 10
