@@ -47,8 +47,27 @@ func (r *ScaleDownReconciler) SetupWithManager(mgr ctrl.Manager) error {
 	return ctrl.NewControllerManagedBy(mgr).
 		Named("ndb-scale-down").
 		For(&corev1.Node{}, builder.WithPredicates(labelsOrAnnotationsChanged())).
-		Watches(&ngv1alpha1.NodeDisruptionBudget{}, handler.EnqueueRequestsFromMapFunc(r.selectedNodes)).
+		Watches(&ngv1alpha1.NodeDisruptionBudget{}, handler.EnqueueRequestsFromMapFunc(r.selectedNodes),
+			builder.WithPredicates(blockingChanged())).
 		Complete(r)
+}
+
+// blockingChanged passes the budget changes that can set or clear the
+// annotation: whether it allows a disruption, its selector, its evaluation.
+// Its status changes with every claim; fanning each out to every node it
+// selects would cost a reconcile per node per delete.
+func blockingChanged() predicate.Predicate {
+	return predicate.Funcs{
+		UpdateFunc: func(e event.UpdateEvent) bool {
+			old, ok1 := e.ObjectOld.(*ngv1alpha1.NodeDisruptionBudget)
+			cur, ok2 := e.ObjectNew.(*ngv1alpha1.NodeDisruptionBudget)
+			if !ok1 || !ok2 {
+				return true
+			}
+			return (old.Status.DisruptionsAllowed > 0) != (cur.Status.DisruptionsAllowed > 0) ||
+				old.Generation != cur.Generation || old.Status.ObservedGeneration != cur.Status.ObservedGeneration
+		},
+	}
 }
 
 func labelsOrAnnotationsChanged() predicate.Predicate {
@@ -73,7 +92,7 @@ func (r *ScaleDownReconciler) selectedNodes(ctx context.Context, obj client.Obje
 		return nil
 	}
 	var nodes corev1.NodeList
-	if err := r.Client.List(ctx, &nodes, client.MatchingLabelsSelector{Selector: sel}); err != nil {
+	if err := r.Client.List(ctx, &nodes, client.MatchingLabelsSelector{Selector: sel}, client.UnsafeDisableDeepCopy); err != nil {
 		ctrl.LoggerFrom(ctx).Error(err, "Listing the nodes of a NodeDisruptionBudget")
 		return nil
 	}

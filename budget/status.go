@@ -166,7 +166,8 @@ func (r *StatusReconciler) selectedNodes(ctx context.Context, ndb *ngv1alpha1.No
 		return nil, nil //nolint:nilerr // an invalid selector selects nothing; computeStatus reports it
 	}
 	var nodes corev1.NodeList
-	if err := r.Client.List(ctx, &nodes, client.MatchingLabelsSelector{Selector: sel}); err != nil {
+	// Read only: no copy of every selected node on each status pass.
+	if err := r.Client.List(ctx, &nodes, client.MatchingLabelsSelector{Selector: sel}, client.UnsafeDisableDeepCopy); err != nil {
 		return nil, fmt.Errorf("listing nodes: %w", err)
 	}
 	return nodes.Items, nil

@@ -165,6 +165,9 @@ func (r *Reconciler) SetupWithManager(mgr ctrl.Manager) error {
 	if err != nil {
 		return err
 	}
+	if err := mgr.GetFieldIndexer().IndexField(context.Background(), &corev1.Node{}, terminatingIndex, terminatingKey); err != nil {
+		return err
+	}
 	r.wakeups = make(chan event.GenericEvent, 1024)
 	r.pods = newNodePods(cs, r.wakeups)
 	if err := mgr.Add(r.pods); err != nil {
@@ -250,12 +253,24 @@ func (r *Reconciler) attachedNode(ctx context.Context, o client.Object) []reconc
 	return []reconcile.Request{{NamespacedName: types.NamespacedName{Name: node.Name}}}
 }
 
+// terminatingIndex indexes the cached nodes being terminated under the
+// finalizer: PDB status changes come from every pod readiness change in the
+// cluster, and each one used to copy every cached node to find the few.
+const terminatingIndex = "nodeguard.io/terminating"
+
+func terminatingKey(o client.Object) []string {
+	if ngv1alpha1.TerminatingUnderFinalizer(o) {
+		return []string{"true"}
+	}
+	return nil
+}
+
 // terminatingNodes maps a PDB change to the nodes being terminated whose
 // eviction queues include that PDB, and to those not drained yet (their
 // queues are unknown until their first drain pass).
 func (r *Reconciler) terminatingNodes(ctx context.Context, pdb client.Object) []reconcile.Request {
 	var nodes corev1.NodeList
-	if err := r.Client.List(ctx, &nodes); err != nil {
+	if err := r.Client.List(ctx, &nodes, client.MatchingFields{terminatingIndex: "true"}, client.UnsafeDisableDeepCopy); err != nil {
 		return nil
 	}
 	r.mu.Lock()
