@@ -32,7 +32,11 @@ func (r *Reconciler) drain(ctx context.Context, node *corev1.Node) (reconcile.Re
 	deadline, hasDeadline := r.drainDeadline(node)
 	pastDeadline := hasDeadline && !r.Clock.Now().Before(deadline)
 	mark := r.Evictor.Mark()
-	plan, err := r.plan(ctx, node, pastDeadline)
+	plan, fromWatch, err := r.plan(ctx, node, pastDeadline, false)
+	if err == nil && fromWatch && plan.Remaining() == 0 {
+		// The watch may lag: only a fresh list proves the node empty.
+		plan, _, err = r.plan(ctx, node, pastDeadline, true)
+	}
 	if err != nil {
 		return reconcile.Result{}, err
 	}
@@ -76,18 +80,24 @@ func (r *Reconciler) stopDraining(node string) {
 	r.Evictor.Forget(node)
 }
 
-// plan lists the node's pods (field selector, from the API server: no pod
-// cache) and the PDBs (cached), and sorts them for eviction.
-func (r *Reconciler) plan(ctx context.Context, node *corev1.Node, pastDeadline bool) (*drain.Plan, error) {
-	var pods corev1.PodList
-	if err := r.Reader.List(ctx, &pods, client.MatchingFields{"spec.nodeName": node.Name}); err != nil {
-		return nil, fmt.Errorf("listing pods of the node: %w", err)
+// plan takes the node's pods from its watch once synced (fresh: or lists them,
+// field selector, from the API server: no cluster-wide pod cache) and the
+// PDBs (cached), and sorts them for eviction. fromWatch says where the pods
+// came from.
+func (r *Reconciler) plan(ctx context.Context, node *corev1.Node, pastDeadline, fresh bool) (plan *drain.Plan, fromWatch bool, err error) {
+	pods, fromWatch := r.pods.cached(node.Name)
+	if fresh || !fromWatch {
+		var list corev1.PodList
+		if err := r.Reader.List(ctx, &list, client.MatchingFields{"spec.nodeName": node.Name}); err != nil {
+			return nil, false, fmt.Errorf("listing pods of the node: %w", err)
+		}
+		pods, fromWatch = list.Items, false
 	}
 	var pdbs policyv1.PodDisruptionBudgetList
 	if err := r.Client.List(ctx, &pdbs); err != nil {
-		return nil, fmt.Errorf("listing PodDisruptionBudgets: %w", err)
+		return nil, false, fmt.Errorf("listing PodDisruptionBudgets: %w", err)
 	}
-	return drain.NewPlan(pods.Items, pdbs.Items, drain.PlanOptions{
+	plan, err = drain.NewPlan(pods, pdbs.Items, drain.PlanOptions{
 		DaemonSets:   r.Opts.DaemonSets,
 		Now:          r.Clock.Now(),
 		NodeDeleted:  node.DeletionTimestamp.Time,
@@ -95,6 +105,7 @@ func (r *Reconciler) plan(ctx context.Context, node *corev1.Node, pastDeadline b
 		Unreachable:  unreachable(node),
 		PastDeadline: pastDeadline,
 	})
+	return plan, fromWatch, err
 }
 
 // unreachable reports whether no kubelet will confirm pod deletions on the

@@ -28,6 +28,10 @@ const maintenanceLeaseSeconds = 600
 // live holder) has it.
 func (r *Reconciler) holdMaintenanceLease(ctx context.Context, node *corev1.Node) (reconcile.Result, error) {
 	now := r.Clock.Now()
+	holder := budget.HolderIdentity(r.Opts.Identity)
+	if r.stillHeld(ctx, node, holder, now) {
+		return reconcile.Result{}, nil
+	}
 	var lease coordinationv1.Lease
 	err := r.Reader.Get(ctx, client.ObjectKey{Namespace: ngv1alpha1.MaintenanceLeaseNamespace, Name: node.Name}, &lease)
 	if apierrors.IsNotFound(err) {
@@ -44,12 +48,10 @@ func (r *Reconciler) holdMaintenanceLease(ctx context.Context, node *corev1.Node
 		}
 		return reconcile.Result{RequeueAfter: holdPoll}, nil
 	}
-	holder := budget.HolderIdentity(r.Opts.Identity)
-	current := ptr.Deref(lease.Spec.HolderIdentity, "")
-	renewed := lease.Spec.RenewTime != nil && now.Sub(lease.Spec.RenewTime.Time) < maintenanceLeaseSeconds*time.Second/3
-	if current == holder && renewed && ptr.Deref(lease.Spec.LeaseDurationSeconds, 0) > 0 && isOwnedBy(&lease, node) {
+	if heldFresh(&lease, node, holder, now) {
 		return reconcile.Result{}, nil
 	}
+	current := ptr.Deref(lease.Spec.HolderIdentity, "")
 	if current != holder {
 		lease.Spec.AcquireTime = ptr.To(metav1.NewMicroTime(now))
 		lease.Spec.LeaseTransitions = ptr.To(ptr.Deref(lease.Spec.LeaseTransitions, 0) + 1)
@@ -65,6 +67,23 @@ func (r *Reconciler) holdMaintenanceLease(ctx context.Context, node *corev1.Node
 		r.event(node, corev1.EventTypeNormal, ReasonMaintenanceLeaseAcquired, "holding maintenance Lease %s/%s as %s", lease.Namespace, lease.Name, holder)
 	}
 	return reconcile.Result{}, nil
+}
+
+// stillHeld reports whether the cached Lease shows nodeguard holding it,
+// renewed recently. A held Lease is nobody else's to take, so every drain
+// pass need not read it fresh; anything else is read fresh and acted on.
+func (r *Reconciler) stillHeld(ctx context.Context, node *corev1.Node, holder string, now time.Time) bool {
+	var lease coordinationv1.Lease
+	err := r.Client.Get(ctx, client.ObjectKey{Namespace: ngv1alpha1.MaintenanceLeaseNamespace, Name: node.Name}, &lease)
+	return err == nil && heldFresh(&lease, node, holder, now)
+}
+
+// heldFresh reports whether the Lease is the node's, held by holder and
+// renewed within the last third of its duration.
+func heldFresh(lease *coordinationv1.Lease, node *corev1.Node, holder string, now time.Time) bool {
+	renewed := lease.Spec.RenewTime != nil && now.Sub(lease.Spec.RenewTime.Time) < maintenanceLeaseSeconds*time.Second/3
+	return ptr.Deref(lease.Spec.HolderIdentity, "") == holder && renewed &&
+		ptr.Deref(lease.Spec.LeaseDurationSeconds, 0) > 0 && isOwnedBy(lease, node)
 }
 
 func (r *Reconciler) createLease(ctx context.Context, node *corev1.Node, now time.Time) error {

@@ -29,10 +29,16 @@ type nodePods struct {
 
 	mu      sync.Mutex
 	stopped bool
-	watches map[string]context.CancelFunc
+	watches map[string]*podWatch
 	// pending are the nodes whose pass is already asked for, within
 	// podEventsCoalesce.
 	pending map[string]bool
+}
+
+// podWatch is the watch of one node's pods.
+type podWatch struct {
+	cancel   context.CancelFunc
+	informer toolscache.SharedIndexInformer
 }
 
 // podEventsCoalesce gathers the pod events of one node into one drain pass:
@@ -50,7 +56,7 @@ func newNodePods(cs kubernetes.Interface, wake chan<- event.GenericEvent) *nodeP
 			})
 		},
 		wake:    wake,
-		watches: map[string]context.CancelFunc{},
+		watches: map[string]*podWatch{},
 		pending: map[string]bool{},
 	}
 }
@@ -66,8 +72,8 @@ func (w *nodePods) watch(node string) {
 		return
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	w.watches[node] = cancel
 	inf := toolscache.NewSharedIndexInformer(w.listWatch(node), &corev1.Pod{}, 0, toolscache.Indexers{})
+	w.watches[node] = &podWatch{cancel: cancel, informer: inf}
 	_ = inf.SetTransform(cache.TransformStripManagedFields())
 	_, _ = inf.AddEventHandler(toolscache.ResourceEventHandlerDetailedFuncs{
 		// The initial list wakes the node too: a change between the drain
@@ -90,10 +96,33 @@ func (w *nodePods) unwatch(node string) {
 	}
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	if cancel, ok := w.watches[node]; ok {
-		cancel()
+	if pw, ok := w.watches[node]; ok {
+		pw.cancel()
 		delete(w.watches, node)
 	}
+}
+
+// cached returns the node's pods as its watch last saw them, once the watch
+// has synced: a drain pass plans from them instead of listing the node's pods
+// again. The pods are shared with the watch: read only.
+func (w *nodePods) cached(node string) ([]corev1.Pod, bool) {
+	if w == nil {
+		return nil, false
+	}
+	w.mu.Lock()
+	pw, ok := w.watches[node]
+	w.mu.Unlock()
+	if !ok || !pw.informer.HasSynced() {
+		return nil, false
+	}
+	objs := pw.informer.GetStore().List()
+	pods := make([]corev1.Pod, 0, len(objs))
+	for _, o := range objs {
+		if p, ok := o.(*corev1.Pod); ok {
+			pods = append(pods, *p)
+		}
+	}
+	return pods, true
 }
 
 // Start implements manager.Runnable: it stops every watch on shutdown (the
@@ -103,8 +132,8 @@ func (w *nodePods) Start(ctx context.Context) error {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	w.stopped = true
-	for node, cancel := range w.watches {
-		cancel()
+	for node, pw := range w.watches {
+		pw.cancel()
 		delete(w.watches, node)
 	}
 	return nil

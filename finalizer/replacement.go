@@ -175,6 +175,8 @@ func (r *Reconciler) replaceBlocked(ctx context.Context, node *corev1.Node, plan
 		rollouts: map[types.UID]*rollout{}, conflicted: map[types.UID]bool{}, unavailable: map[types.UID]map[types.UID]int32{},
 	}
 	first := !r.repl.wasSurveyed(node.UID)
+	surveyed := func(g *drain.Group) bool { return g.ByDesign || first || r.repl.watching(g.UID) }
+	p.prefetch(ctx, plan, surveyed)
 	var due time.Duration
 	for i := range plan.Groups {
 		g := &plan.Groups[i]
@@ -182,7 +184,7 @@ func (r *Reconciler) replaceBlocked(ctx context.Context, node *corev1.Node, plan
 		if wait > 0 && (due == 0 || wait < due) {
 			due = wait
 		}
-		if !g.ByDesign && !first && !r.repl.watching(g.UID) {
+		if !surveyed(g) {
 			continue
 		}
 		var notes []string
@@ -286,6 +288,64 @@ func (p *replacePass) deploymentOf(ctx context.Context, pod *corev1.Pod) (*appsv
 		return nil, owner, err
 	}
 	return d, "Deployment " + key.String(), nil
+}
+
+// prefetch reads the ReplicaSets, then the Deployments, of the surveyed
+// queues' pods all at once: read one after another, they held the node's
+// first evictions back by a round trip per workload. A read that fails is
+// left for decide to retry and report.
+func (p *replacePass) prefetch(ctx context.Context, plan *drain.Plan, surveyed func(*drain.Group) bool) {
+	var rsKeys []types.NamespacedName
+	for i := range plan.Groups {
+		if !surveyed(&plan.Groups[i]) {
+			continue
+		}
+		for _, pod := range plan.Groups[i].Pods {
+			if ref := metav1.GetControllerOf(pod); ref != nil && ref.Kind == "ReplicaSet" && ref.APIVersion == appsv1.SchemeGroupVersion.String() {
+				rsKeys = append(rsKeys, types.NamespacedName{Namespace: pod.Namespace, Name: ref.Name})
+			}
+		}
+	}
+	fetchAll(ctx, p.r.Reader, p.replicaSets, rsKeys, func() *appsv1.ReplicaSet { return &appsv1.ReplicaSet{} })
+	var dKeys []types.NamespacedName
+	for key, rs := range p.replicaSets {
+		if rs == nil {
+			continue
+		}
+		if ref := metav1.GetControllerOf(rs); ref != nil && ref.Kind == "Deployment" {
+			dKeys = append(dKeys, types.NamespacedName{Namespace: key.Namespace, Name: ref.Name})
+		}
+	}
+	fetchAll(ctx, p.r.Reader, p.deployments, dKeys, func() *appsv1.Deployment { return &appsv1.Deployment{} })
+}
+
+// fetchAll reads the keys not yet in seen concurrently, as get would.
+func fetchAll[T client.Object](ctx context.Context, reader client.Reader, seen map[types.NamespacedName]T, keys []types.NamespacedName, newObj func() T) {
+	var todo []types.NamespacedName
+	for _, key := range keys {
+		if _, ok := seen[key]; !ok && !slices.Contains(todo, key) {
+			todo = append(todo, key)
+		}
+	}
+	objs, errs := make([]T, len(todo)), make([]error, len(todo))
+	var wg sync.WaitGroup
+	for i, key := range todo {
+		wg.Go(func() {
+			objs[i] = newObj()
+			errs[i] = reader.Get(ctx, key, objs[i])
+		})
+	}
+	wg.Wait()
+	for i, key := range todo {
+		switch {
+		case errs[i] == nil:
+			seen[key] = objs[i]
+		case apierrors.IsNotFound(errs[i]):
+			var none T
+			seen[key] = none
+		}
+		// Any other error: decide reads it again and reports it.
+	}
 }
 
 // get reads an object from the API server once per pass; nil when not found.

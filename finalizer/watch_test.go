@@ -21,6 +21,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/metrics"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
+	ngv1alpha1 "github.com/nodeguard/nodeguard/api/v1alpha1"
 	"github.com/nodeguard/nodeguard/finalizer/drain"
 	"github.com/nodeguard/nodeguard/test/builder"
 	"github.com/nodeguard/nodeguard/test/harness"
@@ -64,9 +65,13 @@ func describe(req *http.Request) string {
 		return verb + " volumeattachments"
 	case req.Method == http.MethodGet && strings.HasPrefix(path, "/api/v1/nodes/"):
 		return "get node " + strings.TrimPrefix(path, "/api/v1/nodes/") // one per pass
+	case req.Method == http.MethodGet && strings.HasPrefix(path, maintenanceLeases):
+		return "get lease " + strings.TrimPrefix(path, maintenanceLeases)
 	}
 	return ""
 }
+
+const maintenanceLeases = "/apis/coordination.k8s.io/v1/namespaces/" + ngv1alpha1.MaintenanceLeaseNamespace + "/leases/"
 
 func (l *apiLog) count(line string) int {
 	l.mu.Lock()
@@ -157,7 +162,7 @@ func TestPDBThatAllowsAgainWakesItsQueue(t *testing.T) {
 		readyPod(t, f.pod(t, name, node, web))
 	}
 	f.pdb(t, "web", builder.MaxUnavailable("1"), 1, 3, 2, 3)
-	f.startController(t, Options{})
+	log := f.startController(t, Options{})
 	f.deleteNode(t, node)
 
 	harness.Eventually(t, time.Minute, func(context.Context) (bool, error) {
@@ -190,6 +195,19 @@ func TestPDBThatAllowsAgainWakesItsQueue(t *testing.T) {
 	harness.Eventually(t, time.Minute, func(ctx context.Context) (bool, error) {
 		return harness.NodeGone(ctx, env.Client, node)
 	}, "the pods' going wakes the drain and the node is released")
+
+	// Passes plan from the node's pod watch, not a list each; a fresh list
+	// only starts the drain and proves the node empty. The maintenance Lease
+	// is read fresh only to take it and to give it back: the cache shows it held
+	// in between.
+	passes, lists, leaseReads := log.count("get node "+node), log.count("list pods spec.nodeName="+node), log.count("get lease "+node)
+	t.Logf("%d passes, %d lists of the node's pods, %d fresh reads of its Lease", passes, lists, leaseReads)
+	if lists > 4 || lists >= passes {
+		t.Errorf("%d lists of the node's pods in %d passes, want at most 4 (the first pass, the watch's own, the checks that it is empty)", lists, passes)
+	}
+	if leaseReads > 2 {
+		t.Errorf("%d fresh reads of the maintenance Lease in %d passes, want at most 2 (taking it, giving it back)", leaseReads, passes)
+	}
 }
 
 // TestVolumeAttachmentGoingReleasesTheNode: a drained node waits for its

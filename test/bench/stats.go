@@ -89,8 +89,9 @@ func ChainLength(pods, allowed int) int {
 }
 
 // LowerBound is the least time any drainer that respects the budgets needs:
-// the longest chain of sequential rounds times one eviction-to-replacement-
-// Ready cycle. chains are the chain lengths of the node's PDBs.
+// the longest chain of sequential rounds times one budget cycle (eviction
+// request to the PDB allowing again). chains are the chain lengths of the
+// node's PDBs.
 func LowerBound(chains []int, cycle time.Duration) time.Duration {
 	longest := 0
 	for _, c := range chains {
