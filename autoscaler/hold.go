@@ -88,9 +88,6 @@ type HoldReconciler struct {
 // SetupWithManager reconciles a node when its scale-down state changes, and
 // the nodes waiting for a claim when a budget changes.
 func (r *HoldReconciler) SetupWithManager(mgr ctrl.Manager) error {
-	if err := mgr.GetFieldIndexer().IndexField(context.Background(), &corev1.Node{}, waitingIndex, waitingKey); err != nil {
-		return err
-	}
 	return ctrl.NewControllerManagedBy(mgr).
 		Named("scale-down-hold").
 		For(&corev1.Node{}, builder.WithPredicates(holdStateChanged())).
@@ -118,33 +115,21 @@ func holdStateChanged() predicate.Predicate {
 	}
 }
 
-// waitingIndex indexes the cached nodes whose scale-down waits for a claim:
-// a budget changes with every claim, and each change used to copy every
-// cached node to find the few.
-const waitingIndex = "nodeguard.io/scale-down-waiting"
-
-func waitingKey(o client.Object) []string {
-	n, ok := o.(*corev1.Node)
-	if !ok {
-		return nil
-	}
-	if _, claimed := n.Annotations[ngv1alpha1.ScaleDownClaimedAnnotation]; scaleDownTaint(n) && !claimed {
-		return []string{"true"}
-	}
-	return nil
-}
-
 // waitingNodes maps a budget change to the nodes whose scale-down waits for a
 // claim.
 func (r *HoldReconciler) waitingNodes(ctx context.Context, _ client.Object) []reconcile.Request {
 	var nodes corev1.NodeList
-	if err := r.Client.List(ctx, &nodes, client.MatchingFields{waitingIndex: "true"}, client.UnsafeDisableDeepCopy); err != nil {
+	// Read only, on every budget change: no copy of every cached node.
+	if err := r.Client.List(ctx, &nodes, client.UnsafeDisableDeepCopy); err != nil {
 		ctrl.LoggerFrom(ctx).Error(err, "Listing nodes for a NodeDisruptionBudget change")
 		return nil
 	}
-	reqs := make([]reconcile.Request, 0, len(nodes.Items))
+	var reqs []reconcile.Request
 	for i := range nodes.Items {
-		reqs = append(reqs, reconcile.Request{NamespacedName: client.ObjectKeyFromObject(&nodes.Items[i])})
+		n := &nodes.Items[i]
+		if _, claimed := n.Annotations[ngv1alpha1.ScaleDownClaimedAnnotation]; scaleDownTaint(n) && !claimed {
+			reqs = append(reqs, reconcile.Request{NamespacedName: client.ObjectKeyFromObject(n)})
+		}
 	}
 	return reqs
 }

@@ -165,9 +165,6 @@ func (r *Reconciler) SetupWithManager(mgr ctrl.Manager) error {
 	if err != nil {
 		return err
 	}
-	if err := mgr.GetFieldIndexer().IndexField(context.Background(), &corev1.Node{}, terminatingIndex, terminatingKey); err != nil {
-		return err
-	}
 	r.wakeups = make(chan event.GenericEvent, 1024)
 	r.pods = newNodePods(cs, r.wakeups)
 	if err := mgr.Add(r.pods); err != nil {
@@ -253,35 +250,20 @@ func (r *Reconciler) attachedNode(ctx context.Context, o client.Object) []reconc
 	return []reconcile.Request{{NamespacedName: types.NamespacedName{Name: node.Name}}}
 }
 
-// terminatingIndex indexes the cached nodes being terminated under the
-// finalizer: PDB status changes come from every pod readiness change in the
-// cluster, and each one used to copy every cached node to find the few.
-const terminatingIndex = "nodeguard.io/terminating"
-
-func terminatingKey(o client.Object) []string {
-	if ngv1alpha1.TerminatingUnderFinalizer(o) {
-		return []string{"true"}
-	}
-	return nil
-}
-
-// terminatingNodes maps a PDB change to the nodes being terminated whose
-// eviction queues include that PDB, and to those not drained yet (their
-// queues are unknown until their first drain pass).
-func (r *Reconciler) terminatingNodes(ctx context.Context, pdb client.Object) []reconcile.Request {
-	var nodes corev1.NodeList
-	if err := r.Client.List(ctx, &nodes, client.MatchingFields{terminatingIndex: "true"}, client.UnsafeDisableDeepCopy); err != nil {
-		return nil
-	}
+// terminatingNodes maps a PDB change to the nodes this controller is
+// terminating whose eviction queues include that PDB, and to those not
+// drained yet (their queues are unknown until their first drain pass). It
+// reads the controller's own record, not the node cache: PDB status changes
+// come with every pod readiness change in the cluster, and each one used to
+// copy every cached node to find the few.
+func (r *Reconciler) terminatingNodes(_ context.Context, pdb client.Object) []reconcile.Request {
+	names := r.phases.nodeNames()
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	var reqs []reconcile.Request
-	for i := range nodes.Items {
-		if !ngv1alpha1.TerminatingUnderFinalizer(&nodes.Items[i]) {
-			continue
-		}
-		if queues, known := r.queues[nodes.Items[i].Name]; !known || queues[pdb.GetUID()] {
-			reqs = append(reqs, reconcile.Request{NamespacedName: types.NamespacedName{Name: nodes.Items[i].Name}})
+	for _, name := range names {
+		if queues, known := r.queues[name]; !known || queues[pdb.GetUID()] {
+			reqs = append(reqs, reconcile.Request{NamespacedName: types.NamespacedName{Name: name}})
 		}
 	}
 	return reqs

@@ -103,6 +103,17 @@ func (p *phases) set(uid types.UID, name, phase string) {
 	nodesInPhase.WithLabelValues(phase).Inc()
 }
 
+// nodeNames names the nodes in a phase.
+func (p *phases) nodeNames() []string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	names := make([]string, 0, len(p.names))
+	for _, n := range p.names {
+		names = append(names, n)
+	}
+	return names
+}
+
 func (p *phases) forget(uid types.UID) {
 	p.mu.Lock()
 	defer p.mu.Unlock()

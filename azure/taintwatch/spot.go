@@ -13,8 +13,10 @@ import (
 	"k8s.io/klog/v2"
 	"k8s.io/utils/clock"
 	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/builder"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/event"
 	"sigs.k8s.io/controller-runtime/pkg/handler"
 	"sigs.k8s.io/controller-runtime/pkg/predicate"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
@@ -91,7 +93,18 @@ func (s *SpotTainter) SetupWithManager(mgr ctrl.Manager, eventCache cache.Cache)
 	return ctrl.NewControllerManagedBy(mgr).
 		Named("signal-spot-eviction").
 		WatchesRawSource(source.Kind(eventCache, &corev1.Event{}, toNode, isPreempt)).
+		// A node's arrival in the cache looks at its events again: an event
+		// that came first found no node to taint.
+		Watches(&corev1.Node{}, &handler.EnqueueRequestForObject{}, builder.WithPredicates(nodeAdded())).
 		Complete(s)
+}
+
+func nodeAdded() predicate.Predicate {
+	return predicate.Funcs{
+		UpdateFunc:  func(event.UpdateEvent) bool { return false },
+		DeleteFunc:  func(event.DeleteEvent) bool { return false },
+		GenericFunc: func(event.GenericEvent) bool { return false },
+	}
 }
 
 // preemptScheduled double-checks what the field selector already selects.

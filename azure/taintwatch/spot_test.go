@@ -144,7 +144,10 @@ func TestPreemptScheduledEvents(t *testing.T) {
 	}}
 	for i, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
+			before := testutil.ToFloat64(spotChecks.WithLabelValues(resultNoEvent))
 			node := createNode(t, vmssNode(fmt.Sprintf("spot-case-%d", i), i))
+			// The tainter looks at a node when it arrives: then at the events.
+			waitChecks(t, resultNoEvent, before)
 			noEvent := testutil.ToFloat64(spotChecks.WithLabelValues(resultNoEvent))
 			tt.create(t, node)
 			if tt.wantTaint {

@@ -151,9 +151,11 @@ func TestLeaderHandsOverAtOnceOnSIGTERM(t *testing.T) {
 		t.Fatalf("leader did not exit cleanly on SIGTERM: %v", err)
 	}
 	b.waitLeading(t, 30*time.Second)
-	if got := b.metric("nodeguard_leader_changes_total"); got != "1" {
-		t.Errorf("standby's nodeguard_leader_changes_total = %q, want 1", got)
-	}
+	// The counter follows the Lease's watch, which can deliver the new holder
+	// a moment after the election made the standby lead.
+	harness.Eventually(t, 10*time.Second, func(context.Context) (bool, error) {
+		return b.metric("nodeguard_leader_changes_total") == "1", nil
+	}, "the standby counted one leader change (nodeguard_leader_changes_total = %q)", b.metric("nodeguard_leader_changes_total"))
 }
 
 // TestWebhookServerReloadsRotatedCertificate replaces the serving certificate
