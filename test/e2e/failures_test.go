@@ -61,9 +61,9 @@ func TestUnreachableARMAndAPodUnderTwoPDBs(t *testing.T) {
 	}, "everything but the pod under two PDBs (and the DaemonSet pod, last) is drained")
 	// Several more drain passes happen while the pod stays (PDB changes, backstop).
 	before := len(proxy.Answers(top.ns, "dual"))
-	passes := proxy.PodListsOf(top.target)
+	passes := proxy.PassesOf(top.target)
 	harness.Eventually(t, 30*time.Second, func(ctx context.Context) (bool, error) {
-		return proxy.PodListsOf(top.target) >= passes+3, nil
+		return proxy.PassesOf(top.target) >= passes+3, nil
 	}, "three more drain passes happen")
 	if n, _ := harness.CountEvents(ctx, env.Client, top.target, "PodUnderMultiplePDBs"); n != 1 {
 		t.Errorf("%d PodUnderMultiplePDBs events, want exactly 1", n)

@@ -139,7 +139,7 @@ func TestProductionNodeDrainsInTiersAndIsReleased(t *testing.T) {
 		if slices.ContainsFunc(pods, func(p corev1.Pod) bool { return p.Labels["app"] == "web" || p.Labels["app"] == "coredns" }) {
 			return false, err
 		}
-		passesAtLastWorkload = proxy.PodListsOf(target)
+		passesAtLastWorkload = proxy.PassesOf(target)
 		return err == nil, err
 	}, "every workload pod leaves %s", target)
 	if err := env.Client.Delete(ctx, attachment); err != nil {
@@ -148,7 +148,7 @@ func TestProductionNodeDrainsInTiersAndIsReleased(t *testing.T) {
 	harness.Eventually(t, 2*time.Minute, func(ctx context.Context) (bool, error) {
 		return harness.NodeGone(ctx, env.Client, target)
 	}, "node %s is released", target)
-	if passes := proxy.PodListsOf(target) - passesAtLastWorkload; passes > 2 {
+	if passes := proxy.PassesOf(target) - passesAtLastWorkload; passes > 2 {
 		t.Errorf("%d drain passes after the last workload pod was gone, want at most 2", passes)
 	}
 

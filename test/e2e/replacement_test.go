@@ -446,9 +446,9 @@ func TestBlockedPDBPolicyWaitNeverTouchesTheDeployment(t *testing.T) {
 		return len(names) == 0, err
 	}, "the opted-in Deployment's pod leaves the node")
 	// A few more drain passes, and web is still untouched.
-	passes := c.proxy.PodListsOf(target)
+	passes := c.proxy.PassesOf(target)
 	harness.Eventually(t, time.Minute, func(context.Context) (bool, error) {
-		return c.proxy.PodListsOf(target) >= passes+3, nil
+		return c.proxy.PassesOf(target) >= passes+3, nil
 	}, "3 more drain passes")
 	d := deploymentOf(t, c.ns, "web")
 	if d.Generation != generation || d.Spec.Template.Annotations[ngv1alpha1.RestartedAtAnnotation] != "" {

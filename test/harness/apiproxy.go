@@ -43,7 +43,7 @@ type Write struct {
 // APIProxy sits between a client (nodeguard, kubectl) and kube-apiserver and
 // records what a drain does through it: every eviction request, the most ever
 // in flight at once per workload (from a request's start to the first byte of
-// its answer), the LISTs of pods by field selector (one per drain pass), and
+// its answer), the fresh reads of each node (one per drain pass), and
 // every write request.
 type APIProxy struct {
 	// Kubeconfig points a client at the proxy, as the cluster admin.
@@ -57,7 +57,7 @@ type APIProxy struct {
 	inFlight map[string]int // by namespace/workload
 	maxInFl  map[string]int
 	log      []Eviction
-	podLists map[string]int
+	nodeGets map[string]int // fresh reads of a node by name: one per drain pass
 	writes   []Write
 }
 
@@ -75,7 +75,7 @@ func StartAPIProxy(cfg *rest.Config, kubeconfigPath string) (*APIProxy, error) {
 	if err != nil {
 		return nil, err
 	}
-	p := &APIProxy{Kubeconfig: kubeconfigPath, inFlight: map[string]int{}, maxInFl: map[string]int{}, podLists: map[string]int{}}
+	p := &APIProxy{Kubeconfig: kubeconfigPath, inFlight: map[string]int{}, maxInFl: map[string]int{}, nodeGets: map[string]int{}}
 	rp := httputil.NewSingleHostReverseProxy(target)
 	rp.Transport = transport
 	rp.FlushInterval = -1 // stream watches
@@ -95,9 +95,9 @@ func StartAPIProxy(cfg *rest.Config, kubeconfigPath string) (*APIProxy, error) {
 			p.evict(rp, w, r, m[1], m[2])
 			return
 		}
-		if r.Method == http.MethodGet && r.URL.Path == "/api/v1/pods" && r.URL.Query().Get("watch") == "" {
+		if name, ok := strings.CutPrefix(r.URL.Path, "/api/v1/nodes/"); ok && r.Method == http.MethodGet && !strings.Contains(name, "/") {
 			p.mu.Lock()
-			p.podLists[r.URL.Query().Get("fieldSelector")]++
+			p.nodeGets[name]++
 			p.mu.Unlock()
 		}
 		rp.ServeHTTP(w, r)
@@ -204,11 +204,12 @@ func (p *APIProxy) Writes(method, prefix string) []Write {
 	return out
 }
 
-// PodListsOf counts the LISTs of a node's pods (one per drain pass).
-func (p *APIProxy) PodListsOf(node string) int {
+// PassesOf counts nodeguard's drain passes of a node: each pass reads its
+// node fresh from the API server (its pods come from a watch).
+func (p *APIProxy) PassesOf(node string) int {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	return p.podLists["spec.nodeName="+node]
+	return p.nodeGets[node]
 }
 
 // answerStart calls started with the status just before the answer's first

@@ -253,7 +253,7 @@ func runDrain(ctx context.Context, c config, env *harness.Env, profile string) (
 			r.MaxUnavailable[i] = max(r.MaxUnavailable[i], tr.maxUnavailable(ns+"/"+app))
 		}
 	}
-	logf("drain %s: nodeguard made %d drain passes (pod lists), %d event writes, %d node writes", profile, proxy.PodListsOf(target),
+	logf("drain %s: nodeguard made %d drain passes, %d event writes, %d node writes", profile, proxy.PassesOf(target),
 		len(proxy.Writes("", "/apis/events.k8s.io/")), len(proxy.Writes("", "/api/v1/nodes/"+target)))
 	r.KubectlOutput = strings.Count(string(kubectlOut), "Cannot evict pod as it would violate the pod's disruption budget")
 	logf("drain %s: kubectl %s, nodeguard %s (ratio %.2f), lower bound %s", profile,
