@@ -80,10 +80,10 @@ func (r *Reconciler) stopDraining(node string) {
 	r.Evictor.Forget(node)
 }
 
-// plan takes the node's pods from its watch once synced (fresh: or lists them,
-// field selector, from the API server: no cluster-wide pod cache) and the
-// PDBs (cached), and sorts them for eviction. fromWatch says where the pods
-// came from.
+// plan sorts the node's pods and the PDBs (cached) for eviction. The pods come
+// from the node's watch once it has synced; before that, or when fresh is
+// set, from a list by field selector (there is no cluster-wide pod cache).
+// fromWatch says which.
 func (r *Reconciler) plan(ctx context.Context, node *corev1.Node, pastDeadline, fresh bool) (plan *drain.Plan, fromWatch bool, err error) {
 	pods, fromWatch := r.pods.cached(node.Name)
 	if fresh || !fromWatch {

@@ -319,18 +319,26 @@ func (p *replacePass) prefetch(ctx context.Context, plan *drain.Plan, surveyed f
 	fetchAll(ctx, p.r.Reader, p.deployments, dKeys, func() *appsv1.Deployment { return &appsv1.Deployment{} })
 }
 
-// fetchAll reads the keys not yet in seen concurrently, as get would.
+// prefetchConcurrency bounds the reads prefetch has in flight at once.
+const prefetchConcurrency = 8
+
+// fetchAll reads the keys not yet in seen, several at once, as get would.
 func fetchAll[T client.Object](ctx context.Context, reader client.Reader, seen map[types.NamespacedName]T, keys []types.NamespacedName, newObj func() T) {
 	var todo []types.NamespacedName
+	queued := map[types.NamespacedName]bool{}
 	for _, key := range keys {
-		if _, ok := seen[key]; !ok && !slices.Contains(todo, key) {
+		if _, ok := seen[key]; !ok && !queued[key] {
+			queued[key] = true
 			todo = append(todo, key)
 		}
 	}
 	objs, errs := make([]T, len(todo)), make([]error, len(todo))
+	slots := make(chan struct{}, prefetchConcurrency)
 	var wg sync.WaitGroup
 	for i, key := range todo {
+		slots <- struct{}{}
 		wg.Go(func() {
+			defer func() { <-slots }()
 			objs[i] = newObj()
 			errs[i] = reader.Get(ctx, key, objs[i])
 		})
