@@ -67,6 +67,40 @@ type APIProxy struct {
 // charge the PDB without deleting the pod, blocking that PDB for its 2-minute
 // disruptedPods timeout (seen here): real, but no drainer's doing.
 func StartAPIProxy(cfg *rest.Config, kubeconfigPath string) (*APIProxy, error) {
+	p := &APIProxy{Kubeconfig: kubeconfigPath, inFlight: map[string]int{}, maxInFl: map[string]int{}, nodeGets: map[string]int{}}
+	srv, err := ServeAPIProxy(cfg, kubeconfigPath, func(rp *httputil.ReverseProxy) http.Handler {
+		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			if r.Method != http.MethodGet {
+				w = &answerStart{ResponseWriter: w, started: func(status int) {
+					p.mu.Lock()
+					defer p.mu.Unlock()
+					p.writes = append(p.writes, Write{Method: r.Method, Path: r.URL.Path, Status: status})
+				}}
+			}
+			if m := evictionPath.FindStringSubmatch(r.URL.Path); r.Method == http.MethodPost && m != nil {
+				p.evict(rp, w, r, m[1], m[2])
+				return
+			}
+			if name, ok := strings.CutPrefix(r.URL.Path, "/api/v1/nodes/"); ok && r.Method == http.MethodGet && !strings.Contains(name, "/") {
+				p.mu.Lock()
+				p.nodeGets[name]++
+				p.mu.Unlock()
+			}
+			rp.ServeHTTP(w, r)
+		})
+	})
+	if err != nil {
+		return nil, err
+	}
+	p.srv = srv
+	return p, nil
+}
+
+// ServeAPIProxy serves handler on a local port, in front of the control plane
+// of cfg: rp forwards a request there with cfg's credentials (watches
+// streamed). It writes a kubeconfig for the proxy to kubeconfigPath; close the
+// server to stop it.
+func ServeAPIProxy(cfg *rest.Config, kubeconfigPath string, handler func(rp *httputil.ReverseProxy) http.Handler) (*http.Server, error) {
 	target, err := url.Parse(cfg.Host)
 	if err != nil {
 		return nil, err
@@ -75,7 +109,6 @@ func StartAPIProxy(cfg *rest.Config, kubeconfigPath string) (*APIProxy, error) {
 	if err != nil {
 		return nil, err
 	}
-	p := &APIProxy{Kubeconfig: kubeconfigPath, inFlight: map[string]int{}, maxInFl: map[string]int{}, nodeGets: map[string]int{}}
 	rp := httputil.NewSingleHostReverseProxy(target)
 	rp.Transport = transport
 	rp.FlushInterval = -1 // stream watches
@@ -83,31 +116,13 @@ func StartAPIProxy(cfg *rest.Config, kubeconfigPath string) (*APIProxy, error) {
 	if err != nil {
 		return nil, err
 	}
-	p.srv = &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if r.Method != http.MethodGet {
-			w = &answerStart{ResponseWriter: w, started: func(status int) {
-				p.mu.Lock()
-				defer p.mu.Unlock()
-				p.writes = append(p.writes, Write{Method: r.Method, Path: r.URL.Path, Status: status})
-			}}
-		}
-		if m := evictionPath.FindStringSubmatch(r.URL.Path); r.Method == http.MethodPost && m != nil {
-			p.evict(rp, w, r, m[1], m[2])
-			return
-		}
-		if name, ok := strings.CutPrefix(r.URL.Path, "/api/v1/nodes/"); ok && r.Method == http.MethodGet && !strings.Contains(name, "/") {
-			p.mu.Lock()
-			p.nodeGets[name]++
-			p.mu.Unlock()
-		}
-		rp.ServeHTTP(w, r)
-	})}
-	go func() { _ = p.srv.Serve(l) }()
-	if err := WriteProxyKubeconfig(kubeconfigPath, l.Addr().String()); err != nil {
-		p.Close()
+	srv := &http.Server{Handler: handler(rp)}
+	go func() { _ = srv.Serve(l) }()
+	if err := writeProxyKubeconfig(kubeconfigPath, l.Addr().String()); err != nil {
+		_ = srv.Close()
 		return nil, err
 	}
-	return p, nil
+	return srv, nil
 }
 
 // OnFirstEviction sets a function that runs before the first eviction is
@@ -238,9 +253,9 @@ func (a *answerStart) Flush() {
 	}
 }
 
-// WriteProxyKubeconfig writes a kubeconfig that reaches the API server through
+// writeProxyKubeconfig writes a kubeconfig that reaches the API server through
 // a plain-HTTP proxy listening on addr (the proxy holds the credentials).
-func WriteProxyKubeconfig(path, addr string) error {
+func writeProxyKubeconfig(path, addr string) error {
 	kc := "apiVersion: v1\nkind: Config\nclusters:\n- name: proxy\n  cluster:\n    server: http://" + addr +
 		"\ncontexts:\n- name: proxy\n  context:\n    cluster: proxy\n    user: proxy\ncurrent-context: proxy\nusers:\n- name: proxy\n  user: {}\n"
 	return os.WriteFile(path, []byte(kc), 0o600)

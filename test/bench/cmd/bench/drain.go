@@ -287,7 +287,8 @@ func create(ctx context.Context, cl client.Client, obj client.Object) error {
 	return nil
 }
 
-// waitReadyOn waits until want pods of the namespace are Ready on the node.
+// waitReadyOn waits until want pods of the namespace are Ready on the node
+// (on any node when node is "").
 func waitReadyOn(ctx context.Context, cl client.Client, ns, node string, want int) error {
 	n := 0
 	err := harness.Poll(ctx, 5*time.Minute, func(ctx context.Context) (bool, error) {
@@ -297,14 +298,14 @@ func waitReadyOn(ctx context.Context, cl client.Client, ns, node string, want in
 		}
 		n = 0
 		for i := range pods.Items {
-			if pods.Items[i].Spec.NodeName == node && podReady(&pods.Items[i]) {
+			if (node == "" || pods.Items[i].Spec.NodeName == node) && podReady(&pods.Items[i]) {
 				n++
 			}
 		}
 		return n == want, nil
 	})
 	if err != nil {
-		return fmt.Errorf("%d of %d pods Ready on %s: %w", n, want, node, err)
+		return fmt.Errorf("%d of %d pods of %s Ready on %q: %w", n, want, ns, node, err)
 	}
 	return nil
 }

@@ -1,10 +1,8 @@
 package main
 
 import (
-	"net"
 	"net/http"
 	"net/http/httputil"
-	"net/url"
 	"strings"
 	"sync"
 
@@ -29,44 +27,30 @@ type requestCounter struct {
 }
 
 func startRequestCounter(cfg *rest.Config, kubeconfigPath string) (*requestCounter, error) {
-	target, err := url.Parse(cfg.Host)
-	if err != nil {
-		return nil, err
-	}
-	transport, err := rest.TransportFor(cfg)
-	if err != nil {
-		return nil, err
-	}
 	rc := &requestCounter{Kubeconfig: kubeconfigPath, requests: map[string]int{}, evictions: map[int]int{}}
-	rp := httputil.NewSingleHostReverseProxy(target)
-	rp.Transport = transport
-	rp.FlushInterval = -1 // stream watches
-	// A client that gives up (its context ends) cancels the request; that is
-	// the client's business, not worth a log line each.
-	rp.ErrorHandler = func(w http.ResponseWriter, _ *http.Request, _ error) { w.WriteHeader(http.StatusBadGateway) }
-	l, err := net.Listen("tcp", "127.0.0.1:0")
+	srv, err := harness.ServeAPIProxy(cfg, kubeconfigPath, func(rp *httputil.ReverseProxy) http.Handler {
+		// A client that gives up (its context ends) cancels the request; that
+		// is the client's business, not worth a log line each.
+		rp.ErrorHandler = func(w http.ResponseWriter, _ *http.Request, _ error) { w.WriteHeader(http.StatusBadGateway) }
+		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			verb, resource := classify(r)
+			rc.mu.Lock()
+			rc.requests[verb+" "+resource]++
+			rc.mu.Unlock()
+			if resource == "pods/eviction" && r.Method == http.MethodPost {
+				w = &statusRecorder{ResponseWriter: w, record: func(code int) {
+					rc.mu.Lock()
+					rc.evictions[code]++
+					rc.mu.Unlock()
+				}}
+			}
+			rp.ServeHTTP(w, r)
+		})
+	})
 	if err != nil {
 		return nil, err
 	}
-	rc.srv = &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		verb, resource := classify(r)
-		rc.mu.Lock()
-		rc.requests[verb+" "+resource]++
-		rc.mu.Unlock()
-		if resource == "pods/eviction" && r.Method == http.MethodPost {
-			w = &statusRecorder{ResponseWriter: w, record: func(code int) {
-				rc.mu.Lock()
-				rc.evictions[code]++
-				rc.mu.Unlock()
-			}}
-		}
-		rp.ServeHTTP(w, r)
-	})}
-	go func() { _ = rc.srv.Serve(l) }()
-	if err := harness.WriteProxyKubeconfig(kubeconfigPath, l.Addr().String()); err != nil {
-		rc.close()
-		return nil, err
-	}
+	rc.srv = srv
 	return rc, nil
 }
 

@@ -107,7 +107,7 @@ func runRolling(ctx context.Context, c config, env *harness.Env) (*rollingResult
 		for a := range c.rollingApps {
 			workloads[fmt.Sprintf("%s/app%d", group, a)] = c.rollingReplicas
 		}
-		if err := waitReadyIn(ctx, cl, group, c.rollingApps*c.rollingReplicas); err != nil {
+		if err := waitReadyOn(ctx, cl, group, "", c.rollingApps*c.rollingReplicas); err != nil {
 			return nil, err
 		}
 	}
@@ -271,28 +271,6 @@ func deleteRetrying(ctx context.Context, cl client.Client, nodes []string) (dele
 		case <-t.C:
 		}
 	}
-}
-
-// waitReadyIn waits until want pods of the namespace are Ready.
-func waitReadyIn(ctx context.Context, cl client.Client, ns string, want int) error {
-	n := 0
-	err := harness.Poll(ctx, 5*time.Minute, func(ctx context.Context) (bool, error) {
-		var pods corev1.PodList
-		if err := cl.List(ctx, &pods, client.InNamespace(ns)); err != nil {
-			return false, err
-		}
-		n = 0
-		for i := range pods.Items {
-			if podReady(&pods.Items[i]) {
-				n++
-			}
-		}
-		return n == want, nil
-	})
-	if err != nil {
-		return fmt.Errorf("%d of %d pods Ready in %s: %w", n, want, ns, err)
-	}
-	return nil
 }
 
 // dropsBelow counts the times a step function went below floor.
