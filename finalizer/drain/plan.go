@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"slices"
 	"sort"
+	"strings"
 	"time"
 
 	appsv1 "k8s.io/api/apps/v1"
@@ -171,12 +172,14 @@ func (p *Plan) Remaining() int {
 // NewPlan sorts pods: mirror pods, finished pods and replacements are ignored;
 // terminating pods stuck past their grace period are given up on; the rest
 // are sorted into tiers, and only the first tier with pods left is worked on,
-// its evictable pods grouped by the PDB that selects them.
+// its evictable pods grouped by the PDB that selects them. Pods are taken in
+// namespace/name order, whatever order they come in (a watch's store has
+// none): every pass plans the same queues, and a parked queue is the one the
+// next pass would send.
 func NewPlan(pods []corev1.Pod, pdbs []policyv1.PodDisruptionBudget, o PlanOptions) (*Plan, error) {
 	plan := &Plan{Tier: TierReturning}
 	pending := map[Tier][]*corev1.Pod{}
-	for i := range pods {
-		pod := &pods[i]
+	for _, pod := range byName(pods) {
 		if ignored(pod, o) {
 			continue
 		}
@@ -212,6 +215,21 @@ func NewPlan(pods []corev1.Pod, pdbs []policyv1.PodDisruptionBudget, o PlanOptio
 		}
 	}
 	return plan, plan.group(evictable, pdbs)
+}
+
+// byName points at the pods in namespace/name order.
+func byName(pods []corev1.Pod) []*corev1.Pod {
+	out := make([]*corev1.Pod, len(pods))
+	for i := range pods {
+		out[i] = &pods[i]
+	}
+	slices.SortFunc(out, func(a, b *corev1.Pod) int {
+		if c := strings.Compare(a.Namespace, b.Namespace); c != 0 {
+			return c
+		}
+		return strings.Compare(a.Name, b.Name)
+	})
+	return out
 }
 
 // ignored are the pods a drain never touches: mirror pods, finished pods,

@@ -2,6 +2,7 @@ package drain
 
 import (
 	"context"
+	"math/rand/v2"
 	"slices"
 	"testing"
 	"time"
@@ -299,4 +300,36 @@ func TestBlockedQueuesSendNothing(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestQueueOrderIsTheSameWhateverThePodsOrder: a watch's store hands pods in
+// no order; the queue is always the pods not Ready first, then by name, so a
+// parked queue and the next pass agree on the next pod.
+func TestQueueOrderIsTheSameWhateverThePodsOrder(t *testing.T) {
+	pdbs := []policyv1.PodDisruptionBudget{pdb("web", app("web"))}
+	pods := []corev1.Pod{pod("web-0", "web", ready), pod("web-1", "web", ready), pod("web-2", "web"), pod("web-3", "web", ready)}
+	want := []string{"web-2", "web-0", "web-1", "web-3"}
+	for range 20 {
+		shuffled := slices.Clone(pods)
+		rand.Shuffle(len(shuffled), func(i, j int) { shuffled[i], shuffled[j] = shuffled[j], shuffled[i] })
+		plan, err := NewPlan(shuffled, pdbs, last)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var got []string
+		for _, p := range plan.Groups[0].Pods {
+			got = append(got, p.Name)
+		}
+		if !slices.Equal(got, want) {
+			t.Fatalf("queue %v from pods in order %v, want %v", got, podNames(shuffled), want)
+		}
+	}
+}
+
+func podNames(pods []corev1.Pod) []string {
+	var out []string
+	for _, p := range pods {
+		out = append(out, p.Name)
+	}
+	return out
 }
