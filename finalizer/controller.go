@@ -30,7 +30,6 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/controller"
 	"sigs.k8s.io/controller-runtime/pkg/event"
 	"sigs.k8s.io/controller-runtime/pkg/handler"
-	"sigs.k8s.io/controller-runtime/pkg/predicate"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 	"sigs.k8s.io/controller-runtime/pkg/source"
 
@@ -172,7 +171,7 @@ func (r *Reconciler) SetupWithManager(mgr ctrl.Manager) error {
 	}
 	b := ctrl.NewControllerManagedBy(mgr).
 		Named("termination").
-		For(&corev1.Node{}, builder.WithPredicates(predicate.NewPredicateFuncs(func(o client.Object) bool { return ngv1alpha1.TerminatingUnderFinalizer(o) }))).
+		For(&corev1.Node{}, builder.WithPredicates(terminatingNodeChanged())).
 		Watches(&policyv1.PodDisruptionBudget{}, r.pdbHandler()).
 		WatchesRawSource(source.Channel(r.wakeups, &handler.EnqueueRequestForObject{})).
 		WithOptions(controller.Options{MaxConcurrentReconciles: max(r.Opts.MaxConcurrentNodes, 1)})

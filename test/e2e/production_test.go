@@ -132,7 +132,7 @@ func TestProductionNodeDrainsInTiersAndIsReleased(t *testing.T) {
 	}
 
 	// The last workload pod gone: the CSI driver detaches the volume, and the
-	// node goes within 2 more drain passes.
+	// node goes within the passes those changes cause, with no poll between.
 	var passesAtLastWorkload int
 	harness.Eventually(t, 3*time.Minute, func(ctx context.Context) (bool, error) {
 		pods, err := evictablePodsOn(ctx, ns, target)
@@ -148,8 +148,8 @@ func TestProductionNodeDrainsInTiersAndIsReleased(t *testing.T) {
 	harness.Eventually(t, 2*time.Minute, func(ctx context.Context) (bool, error) {
 		return harness.NodeGone(ctx, env.Client, target)
 	}, "node %s is released", target)
-	if passes := proxy.PassesOf(target) - passesAtLastWorkload; passes > 2 {
-		t.Errorf("%d drain passes after the last workload pod was gone, want at most 2", passes)
+	if passes := proxy.PassesOf(target) - passesAtLastWorkload; passes > passesAfterLastWorkload {
+		t.Errorf("%d passes after the last workload pod was gone, want at most %d", passes, passesAfterLastWorkload)
 	}
 
 	// The tiers, from the order evictions were sent.
@@ -177,6 +177,15 @@ func TestProductionNodeDrainsInTiersAndIsReleased(t *testing.T) {
 	conditions.requireWaiting(t, "Draining", "waiting for", "under PDB "+ns+"/web (allows ")
 	waitLeaseGone(t, target)
 }
+
+// passesAfterLastWorkload bounds the passes of a node, each woken by a
+// change, between its last workload pod going and its release: the pass that
+// evicts the DaemonSet tier, two as those pods terminate and go (the last
+// finds the node empty and marks it drained), the one the drained mark wakes
+// (it waits for the volume) and the one the VolumeAttachment's going wakes.
+// A drain that polled would add passes; the node's heartbeats and nodeguard's
+// own condition writes wake none.
+const passesAfterLastWorkload = 5
 
 // aksTier is the eviction tier of a pod of the production topology: ordinary
 // workloads, then system-critical ones, then DaemonSet pods.

@@ -1,0 +1,67 @@
+package finalizer
+
+import (
+	"slices"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/equality"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/event"
+	"sigs.k8s.io/controller-runtime/pkg/predicate"
+
+	ngv1alpha1 "github.com/nodeguard/nodeguard/api/v1alpha1"
+)
+
+// terminatingNodeChanged passes the node events a termination pass can act
+// on: a node being deleted under the finalizer, and any change to one except
+// a kubelet's (or kwok's) heartbeat and nodeguard's own condition write. Those
+// two come every few seconds per node and each used to run a pass that found
+// nothing new.
+func terminatingNodeChanged() predicate.Predicate {
+	terminating := func(o client.Object) bool { return o != nil && ngv1alpha1.TerminatingUnderFinalizer(o) }
+	return predicate.Funcs{
+		CreateFunc:  func(e event.CreateEvent) bool { return terminating(e.Object) },
+		DeleteFunc:  func(e event.DeleteEvent) bool { return terminating(e.Object) },
+		GenericFunc: func(e event.GenericEvent) bool { return terminating(e.Object) },
+		UpdateFunc: func(e event.UpdateEvent) bool {
+			if !terminating(e.ObjectNew) {
+				return false
+			}
+			old, ok1 := e.ObjectOld.(*corev1.Node)
+			cur, ok2 := e.ObjectNew.(*corev1.Node)
+			return !ok1 || !ok2 || !terminating(old) || !sameButHeartbeat(old, cur)
+		},
+	}
+}
+
+// sameButHeartbeat reports whether two versions of a node differ in nothing
+// but their resourceVersion and managed fields, the heartbeat times of their
+// conditions and nodeguard's own Terminating condition.
+func sameButHeartbeat(old, cur *corev1.Node) bool {
+	if !equality.Semantic.DeepEqual(old.Spec, cur.Spec) ||
+		!equality.Semantic.DeepEqual(old.Labels, cur.Labels) ||
+		!equality.Semantic.DeepEqual(old.Annotations, cur.Annotations) ||
+		!slices.Equal(old.Finalizers, cur.Finalizers) ||
+		!equality.Semantic.DeepEqual(old.DeletionTimestamp, cur.DeletionTimestamp) ||
+		!equality.Semantic.DeepEqual(old.OwnerReferences, cur.OwnerReferences) {
+		return false
+	}
+	oldStatus, curStatus := old.Status, cur.Status // shallow: only Conditions is replaced
+	oldStatus.Conditions, curStatus.Conditions = withoutHeartbeats(old.Status.Conditions), withoutHeartbeats(cur.Status.Conditions)
+	return equality.Semantic.DeepEqual(oldStatus, curStatus)
+}
+
+// withoutHeartbeats copies the conditions without their heartbeat times and
+// without nodeguard's own.
+func withoutHeartbeats(conditions []corev1.NodeCondition) []corev1.NodeCondition {
+	out := make([]corev1.NodeCondition, 0, len(conditions))
+	for _, c := range conditions {
+		if c.Type == ngv1alpha1.TerminatingCondition {
+			continue
+		}
+		c.LastHeartbeatTime = metav1.Time{}
+		out = append(out, c)
+	}
+	return out
+}
