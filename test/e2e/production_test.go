@@ -148,7 +148,9 @@ func TestProductionNodeDrainsInTiersAndIsReleased(t *testing.T) {
 	harness.Eventually(t, 2*time.Minute, func(ctx context.Context) (bool, error) {
 		return harness.NodeGone(ctx, env.Client, target)
 	}, "node %s is released", target)
-	if passes := proxy.PassesOf(target) - passesAtLastWorkload; passes > passesAfterLastWorkload {
+	passes := proxy.PassesOf(target) - passesAtLastWorkload
+	t.Logf("%d passes after the last workload pod was gone", passes)
+	if passes > passesAfterLastWorkload {
 		t.Errorf("%d passes after the last workload pod was gone, want at most %d", passes, passesAfterLastWorkload)
 	}
 
