@@ -77,6 +77,8 @@ type HoldReconciler struct {
 	// Disabled (--cluster-autoscaler-scale-down-hold=false) only removes what
 	// nodeguard put on nodes.
 	Disabled bool
+
+	nodes *budget.NodeLister
 }
 
 // +kubebuilder:rbac:groups="",resources=nodes,verbs=get;list;watch;patch
@@ -88,6 +90,7 @@ type HoldReconciler struct {
 // SetupWithManager reconciles a node when its scale-down state changes, and
 // the nodes waiting for a claim when a budget changes.
 func (r *HoldReconciler) SetupWithManager(mgr ctrl.Manager) error {
+	r.nodes = budget.NewNodeLister(mgr.GetCache(), r.Client)
 	return ctrl.NewControllerManagedBy(mgr).
 		Named("scale-down-hold").
 		For(&corev1.Node{}, builder.WithPredicates(holdStateChanged())).
@@ -118,15 +121,14 @@ func holdStateChanged() predicate.Predicate {
 // waitingNodes maps a budget change to the nodes whose scale-down waits for a
 // claim.
 func (r *HoldReconciler) waitingNodes(ctx context.Context, _ client.Object) []reconcile.Request {
-	var nodes corev1.NodeList
 	// Read only, on every budget change: no copy of every cached node.
-	if err := r.Client.List(ctx, &nodes, client.UnsafeDisableDeepCopy); err != nil {
+	nodes, err := r.nodes.List(ctx, nil)
+	if err != nil {
 		ctrl.LoggerFrom(ctx).Error(err, "Listing nodes for a NodeDisruptionBudget change")
 		return nil
 	}
 	var reqs []reconcile.Request
-	for i := range nodes.Items {
-		n := &nodes.Items[i]
+	for _, n := range nodes {
 		if _, claimed := n.Annotations[ngv1alpha1.ScaleDownClaimedAnnotation]; scaleDownTaint(n) && !claimed {
 			reqs = append(reqs, reconcile.Request{NamespacedName: client.ObjectKeyFromObject(n)})
 		}

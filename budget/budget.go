@@ -118,11 +118,11 @@ type Numbers struct {
 // Evaluate computes a budget's numbers from the nodes it selects. A node with
 // an entry in disruptedNodes is not counted as available even before it is seen
 // unavailable: its disruption is already charged to the budget.
-func Evaluate(ndb *ngv1alpha1.NodeDisruptionBudget, selected []corev1.Node, now time.Time) (Numbers, error) {
+func Evaluate(ndb *ngv1alpha1.NodeDisruptionBudget, selected []*corev1.Node, now time.Time) (Numbers, error) {
 	n := Numbers{Expected: int32(len(selected))}
-	for i := range selected {
-		unavailable, _ := Unavailable(&selected[i])
-		if _, charged := ndb.Status.DisruptedNodes[selected[i].Name]; !unavailable && !charged {
+	for _, node := range selected {
+		unavailable, _ := Unavailable(node)
+		if _, charged := ndb.Status.DisruptedNodes[node.Name]; !unavailable && !charged {
 			n.Available++
 		}
 	}

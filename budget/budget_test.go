@@ -14,11 +14,11 @@ import (
 
 var now = time.Date(2026, 11, 23, 9, 30, 0, 0, time.UTC) // a Monday
 
-func node(name string, mods ...func(*corev1.Node)) corev1.Node {
-	n := corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: name}}
+func node(name string, mods ...func(*corev1.Node)) *corev1.Node {
+	n := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: name}}
 	n.Status.Conditions = []corev1.NodeCondition{{Type: corev1.NodeReady, Status: corev1.ConditionTrue}}
 	for _, m := range mods {
-		m(&n)
+		m(n)
 	}
 	return n
 }
@@ -29,8 +29,8 @@ func tainted(key, value string) func(*corev1.Node) {
 	return func(n *corev1.Node) { n.Spec.Taints = append(n.Spec.Taints, corev1.Taint{Key: key, Value: value}) }
 }
 
-func nodes(ready int, others ...corev1.Node) []corev1.Node {
-	var out []corev1.Node
+func nodes(ready int, others ...*corev1.Node) []*corev1.Node {
+	var out []*corev1.Node
 	for i := range ready {
 		out = append(out, node("ready-"+string(rune('a'+i))))
 	}
@@ -75,7 +75,7 @@ func TestEvaluate(t *testing.T) {
 	tests := []struct {
 		name                                                  string
 		budget                                                *ngv1alpha1.NodeDisruptionBudget
-		nodes                                                 []corev1.Node
+		nodes                                                 []*corev1.Node
 		wantExpected, wantAvailable, wantDesired, wantAllowed int32
 		wantWindow                                            bool
 	}{
@@ -169,7 +169,7 @@ func TestComputeStatusPrunesClaims(t *testing.T) {
 		"deleting": metav1.NewTime(now.Add(-time.Minute)),     // seen unavailable: dropped
 		"gone":     metav1.NewTime(now.Add(-time.Minute)),     // no longer exists: dropped
 	}
-	selected := []corev1.Node{node("waiting"), node("expired"), node("deleting", deleting), node("other")}
+	selected := []*corev1.Node{node("waiting"), node("expired"), node("deleting", deleting), node("other")}
 	status, requeueAt := r.computeStatus(b, selected, now)
 
 	if _, kept := status.DisruptedNodes["waiting"]; len(status.DisruptedNodes) != 1 || !kept {

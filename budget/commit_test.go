@@ -154,8 +154,7 @@ func TestConcurrentClaimsShareOneWritePerRound(t *testing.T) {
 	}
 	results := make(chan result, 8)
 	claim := func(name string) {
-		n := node(name)
-		ok, err := c.Claim(context.Background(), b.Name, &n, false)
+		ok, err := c.Claim(context.Background(), b.Name, node(name), false)
 		results <- result{name, ok, err}
 	}
 	go claim("first")

@@ -36,6 +36,8 @@ type ScaleDownReconciler struct {
 	Client   client.Client
 	Managed  labels.Selector
 	Recorder events.EventRecorder
+
+	nodes *NodeLister
 }
 
 // +kubebuilder:rbac:groups="",resources=nodes,verbs=get;list;watch;patch
@@ -44,6 +46,7 @@ type ScaleDownReconciler struct {
 // SetupWithManager reconciles a node when its labels or annotations change,
 // and every node a budget selects when the budget changes.
 func (r *ScaleDownReconciler) SetupWithManager(mgr ctrl.Manager) error {
+	r.nodes = NewNodeLister(mgr.GetCache(), r.Client)
 	return ctrl.NewControllerManagedBy(mgr).
 		Named("ndb-scale-down").
 		For(&corev1.Node{}, builder.WithPredicates(labelsOrAnnotationsChanged())).
@@ -91,14 +94,14 @@ func (r *ScaleDownReconciler) selectedNodes(ctx context.Context, obj client.Obje
 	if err != nil {
 		return nil
 	}
-	var nodes corev1.NodeList
-	if err := r.Client.List(ctx, &nodes, client.MatchingLabelsSelector{Selector: sel}, client.UnsafeDisableDeepCopy); err != nil {
+	nodes, err := r.nodes.List(ctx, sel)
+	if err != nil {
 		ctrl.LoggerFrom(ctx).Error(err, "Listing the nodes of a NodeDisruptionBudget")
 		return nil
 	}
-	reqs := make([]reconcile.Request, 0, len(nodes.Items))
-	for _, n := range nodes.Items {
-		reqs = append(reqs, reconcile.Request{NamespacedName: client.ObjectKeyFromObject(&n)})
+	reqs := make([]reconcile.Request, 0, len(nodes))
+	for _, n := range nodes {
+		reqs = append(reqs, reconcile.Request{NamespacedName: client.ObjectKeyFromObject(n)})
 	}
 	return reqs
 }
@@ -135,7 +138,7 @@ func (r *ScaleDownReconciler) blockingBudget(ctx context.Context, node *corev1.N
 		return "", nil
 	}
 	var list ngv1alpha1.NodeDisruptionBudgetList
-	if err := r.Client.List(ctx, &list); err != nil {
+	if err := r.Client.List(ctx, &list, client.UnsafeDisableDeepCopy); err != nil { // read only
 		return "", fmt.Errorf("listing NodeDisruptionBudgets: %w", err)
 	}
 	for i := range list.Items {

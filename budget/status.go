@@ -38,6 +38,8 @@ type StatusReconciler struct {
 	// claims of the same process (see Claimer.Recompute); without it, the
 	// controller writes on its own and races them.
 	Claimer *Claimer
+
+	nodes *NodeLister
 }
 
 // +kubebuilder:rbac:groups=nodeguard.io,resources=nodedisruptionbudgets,verbs=get;list;watch
@@ -47,6 +49,7 @@ type StatusReconciler struct {
 // SetupWithManager registers the controller: it reconciles a budget when the
 // budget changes and when a node's labels, taints, readiness or deletion change.
 func (r *StatusReconciler) SetupWithManager(mgr ctrl.Manager) error {
+	r.nodes = NewNodeLister(mgr.GetCache(), r.Client)
 	return ctrl.NewControllerManagedBy(mgr).
 		Named("ndb-status").
 		For(&ngv1alpha1.NodeDisruptionBudget{}).
@@ -59,7 +62,7 @@ func (r *StatusReconciler) SetupWithManager(mgr ctrl.Manager) error {
 // into or out of any budget's selector.
 func (r *StatusReconciler) allBudgets(ctx context.Context, _ client.Object) []reconcile.Request {
 	var list ngv1alpha1.NodeDisruptionBudgetList
-	if err := r.Client.List(ctx, &list); err != nil {
+	if err := r.Client.List(ctx, &list, client.UnsafeDisableDeepCopy); err != nil { // names only
 		ctrl.LoggerFrom(ctx).Error(err, "Listing NodeDisruptionBudgets for a node change")
 		return nil
 	}
@@ -126,7 +129,7 @@ func (r *StatusReconciler) Reconcile(ctx context.Context, req reconcile.Request)
 // nodes are as old as that version, and a status computed from older nodes
 // than a newer version's (which may have pruned a node seen deleting) could
 // count that node available again. A newer version reconciles again anyway.
-func (r *StatusReconciler) recomputeWithClaims(ctx context.Context, ndb *ngv1alpha1.NodeDisruptionBudget, selected []corev1.Node) (reconcile.Result, error) {
+func (r *StatusReconciler) recomputeWithClaims(ctx context.Context, ndb *ngv1alpha1.NodeDisruptionBudget, selected []*corev1.Node) (reconcile.Result, error) {
 	now := r.Clock.Now()
 	status, requeueAt := r.computeStatus(ndb, selected, now)
 	if apiequality.Semantic.DeepEqual(status, ndb.Status) {
@@ -160,22 +163,17 @@ func requeueResult(now, at time.Time) reconcile.Result {
 	return reconcile.Result{RequeueAfter: at.Sub(now)}
 }
 
-func (r *StatusReconciler) selectedNodes(ctx context.Context, ndb *ngv1alpha1.NodeDisruptionBudget) ([]corev1.Node, error) {
+func (r *StatusReconciler) selectedNodes(ctx context.Context, ndb *ngv1alpha1.NodeDisruptionBudget) ([]*corev1.Node, error) {
 	sel, err := Selector(ndb)
 	if err != nil {
 		return nil, nil //nolint:nilerr // an invalid selector selects nothing; computeStatus reports it
 	}
-	var nodes corev1.NodeList
-	// Read only: no copy of every selected node on each status pass.
-	if err := r.Client.List(ctx, &nodes, client.MatchingLabelsSelector{Selector: sel}, client.UnsafeDisableDeepCopy); err != nil {
-		return nil, fmt.Errorf("listing nodes: %w", err)
-	}
-	return nodes.Items, nil
+	return r.nodes.List(ctx, sel) // read only, no copies
 }
 
 // computeStatus returns the budget's new status, and when it must be recomputed
 // even if nothing changes (a claim expiring, a window opening or closing).
-func (r *StatusReconciler) computeStatus(ndb *ngv1alpha1.NodeDisruptionBudget, selected []corev1.Node, now time.Time) (ngv1alpha1.NodeDisruptionBudgetStatus, time.Time) {
+func (r *StatusReconciler) computeStatus(ndb *ngv1alpha1.NodeDisruptionBudget, selected []*corev1.Node, now time.Time) (ngv1alpha1.NodeDisruptionBudgetStatus, time.Time) {
 	status := *ndb.Status.DeepCopy()
 	status.ObservedGeneration = ndb.Generation
 	var requeueAt time.Time
@@ -196,13 +194,13 @@ func (r *StatusReconciler) computeStatus(ndb *ngv1alpha1.NodeDisruptionBudget, s
 
 // prune keeps the claims whose node is still available and has not yet started
 // deleting within ClaimTimeout; it returns them with the earliest expiry.
-func (r *StatusReconciler) prune(claims map[string]metav1.Time, selected []corev1.Node, now time.Time) (map[string]metav1.Time, time.Time) {
+func (r *StatusReconciler) prune(claims map[string]metav1.Time, selected []*corev1.Node, now time.Time) (map[string]metav1.Time, time.Time) {
 	if len(claims) == 0 {
 		return nil, time.Time{}
 	}
 	byName := make(map[string]*corev1.Node, len(selected))
-	for i := range selected {
-		byName[selected[i].Name] = &selected[i]
+	for _, node := range selected {
+		byName[node.Name] = node
 	}
 	kept := map[string]metav1.Time{}
 	var earliest time.Time
