@@ -15,9 +15,9 @@ import (
 
 // terminatingNodeChanged passes the node events a termination pass can act
 // on: a node being deleted under the finalizer, and any change to one except
-// a kubelet's (or kwok's) heartbeat and nodeguard's own condition write. Those
-// two come every few seconds per node and each used to run a pass that found
-// nothing new.
+// a kubelet's (or kwok's) heartbeat and nodeguard's own condition write. Both
+// recur for as long as the node drains, and each used to run a pass that
+// found nothing new.
 func terminatingNodeChanged() predicate.Predicate {
 	terminating := func(o client.Object) bool { return o != nil && ngv1alpha1.TerminatingUnderFinalizer(o) }
 	return predicate.Funcs{
