@@ -227,8 +227,14 @@ func (p *APIProxy) PassesOf(node string) int {
 	return p.nodeGets[node]
 }
 
-// answerStart calls started with the status just before the answer's first
-// byte goes back to the client, once.
+// OnAnswer wraps w so that started is called with the status just before the
+// answer's first byte goes back to the client, once: for a proxy handler that
+// records answers.
+func OnAnswer(w http.ResponseWriter, started func(status int)) http.ResponseWriter {
+	return &answerStart{ResponseWriter: w, started: started}
+}
+
+// answerStart is OnAnswer's writer.
 type answerStart struct {
 	http.ResponseWriter
 	started func(status int)

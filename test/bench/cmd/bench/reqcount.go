@@ -38,11 +38,11 @@ func startRequestCounter(cfg *rest.Config, kubeconfigPath string) (*requestCount
 			rc.requests[verb+" "+resource]++
 			rc.mu.Unlock()
 			if resource == "pods/eviction" && r.Method == http.MethodPost {
-				w = &statusRecorder{ResponseWriter: w, record: func(code int) {
+				w = harness.OnAnswer(w, func(code int) {
 					rc.mu.Lock()
 					rc.evictions[code]++
 					rc.mu.Unlock()
-				}}
+				})
 			}
 			rp.ServeHTTP(w, r)
 		})
@@ -148,27 +148,4 @@ func classify(r *http.Request) (verb, resource string) {
 		verb = r.Method
 	}
 	return verb, resource
-}
-
-// statusRecorder calls record with the status of the answer, once.
-type statusRecorder struct {
-	http.ResponseWriter
-	record func(int)
-	once   sync.Once
-}
-
-func (s *statusRecorder) WriteHeader(code int) {
-	s.once.Do(func() { s.record(code) })
-	s.ResponseWriter.WriteHeader(code)
-}
-
-func (s *statusRecorder) Write(b []byte) (int, error) {
-	s.once.Do(func() { s.record(http.StatusOK) })
-	return s.ResponseWriter.Write(b)
-}
-
-func (s *statusRecorder) Flush() {
-	if f, ok := s.ResponseWriter.(http.Flusher); ok {
-		f.Flush()
-	}
 }
