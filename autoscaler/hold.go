@@ -90,7 +90,7 @@ type HoldReconciler struct {
 // SetupWithManager reconciles a node when its scale-down state changes, and
 // the nodes waiting for a claim when a budget changes.
 func (r *HoldReconciler) SetupWithManager(mgr ctrl.Manager) error {
-	r.nodes = budget.NewNodeLister(mgr.GetCache(), r.Client)
+	r.nodes = budget.NewNodeLister(mgr.GetCache())
 	return ctrl.NewControllerManagedBy(mgr).
 		Named("scale-down-hold").
 		For(&corev1.Node{}, builder.WithPredicates(holdStateChanged())).

@@ -31,7 +31,7 @@ func TestNodeListerReadsTheCacheItself(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(cancel)
 	go func() { _ = c.Start(ctx) }()
-	lister := budget.NewNodeLister(c, c)
+	lister := budget.NewNodeLister(c)
 	sel := labels.SelectorFromSet(labels.Set{"pool": pool})
 
 	var first []*corev1.Node

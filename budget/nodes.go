@@ -8,7 +8,6 @@ import (
 	"k8s.io/apimachinery/pkg/labels"
 	toolscache "k8s.io/client-go/tools/cache"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
-	"sigs.k8s.io/controller-runtime/pkg/client"
 )
 
 // NodeLister lists cached nodes as pointers into the manager's cache: read
@@ -18,14 +17,11 @@ import (
 // deletion allocated hundreds of megabytes that way.
 type NodeLister struct {
 	informers cache.Informers
-	// reader lists when the cache's informer does not expose its store.
-	reader client.Reader
 }
 
-// NewNodeLister reads the nodes of the manager's cache (informers), or
-// through reader where that cache has no store to read.
-func NewNodeLister(informers cache.Informers, reader client.Reader) *NodeLister {
-	return &NodeLister{informers: informers, reader: reader}
+// NewNodeLister reads the nodes of the manager's cache (informers).
+func NewNodeLister(informers cache.Informers) *NodeLister {
+	return &NodeLister{informers: informers}
 }
 
 // List returns the cached nodes sel selects (nil: every node), in no order.
@@ -40,25 +36,13 @@ func (l *NodeLister) List(ctx context.Context, sel labels.Selector) ([]*corev1.N
 	}
 	withStore, ok := informer.(interface{ GetStore() toolscache.Store })
 	if !ok {
-		return l.list(ctx, sel)
+		return nil, fmt.Errorf("node cache: its informer (%T) has no store to read", informer)
 	}
 	var out []*corev1.Node
 	for _, o := range withStore.GetStore().List() {
 		if n, ok := o.(*corev1.Node); ok && sel.Matches(labels.Set(n.Labels)) {
 			out = append(out, n)
 		}
-	}
-	return out, nil
-}
-
-func (l *NodeLister) list(ctx context.Context, sel labels.Selector) ([]*corev1.Node, error) {
-	var nodes corev1.NodeList
-	if err := l.reader.List(ctx, &nodes, client.MatchingLabelsSelector{Selector: sel}, client.UnsafeDisableDeepCopy); err != nil {
-		return nil, fmt.Errorf("listing nodes: %w", err)
-	}
-	out := make([]*corev1.Node, len(nodes.Items))
-	for i := range nodes.Items {
-		out[i] = &nodes.Items[i]
 	}
 	return out, nil
 }

@@ -46,7 +46,7 @@ type ScaleDownReconciler struct {
 // SetupWithManager reconciles a node when its labels or annotations change,
 // and every node a budget selects when the budget changes.
 func (r *ScaleDownReconciler) SetupWithManager(mgr ctrl.Manager) error {
-	r.nodes = NewNodeLister(mgr.GetCache(), r.Client)
+	r.nodes = NewNodeLister(mgr.GetCache())
 	return ctrl.NewControllerManagedBy(mgr).
 		Named("ndb-scale-down").
 		For(&corev1.Node{}, builder.WithPredicates(labelsOrAnnotationsChanged())).

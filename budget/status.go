@@ -49,7 +49,7 @@ type StatusReconciler struct {
 // SetupWithManager registers the controller: it reconciles a budget when the
 // budget changes and when a node's labels, taints, readiness or deletion change.
 func (r *StatusReconciler) SetupWithManager(mgr ctrl.Manager) error {
-	r.nodes = NewNodeLister(mgr.GetCache(), r.Client)
+	r.nodes = NewNodeLister(mgr.GetCache())
 	return ctrl.NewControllerManagedBy(mgr).
 		Named("ndb-status").
 		For(&ngv1alpha1.NodeDisruptionBudget{}).
