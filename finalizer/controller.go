@@ -30,6 +30,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/controller"
 	"sigs.k8s.io/controller-runtime/pkg/event"
 	"sigs.k8s.io/controller-runtime/pkg/handler"
+	logf "sigs.k8s.io/controller-runtime/pkg/log"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 	"sigs.k8s.io/controller-runtime/pkg/source"
 
@@ -61,7 +62,10 @@ const (
 	// blockedBackstopMax caps the backstop after a 429; kubectl drain waits 5 s.
 	blockedBackstopMax = 4 * time.Second
 	trafficPoll        = time.Second
-	holdPoll           = 15 * time.Second
+	// conflictRetry is how soon a pass runs again whose optimistic write (of
+	// the node, of its Lease) lost to another writer.
+	conflictRetry = 10 * time.Millisecond
+	holdPoll      = 15 * time.Second
 )
 
 // AdminState is what the controller needs of the Azure admin-state manager.
@@ -144,6 +148,10 @@ type Reconciler struct {
 	// the node condition last written, for reportCondition.
 	waitingFor map[types.UID]string
 	conditions map[types.UID]writtenCondition
+	// firstPass is when this process ran its first pass (so it leads): a
+	// drain that began later is its own, and r.repl knows every restart made
+	// for it.
+	firstPass time.Time
 }
 
 // +kubebuilder:rbac:groups="",resources=nodes,verbs=get;list;watch;patch
@@ -291,6 +299,7 @@ type phase struct {
 
 // Reconcile runs the phases in order and stops at the first that waits.
 func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reconcile.Result, error) {
+	r.noteFirstPass()
 	// Fresh from the API server, not the cache: a stale node that was already
 	// released must not take its maintenance Lease again.
 	var node corev1.Node
@@ -326,6 +335,13 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reco
 	for _, p := range phases {
 		r.phases.set(node.UID, node.Name, p.name)
 		result, err := p.run(ctx, &node)
+		if apierrors.IsConflict(err) {
+			// Another writer changed what this pass read (the taint watcher
+			// records AdminState Down on the node as its deletion lands): not
+			// a failure; the next pass reads it again.
+			logf.FromContext(ctx).V(1).Info("Changed by another writer during the pass; looking again", "phase", p.name, "error", err.Error())
+			return reconcile.Result{RequeueAfter: conflictRetry}, nil
+		}
 		if err != nil {
 			return reconcile.Result{}, fmt.Errorf("%s phase of node %s: %w", p.name, node.Name, err)
 		}
@@ -338,6 +354,23 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reco
 	}
 	r.forget(node.UID)
 	return reconcile.Result{}, nil
+}
+
+func (r *Reconciler) noteFirstPass() {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.firstPass.IsZero() {
+		r.firstPass = r.Clock.Now()
+	}
+}
+
+// drainBeganHere reports whether this process began the node's drain (it
+// cordoned the node after its first pass); the cordon time has whole seconds
+// once read back, so a drain begun in the same second does not count.
+func (r *Reconciler) drainBeganHere(node *corev1.Node) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return !r.firstPass.IsZero() && terminationStarted(node).After(r.firstPass)
 }
 
 // forgetName drops the state of a node that is gone, found by name.

@@ -20,6 +20,7 @@ import (
 	clocktesting "k8s.io/utils/clock/testing"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/client/interceptor"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	ngv1alpha1 "github.com/nodeguard/nodeguard/api/v1alpha1"
@@ -472,5 +473,56 @@ func TestDrainDeadlineCoversTerminatingPods(t *testing.T) {
 		if !slices.ContainsFunc(given, func(e string) bool { return strings.Contains(e, f.ns+"/"+name) && strings.Contains(e, "deadline") }) {
 			t.Errorf("no %s event names %s and the deadline: %v", ReasonPodGivenUp, name, given)
 		}
+	}
+}
+
+// TestNodeWrittenDuringThePassIsNotAFailure: the taint watcher records
+// AdminState Down on a node as its deletion lands, racing the pass's
+// optimistic cordon. The API server answers 409; the pass is no failure (no
+// reconcile error, whose log carries a stack trace), looks again at once,
+// and the next pass cordons.
+func TestNodeWrittenDuringThePassIsNotAFailure(t *testing.T) {
+	f := newFixture(t, "conflict")
+	node := f.ns + "-node"
+	f.node(t, node, builder.Ready())
+	f.pod(t, "web", node, controlledBy("ReplicaSet")) // evicted, it stays terminating: the node stays
+	f.deleteNode(t, node)
+	direct, err := client.NewWithWatch(env.Config, client.Options{Scheme: env.Scheme})
+	if err != nil {
+		t.Fatal(err)
+	}
+	raced := false
+	f.r.Client = interceptor.NewClient(direct, interceptor.Funcs{
+		Patch: func(ctx context.Context, c client.WithWatch, obj client.Object, patch client.Patch, opts ...client.PatchOption) error {
+			if n, ok := obj.(*corev1.Node); ok && !raced {
+				raced = true
+				other := n.DeepCopy()
+				other.Annotations = map[string]string{"example.com/other-writer": "x"}
+				if err := c.Patch(ctx, other, client.MergeFrom(n)); err != nil {
+					t.Fatal(err)
+				}
+			}
+			return c.Patch(ctx, obj, patch, opts...)
+		},
+	})
+
+	res, err := f.r.Reconcile(context.Background(), reconcile.Request{NamespacedName: types.NamespacedName{Name: node}})
+	if err != nil {
+		t.Fatalf("a write that lost to another writer failed the pass: %v", err)
+	}
+	if !raced {
+		t.Fatal("the pass wrote no node: the race was not played")
+	}
+	if res.RequeueAfter <= 0 || res.RequeueAfter > time.Second {
+		t.Errorf("after the conflict the pass asks to run again after %v, want at once", res.RequeueAfter)
+	}
+	if getNode(t, node).Spec.Unschedulable {
+		t.Fatal("the node is cordoned although the cordon lost the race: the test did not race it")
+	}
+	f.pass(t, node)
+	n := getNode(t, node)
+	if !n.Spec.Unschedulable || drainingTaint(n) == nil || n.Annotations["example.com/other-writer"] != "x" {
+		t.Errorf("after the next pass: unschedulable %v, draining taint %v, other writer's annotation %q; want cordoned, tainted and the other write kept",
+			n.Spec.Unschedulable, drainingTaint(n), n.Annotations["example.com/other-writer"])
 	}
 }

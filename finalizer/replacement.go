@@ -61,7 +61,7 @@ type replacements struct {
 	// to their controller.
 	watched map[types.UID]bool
 	// surveyed: nodes whose queues were all looked at once since this process
-	// started, to find restarts made before it.
+	// started, to find restarts made before it (drains it did not begin).
 	surveyed map[types.UID]bool
 	// stalled: restarts already counted as stalled (Deployment UID/time).
 	stalled map[string]bool
@@ -174,7 +174,10 @@ func (r *Reconciler) replaceBlocked(ctx context.Context, node *corev1.Node, plan
 		replicaSets: map[types.NamespacedName]*appsv1.ReplicaSet{}, deployments: map[types.NamespacedName]*appsv1.Deployment{},
 		rollouts: map[types.UID]*rollout{}, conflicted: map[types.UID]bool{}, unavailable: map[types.UID]map[types.UID]int32{},
 	}
-	first := !r.repl.wasSurveyed(node.UID)
+	// The first pass over a drain this process did not begin looks at every
+	// queue, for restarts an earlier process made; a drain begun here has
+	// them all in r.repl, and its first evictions need not wait for the reads.
+	first := !r.repl.wasSurveyed(node.UID) && !r.drainBeganHere(node)
 	surveyed := func(g *drain.Group) bool { return g.ByDesign || first || r.repl.watching(g.UID) }
 	p.prefetch(ctx, plan, surveyed)
 	var due time.Duration

@@ -4,6 +4,7 @@ import (
 	"context"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -15,6 +16,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/client/interceptor"
 
 	ngv1alpha1 "github.com/nodeguard/nodeguard/api/v1alpha1"
 	"github.com/nodeguard/nodeguard/finalizer/drain"
@@ -441,4 +443,63 @@ func containsAll(s string, parts ...string) bool {
 		}
 	}
 	return true
+}
+
+// TestFirstPassReadsWorkloadsOnlyForADrainBegunElsewhere: the first pass of a
+// drain this process began evicts without reading the queues' ReplicaSets and
+// Deployments (it made every restart of that drain itself, and the reads held
+// its first evictions back); after a restart of nodeguard, the first pass over
+// the same drain reads them, for restarts the earlier process made.
+func TestFirstPassReadsWorkloadsOnlyForADrainBegunElsewhere(t *testing.T) {
+	f := replaceFixture(t, "survey", "")
+	node := f.ns + "-node"
+	f.node(t, node, builder.Ready())
+	web := f.deployment(t, "web", 3)
+	f.podOf(t, web.rs, "web-1", node)
+	f.podOf(t, web.rs, "web-2", node)
+	f.pdb(t, "web", builder.MaxUnavailable("1"), 1, 3, 2, 3)
+	direct, err := client.NewWithWatch(env.Config, client.Options{Scheme: env.Scheme})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var mu sync.Mutex
+	workloadReads := 0
+	reader := interceptor.NewClient(direct, interceptor.Funcs{
+		Get: func(ctx context.Context, c client.WithWatch, key client.ObjectKey, obj client.Object, opts ...client.GetOption) error {
+			switch obj.(type) {
+			case *appsv1.ReplicaSet, *appsv1.Deployment:
+				mu.Lock()
+				workloadReads++
+				mu.Unlock()
+			}
+			return c.Get(ctx, key, obj, opts...)
+		},
+	})
+	reads := func() int {
+		mu.Lock()
+		defer mu.Unlock()
+		n := workloadReads
+		workloadReads = 0
+		return n
+	}
+	f.r.Reader = reader
+
+	f.r.noteFirstPass() // nodeguard has been running a while
+	f.clock.Step(2 * time.Second)
+	f.deleteNode(t, node)
+	f.pass(t, node)
+	if got := f.podState(t, "web-1"); got == "running" {
+		t.Fatal("web-1 is running after the first pass, want evicted")
+	}
+	if n := reads(); n != 0 {
+		t.Errorf("the first pass of a drain begun here read %d ReplicaSets and Deployments, want none", n)
+	}
+
+	f.restartReconciler()
+	f.r.Reader = reader
+	f.clock.Step(time.Second)
+	f.pass(t, node)
+	if n := reads(); n == 0 {
+		t.Error("the first pass after a restart of nodeguard read no ReplicaSet or Deployment: it cannot know the restarts made before it")
+	}
 }
