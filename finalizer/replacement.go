@@ -174,25 +174,35 @@ func (r *Reconciler) replaceBlocked(ctx context.Context, node *corev1.Node, plan
 		replicaSets: map[types.NamespacedName]*appsv1.ReplicaSet{}, deployments: map[types.NamespacedName]*appsv1.Deployment{},
 		rollouts: map[types.UID]*rollout{}, conflicted: map[types.UID]bool{}, unavailable: map[types.UID]map[types.UID]int32{},
 	}
-	// The first pass over a drain this process did not begin looks at every
-	// queue, for restarts an earlier process made; a drain begun here has
-	// them all in r.repl, and its first evictions need not wait for the reads.
+	// Which queues to look at: on the first pass over a drain this process
+	// did not begin, every one, for restarts an earlier process made (a drain
+	// begun here has them all in r.repl, and its first evictions need not wait
+	// for the reads); those under a PDB a restart was made or found for; and
+	// those blocked by design once settled, for the decision. A queue still
+	// settling needs no read: any restart that could serve it is one of those.
 	first := !r.repl.wasSurveyed(node.UID) && !r.drainBeganHere(node)
-	surveyed := func(g *drain.Group) bool { return g.ByDesign || first || r.repl.watching(g.UID) }
-	p.prefetch(ctx, plan, surveyed)
+	settles := make([]settle, len(plan.Groups))
 	var due time.Duration
 	for i := range plan.Groups {
-		g := &plan.Groups[i]
-		settled, wait := r.repl.settle(node.UID, g, p.now, r.Opts.BlockedPDBSettle)
-		if wait > 0 && (due == 0 || wait < due) {
-			due = wait
+		s := &settles[i]
+		s.settled, s.wait = r.repl.settle(node.UID, &plan.Groups[i], p.now, r.Opts.BlockedPDBSettle)
+		if s.wait > 0 && (due == 0 || s.wait < due) {
+			due = s.wait
 		}
-		if !surveyed(g) {
+		s.surveyed = first || r.repl.watching(plan.Groups[i].UID) || s.settled
+	}
+	p.prefetch(ctx, plan, settles)
+	for i := range plan.Groups {
+		g, s := &plan.Groups[i], settles[i]
+		if !s.surveyed {
+			if g.ByDesign && !pastDeadline {
+				g.Note = settlingNote(g, s.wait)
+			}
 			continue
 		}
 		var notes []string
 		for _, pod := range slices.Clone(g.Pods) {
-			note, err := p.decide(ctx, g, pod, settled, wait)
+			note, err := p.decide(ctx, g, pod, s.settled, s.wait)
 			if err != nil {
 				return 0, err
 			}
@@ -204,6 +214,21 @@ func (r *Reconciler) replaceBlocked(ctx context.Context, node *corev1.Node, plan
 	}
 	r.repl.markSurveyed(node.UID)
 	return due, nil
+}
+
+// settle is where a queue stands in replacement first this pass.
+type settle struct {
+	// settled: blocked by design for --blocked-pdb-settle; otherwise wait
+	// is what is left of it (0: not blocked by design).
+	settled bool
+	wait    time.Duration
+	// surveyed: the pass reads the queue's workloads.
+	surveyed bool
+}
+
+// settlingNote says that a queue blocked by design waits for the decision.
+func settlingNote(g *drain.Group, wait time.Duration) string {
+	return fmt.Sprintf("blocked by design (%s): deciding in %s", budgetNumbers(g), wait.Round(time.Second))
 }
 
 // replacePass is one drain pass's replacement work; it reads each
@@ -240,7 +265,7 @@ func (p *replacePass) decide(ctx context.Context, g *drain.Group, pod *corev1.Po
 	case !g.ByDesign, p.pastDeadline: // past the deadline, no new restart
 		return "", nil
 	case !settled:
-		return fmt.Sprintf("blocked by design (%s): deciding in %s", budgetNumbers(g), wait.Round(time.Second)), nil
+		return settlingNote(g, wait), nil
 	case d == nil:
 		return p.wait(g, pod, fmt.Sprintf("blocked-pdb-policy wait: %s is never restarted, only Deployments whose rolling update surges are; "+
 			"to let the node go, scale it up or relax the PDB so that it allows a disruption, or delete the pod yourself", owner)), nil
@@ -297,10 +322,10 @@ func (p *replacePass) deploymentOf(ctx context.Context, pod *corev1.Pod) (*appsv
 // queues' pods all at once: read one after another, they held the node's
 // first evictions back by a round trip per workload. A read that fails is
 // left for decide to retry and report.
-func (p *replacePass) prefetch(ctx context.Context, plan *drain.Plan, surveyed func(*drain.Group) bool) {
+func (p *replacePass) prefetch(ctx context.Context, plan *drain.Plan, settles []settle) {
 	var rsKeys []types.NamespacedName
 	for i := range plan.Groups {
-		if !surveyed(&plan.Groups[i]) {
+		if !settles[i].surveyed {
 			continue
 		}
 		for _, pod := range plan.Groups[i].Pods {

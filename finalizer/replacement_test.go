@@ -458,30 +458,7 @@ func TestFirstPassReadsWorkloadsOnlyForADrainBegunElsewhere(t *testing.T) {
 	f.podOf(t, web.rs, "web-1", node)
 	f.podOf(t, web.rs, "web-2", node)
 	f.pdb(t, "web", builder.MaxUnavailable("1"), 1, 3, 2, 3)
-	direct, err := client.NewWithWatch(env.Config, client.Options{Scheme: env.Scheme})
-	if err != nil {
-		t.Fatal(err)
-	}
-	var mu sync.Mutex
-	workloadReads := 0
-	reader := interceptor.NewClient(direct, interceptor.Funcs{
-		Get: func(ctx context.Context, c client.WithWatch, key client.ObjectKey, obj client.Object, opts ...client.GetOption) error {
-			switch obj.(type) {
-			case *appsv1.ReplicaSet, *appsv1.Deployment:
-				mu.Lock()
-				workloadReads++
-				mu.Unlock()
-			}
-			return c.Get(ctx, key, obj, opts...)
-		},
-	})
-	reads := func() int {
-		mu.Lock()
-		defer mu.Unlock()
-		n := workloadReads
-		workloadReads = 0
-		return n
-	}
+	reader, reads := workloadReadCounter(t)
 	f.r.Reader = reader
 
 	f.r.noteFirstPass() // nodeguard has been running a while
@@ -501,5 +478,75 @@ func TestFirstPassReadsWorkloadsOnlyForADrainBegunElsewhere(t *testing.T) {
 	f.pass(t, node)
 	if n := reads(); n == 0 {
 		t.Error("the first pass after a restart of nodeguard read no ReplicaSet or Deployment: it cannot know the restarts made before it")
+	}
+}
+
+// workloadReadCounter is a reader of the API server that counts the
+// ReplicaSets and Deployments read through it; reads returns the count since
+// its last call.
+func workloadReadCounter(t *testing.T) (reader client.Reader, reads func() int) {
+	t.Helper()
+	direct, err := client.NewWithWatch(env.Config, client.Options{Scheme: env.Scheme})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var mu sync.Mutex
+	n := 0
+	reader = interceptor.NewClient(direct, interceptor.Funcs{
+		Get: func(ctx context.Context, c client.WithWatch, key client.ObjectKey, obj client.Object, opts ...client.GetOption) error {
+			switch obj.(type) {
+			case *appsv1.ReplicaSet, *appsv1.Deployment:
+				mu.Lock()
+				n++
+				mu.Unlock()
+			}
+			return c.Get(ctx, key, obj, opts...)
+		},
+	})
+	return reader, func() int {
+		mu.Lock()
+		defer mu.Unlock()
+		got := n
+		n = 0
+		return got
+	}
+}
+
+// TestSettlingQueueReadsNoWorkload: a queue blocked by design says it is
+// settling on every pass without reading its ReplicaSet and Deployment (no
+// restart can serve it yet); once settled, the pass reads them and restarts
+// the Deployment.
+func TestSettlingQueueReadsNoWorkload(t *testing.T) {
+	f := replaceFixture(t, "settling", "")
+	node := f.ns + "-node"
+	f.node(t, node, builder.Ready())
+	web := f.deployment(t, "web", 2)
+	f.podOf(t, web.rs, "web-1", node)
+	f.podOf(t, web.rs, "web-2", node)
+	f.pdb(t, "web", builder.MinAvailable("2"), 0, 2, 2, 2)
+	reader, reads := workloadReadCounter(t)
+	f.r.Reader = reader
+	f.r.noteFirstPass()
+	f.clock.Step(2 * time.Second)
+	f.deleteNode(t, node)
+
+	for range 3 {
+		f.pass(t, node)
+		f.clock.Step(2 * time.Second)
+	}
+	if n := reads(); n != 0 {
+		t.Errorf("3 passes over a settling queue read %d ReplicaSets and Deployments, want none", n)
+	}
+	if c := condition(getNode(t, node), ngv1alpha1.TerminatingCondition); c == nil || !strings.Contains(c.Message, "blocked by design") || !strings.Contains(c.Message, "deciding in") {
+		t.Errorf("condition %+v, want one saying the PDB is blocked by design and settling", c)
+	}
+
+	f.clock.Step(DefaultBlockedPDBSettle)
+	f.pass(t, node)
+	if n := reads(); n == 0 {
+		t.Error("the pass that decides read no ReplicaSet or Deployment")
+	}
+	if d := getDeployment(t, f.ns, "web"); d.Generation != 2 {
+		t.Errorf("the settled queue's Deployment was not restarted: generation %d", d.Generation)
 	}
 }
