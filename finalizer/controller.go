@@ -30,6 +30,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/controller"
 	"sigs.k8s.io/controller-runtime/pkg/event"
 	"sigs.k8s.io/controller-runtime/pkg/handler"
+	"sigs.k8s.io/controller-runtime/pkg/manager"
 	logf "sigs.k8s.io/controller-runtime/pkg/log"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 	"sigs.k8s.io/controller-runtime/pkg/source"
@@ -148,10 +149,9 @@ type Reconciler struct {
 	// the node condition last written, for reportCondition.
 	waitingFor map[types.UID]string
 	conditions map[types.UID]writtenCondition
-	// firstPass is when this process ran its first pass (so it leads): a
-	// drain that began later is its own, and r.repl knows every restart made
-	// for it.
-	firstPass time.Time
+	// leadingSince is when this process started leading: a drain that began
+	// later is its own, and r.repl knows every restart made for it.
+	leadingSince time.Time
 }
 
 // +kubebuilder:rbac:groups="",resources=nodes,verbs=get;list;watch;patch
@@ -175,6 +175,9 @@ func (r *Reconciler) SetupWithManager(mgr ctrl.Manager) error {
 	r.wakeups = make(chan event.GenericEvent, 1024)
 	r.pods = newNodePods(cs, r.wakeups)
 	if err := mgr.Add(r.pods); err != nil {
+		return err
+	}
+	if err := mgr.Add(manager.RunnableFunc(r.startLeading)); err != nil { // needs leader election
 		return err
 	}
 	b := ctrl.NewControllerManagedBy(mgr).
@@ -299,7 +302,6 @@ type phase struct {
 
 // Reconcile runs the phases in order and stops at the first that waits.
 func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reconcile.Result, error) {
-	r.noteFirstPass()
 	// Fresh from the API server, not the cache: a stale node that was already
 	// released must not take its maintenance Lease again.
 	var node corev1.Node
@@ -356,21 +358,22 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reco
 	return reconcile.Result{}, nil
 }
 
-func (r *Reconciler) noteFirstPass() {
+// startLeading records when this process started leading (the manager
+// starts it with the controllers, once elected).
+func (r *Reconciler) startLeading(context.Context) error {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	if r.firstPass.IsZero() {
-		r.firstPass = r.Clock.Now()
-	}
+	r.leadingSince = r.Clock.Now()
+	return nil
 }
 
 // drainBeganHere reports whether this process began the node's drain (it
-// cordoned the node after its first pass); the cordon time has whole seconds
-// once read back, so a drain begun in the same second does not count.
+// cordoned the node after it started leading); the cordon time has whole
+// seconds once read back, so a drain begun in the same second does not count.
 func (r *Reconciler) drainBeganHere(node *corev1.Node) bool {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	return !r.firstPass.IsZero() && terminationStarted(node).After(r.firstPass)
+	return !r.leadingSince.IsZero() && terminationStarted(node).After(r.leadingSince)
 }
 
 // forgetName drops the state of a node that is gone, found by name.

@@ -461,7 +461,7 @@ func TestFirstPassReadsWorkloadsOnlyForADrainBegunElsewhere(t *testing.T) {
 	reader, reads := workloadReadCounter(t)
 	f.r.Reader = reader
 
-	f.r.noteFirstPass() // nodeguard has been running a while
+	_ = f.r.startLeading(context.Background()) // nodeguard has been leading a while
 	f.clock.Step(2 * time.Second)
 	f.deleteNode(t, node)
 	f.pass(t, node)
@@ -526,7 +526,7 @@ func TestSettlingQueueReadsNoWorkload(t *testing.T) {
 	f.pdb(t, "web", builder.MinAvailable("2"), 0, 2, 2, 2)
 	reader, reads := workloadReadCounter(t)
 	f.r.Reader = reader
-	f.r.noteFirstPass()
+	_ = f.r.startLeading(context.Background())
 	f.clock.Step(2 * time.Second)
 	f.deleteNode(t, node)
 
