@@ -23,14 +23,16 @@ const (
 // startCluster starts a full local cluster (etcd, kube-apiserver,
 // kube-controller-manager, kube-scheduler, kwok) with nodeguard's webhook
 // configurations installed, logging to dir. kwokParallelism above 0 sets
-// kwok's worker counts (harness.Options.KwokParallelism).
-func startCluster(ctx context.Context, dir, podStages string, kwokParallelism int) (*harness.Env, error) {
+// kwok's worker counts (harness.Options.KwokParallelism); auditPolicy, when
+// set, is kube-apiserver's audit policy.
+func startCluster(ctx context.Context, dir, podStages string, kwokParallelism int, auditPolicy string) (*harness.Env, error) {
 	if err := os.RemoveAll(dir); err != nil {
 		return nil, err
 	}
 	env, err := harness.Start(ctx, harness.Options{
 		Cluster: true, PodStages: podStages, Dir: dir, KwokParallelism: kwokParallelism,
 		WebhookManifests: []string{filepath.Join(harness.RepoRoot(), "manifests", "webhook")},
+		AuditPolicy:      auditPolicy,
 	})
 	if err != nil {
 		if env != nil {

@@ -59,6 +59,7 @@ type drainResult struct {
 	Evicts          [2][]harness.Eviction      `json:"evictionLog"`
 	OwnChain        [2]time.Duration           `json:"longestPDBSumOfCycles"`
 	Wakeup          [2]bench.Summary           `json:"wakeupDelay"` // kubectl, nodeguard
+	Controllers     [2][]controllerLoad        `json:"controllerLoad"`
 	PDBOpened       map[string][]time.Duration `json:"pdbAllowsAgain"`
 	Healthy         map[string][]bench.Point   `json:"healthyTimelines"`
 	KubectlTimeline []bench.Point              `json:"kubectlTimeline"`
@@ -246,6 +247,11 @@ func runDrain(ctx context.Context, c config, env *harness.Env, profile string) (
 		for _, app := range apps {
 			r.PDBOpened[ns+"/"+app] = pw.since(ns+"/"+app, start)
 		}
+		if empty := []time.Duration{r.KubectlEmpty, r.NodeguardEmpty}[i]; env.AuditLog != "" && r.FirstEviction[i] > 0 && empty > r.FirstEviction[i] {
+			if r.Controllers[i], err = controllerLoads(env.AuditLog, ns, start.Add(r.FirstEviction[i]), start.Add(empty)); err != nil {
+				return nil, err
+			}
+		}
 		r.Evictions[i] = evictionsAnswered(proxy, ns, 0)
 		r.TooMany[i] = evictionsAnswered(proxy, ns, 429)
 		r.MaxInFlight[i] = maxInFlight(proxy, ns, apps)
@@ -345,6 +351,8 @@ func drainTable(rs []*drainResult) *bench.Table {
 		t.Note("%s: chain %d × cycle %s (median of %d; eviction to replacement Ready alone: median %s) = %s; the longest PDB's own cycles summed to %s (kubectl) and %s (nodeguard); first eviction request after %s (kubectl) and %s (nodeguard: Lease, cordon, taint, traffic cut); nodeguard's node released (finalizer removed) at %s; kubectl drain exited at %s and printed %d PDB refusals.",
 			r.Profile, r.Chain, bench.Millis(r.Cycle), r.Cycles, bench.Millis(r.ReadyCycle), bench.Seconds(r.LowerBound), bench.Seconds(r.OwnChain[0]), bench.Seconds(r.OwnChain[1]), bench.Millis(r.FirstEviction[0]), bench.Millis(r.FirstEviction[1]),
 			bench.Seconds(r.NodeguardGone), bench.Seconds(r.KubectlExit), r.KubectlOutput)
+		t.Note("%s: kube-controller-manager's writes for each drainer's pods, from its first eviction until its node was empty (each controller's client limit: %d/s): nodeguard: %s; kubectl: %s.",
+			r.Profile, kcmClientQPS, loadCell(r.Controllers[1]), loadCell(r.Controllers[0]))
 	}
 	return t
 }

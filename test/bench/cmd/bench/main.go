@@ -180,7 +180,11 @@ func run(ctx context.Context, c config) error {
 			break
 		}
 		logf("starting a cluster with kwok %s pod stages", profile)
-		env, err := startCluster(ctx, filepath.Join(c.out, "cluster-"+profile), profile, 0)
+		audit := ""
+		if c.has("drain") {
+			audit = drainAuditPolicy
+		}
+		env, err := startCluster(ctx, filepath.Join(c.out, "cluster-"+profile), profile, 0, audit)
 		if err != nil {
 			fail("cluster "+profile, err)
 			continue
@@ -226,7 +230,7 @@ func run(ctx context.Context, c config) error {
 	}
 	if c.has("scale") && ctx.Err() == nil {
 		logf("starting a cluster for the scale section")
-		env, err := startCluster(ctx, filepath.Join(c.out, "cluster-scale"), harness.PodsFast, scaleKwokParallelism)
+		env, err := startCluster(ctx, filepath.Join(c.out, "cluster-scale"), harness.PodsFast, scaleKwokParallelism, "")
 		if err != nil {
 			fail("cluster scale", err)
 		} else {
