@@ -351,7 +351,7 @@ func drainTable(rs []*drainResult) *bench.Table {
 		t.Note("%s: chain %d × cycle %s (median of %d; eviction to replacement Ready alone: median %s) = %s; the longest PDB's own cycles summed to %s (kubectl) and %s (nodeguard); first eviction request after %s (kubectl) and %s (nodeguard: Lease, cordon, taint, traffic cut); nodeguard's node released (finalizer removed) at %s; kubectl drain exited at %s and printed %d PDB refusals.",
 			r.Profile, r.Chain, bench.Millis(r.Cycle), r.Cycles, bench.Millis(r.ReadyCycle), bench.Seconds(r.LowerBound), bench.Seconds(r.OwnChain[0]), bench.Seconds(r.OwnChain[1]), bench.Millis(r.FirstEviction[0]), bench.Millis(r.FirstEviction[1]),
 			bench.Seconds(r.NodeguardGone), bench.Seconds(r.KubectlExit), r.KubectlOutput)
-		t.Note("%s: kube-controller-manager's writes for each drainer's pods, from its first eviction until its node was empty (each controller's client limit: %d/s): nodeguard: %s; kubectl: %s.",
+		t.Note("%s: kube-controller-manager's writes in the drain namespaces while each drainer drained, from its first eviction until its node was empty (both drainers' pods share each controller's client and its limit of %d/s): nodeguard: %s; kubectl: %s.",
 			r.Profile, kcmClientQPS, loadCell(r.Controllers[1]), loadCell(r.Controllers[0]))
 	}
 	return t
