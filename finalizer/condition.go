@@ -22,12 +22,13 @@ const conditionMinInterval = 3 * time.Second
 
 // conditionReasons name the phases in the condition (CamelCase, as reasons are).
 var conditionReasons = map[string]string{
-	phaseLease:   "WaitingForMaintenanceLease",
-	phaseCordon:  "Cordoning",
-	phaseTraffic: "CuttingTraffic",
-	phaseDrain:   "Draining",
-	phaseVolumes: "WaitingForVolumeDetach",
-	phaseRelease: "Releasing",
+	phaseLease:     "WaitingForMaintenanceLease",
+	phaseCordon:    "Cordoning",
+	phaseTraffic:   "CuttingTraffic",
+	phaseDrainSlot: "WaitingForDrainSlot",
+	phaseDrain:     "Draining",
+	phaseVolumes:   "WaitingForVolumeDetach",
+	phaseRelease:   "Releasing",
 }
 
 // waitFor records what the node's current phase waits for, for the condition.

@@ -97,7 +97,8 @@ type Options struct {
 	StuckPodMargin time.Duration
 	// VolumeDetachTimeout bounds the wait for VolumeAttachments; 0 skips it.
 	VolumeDetachTimeout time.Duration
-	// MaxConcurrentNodes bounds nodes terminated in parallel.
+	// MaxConcurrentNodes bounds the nodes that drain at once (drainSlots) and
+	// the passes run at once; 0 leaves drains unbounded.
 	MaxConcurrentNodes int
 	// BlockedPDBPolicy is what a drain does about pods under a PDB blocked by
 	// design (empty: replace); annotations on a Deployment or PDB override it.
@@ -130,6 +131,7 @@ type Reconciler struct {
 	Opts      Options
 
 	phases phases
+	slots  drainSlots
 	repl   replacements
 	// pods watches the pods of the nodes being drained (nil: they are polled).
 	pods *nodePods
@@ -307,23 +309,24 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reco
 	var node corev1.Node
 	if err := r.Reader.Get(ctx, req.NamespacedName, &node); err != nil {
 		if apierrors.IsNotFound(err) {
-			r.forgetName(req.Name)
+			r.forgetName(ctx, req.Name)
 		}
 		return reconcile.Result{}, client.IgnoreNotFound(err)
 	}
 	if !ngv1alpha1.TerminatingUnderFinalizer(&node) {
-		r.forget(node.UID)
+		r.forget(ctx, node.UID)
 		return reconcile.Result{}, nil
 	}
 	if r.instanceGone(ctx, &node) {
 		_, err := r.releaseGone(ctx, &node)
-		r.forget(node.UID)
+		r.forget(ctx, node.UID)
 		return reconcile.Result{}, err
 	}
 	phases := []phase{
 		{phaseLease, r.holdMaintenanceLease},
 		{phaseCordon, r.cordon},
 		{phaseTraffic, r.cutTraffic},
+		{phaseDrainSlot, r.waitForDrainSlot},
 		{phaseDrain, r.drain},
 		{phaseVolumes, r.waitForVolumes},
 		{phaseRelease, r.release},
@@ -354,7 +357,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reco
 			return result, nil
 		}
 	}
-	r.forget(node.UID)
+	r.forget(ctx, node.UID)
 	return reconcile.Result{}, nil
 }
 
@@ -377,7 +380,7 @@ func (r *Reconciler) drainBeganHere(node *corev1.Node) bool {
 }
 
 // forgetName drops the state of a node that is gone, found by name.
-func (r *Reconciler) forgetName(name string) {
+func (r *Reconciler) forgetName(ctx context.Context, name string) {
 	r.phases.mu.Lock()
 	var gone []types.UID
 	for uid, n := range r.phases.names {
@@ -387,16 +390,17 @@ func (r *Reconciler) forgetName(name string) {
 	}
 	r.phases.mu.Unlock()
 	for _, uid := range gone {
-		r.forget(uid)
+		r.forget(ctx, uid)
 	}
 }
 
-func (r *Reconciler) forget(uid types.UID) {
+func (r *Reconciler) forget(ctx context.Context, uid types.UID) {
 	r.phases.mu.Lock()
 	name := r.phases.names[uid]
 	r.phases.mu.Unlock()
 	r.phases.forget(uid)
 	r.repl.forget(uid)
+	r.giveDrainSlot(ctx, uid)
 	if name != "" {
 		r.pods.unwatch(name)
 		r.Evictor.Forget(name)

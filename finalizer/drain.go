@@ -25,7 +25,7 @@ import (
 // requeue is only a backstop.
 func (r *Reconciler) drain(ctx context.Context, node *corev1.Node) (reconcile.Result, error) {
 	if _, done := node.Annotations[ngv1alpha1.DrainedAtAnnotation]; done {
-		r.stopDraining(node.Name)
+		r.stopDraining(ctx, node)
 		return reconcile.Result{}, nil
 	}
 	r.pods.watch(node.Name)
@@ -44,7 +44,7 @@ func (r *Reconciler) drain(ctx context.Context, node *corev1.Node) (reconcile.Re
 	r.rememberQueues(node.Name, plan.Groups)
 	r.reportGivenUp(node, plan)
 	if plan.Remaining() == 0 {
-		r.stopDraining(node.Name)
+		r.stopDraining(ctx, node)
 		drainDuration.Observe(r.Clock.Since(terminationStarted(node)).Seconds())
 		r.event(node, corev1.EventTypeNormal, ReasonDrained, "every evictable pod is gone")
 		return reconcile.Result{}, r.annotate(ctx, node, ngv1alpha1.DrainedAtAnnotation)
@@ -74,10 +74,12 @@ func (r *Reconciler) drain(ctx context.Context, node *corev1.Node) (reconcile.Re
 	return reconcile.Result{RequeueAfter: next}, nil
 }
 
-// stopDraining ends the watch of the node's pods and its parked queues.
-func (r *Reconciler) stopDraining(node string) {
-	r.pods.unwatch(node)
-	r.Evictor.Forget(node)
+// stopDraining ends the watch of the node's pods and its parked queues, and
+// gives its drain slot to the next node in line.
+func (r *Reconciler) stopDraining(ctx context.Context, node *corev1.Node) {
+	r.pods.unwatch(node.Name)
+	r.Evictor.Forget(node.Name)
+	r.giveDrainSlot(ctx, node.UID)
 }
 
 // plan sorts the node's pods and the PDBs (cached) for eviction. The pods come

@@ -8,6 +8,7 @@ const (
 	ReasonCordoned                  = "CordonedForTermination"
 	ReasonTrafficCut                = "TrafficCut"
 	ReasonTrafficCutTimedOut        = "TrafficCutTimedOut"
+	ReasonWaitingForDrainSlot       = "WaitingForDrainSlot"
 	ReasonDrainWaiting              = "DrainWaiting"
 	ReasonPodUnderMultiplePDBs      = "PodUnderMultiplePDBs"
 	ReasonDoNotEvictPodBlocking     = "DoNotEvictPodBlocking"

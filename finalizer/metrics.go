@@ -15,12 +15,14 @@ const (
 	phaseLease   = "maintenance_lease"
 	phaseCordon  = "cordon"
 	phaseTraffic = "traffic_cut"
-	phaseDrain   = "drain"
-	phaseVolumes = "volume_detach"
-	phaseRelease = "release"
-	labelPhase   = "phase"
-	labelResult  = "result"
-	labelCause   = "cause"
+	// phaseDrainSlot: waiting for one of the --max-concurrent-drains slots.
+	phaseDrainSlot = "drain_slot"
+	phaseDrain     = "drain"
+	phaseVolumes   = "volume_detach"
+	phaseRelease   = "release"
+	labelPhase     = "phase"
+	labelResult    = "result"
+	labelCause     = "cause"
 )
 
 // Replacement restarts: the namespace label and the results.
@@ -70,7 +72,7 @@ func init() {
 	for _, c := range []string{drain.GiveUpStuck, drain.GiveUpUnreachable, drain.GiveUpDeadline} {
 		podsGivenUp.WithLabelValues(c)
 	}
-	for _, p := range []string{phaseLease, phaseCordon, phaseTraffic, phaseDrain, phaseVolumes, phaseRelease} {
+	for _, p := range []string{phaseLease, phaseCordon, phaseTraffic, phaseDrainSlot, phaseDrain, phaseVolumes, phaseRelease} {
 		nodesInPhase.WithLabelValues(p)
 	}
 }

@@ -1,0 +1,132 @@
+package finalizer
+
+import (
+	"context"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus/testutil"
+
+	ngv1alpha1 "github.com/nodeguard/nodeguard/api/v1alpha1"
+	"github.com/nodeguard/nodeguard/test/harness"
+)
+
+// TestDrainSlotsGoInTheOrderTerminationsBegan: with 2 slots, free slots go
+// to whoever asks while nobody waits; once nodes wait, a slot given back goes
+// to the node that began terminating first, whichever node's pass asks
+// first; and a node that stopped asking holds no one back.
+func TestDrainSlotsGoInTheOrderTerminationsBegan(t *testing.T) {
+	var s drainSlots
+	now := time.Now()
+	holder := func(name string, began int) slotHolder {
+		return slotHolder{name: name, since: now.Add(time.Duration(began) * time.Second), asked: now}
+	}
+	a, b, c, d := holder("a", 0), holder("b", 1), holder("c", 2), holder("d", 2)
+
+	if ok, _ := s.take(2, "d", d); !ok {
+		t.Fatal("d did not get a free slot with nobody waiting")
+	}
+	if ok, _ := s.take(2, "c", c); !ok {
+		t.Fatal("c did not get the second free slot")
+	}
+	if ok, ahead := s.take(2, "b", b); ok || ahead != 0 {
+		t.Fatalf("b: slot %v, %d ahead; want to wait first in line (both slots held)", ok, ahead)
+	}
+	if ok, ahead := s.take(2, "a", a); ok || ahead != 0 {
+		t.Fatalf("a: slot %v, %d ahead; want to wait first in line (it began before b)", ok, ahead)
+	}
+	if _, ahead := s.take(2, "b", b); ahead != 1 {
+		t.Fatalf("b has %d nodes ahead, want 1 (a)", ahead)
+	}
+	if next := s.give(2, "c"); !slices.Equal(next, []string{"a"}) {
+		t.Fatalf("c's slot wakes %v, want [a]", next)
+	}
+	// b asks before a, woken, does: the slot is a's.
+	if ok, ahead := s.take(2, "b", b); ok || ahead != 1 {
+		t.Fatalf("b took the slot given to a (slot %v, %d ahead)", ok, ahead)
+	}
+	if ok, _ := s.take(2, "a", a); !ok {
+		t.Fatal("a, first in line, did not get the free slot")
+	}
+	if held, waiting := s.count(); held != 2 || waiting != 1 {
+		t.Fatalf("%d held, %d waiting; want 2 and 1", held, waiting)
+	}
+	// d's passes stop without a release: past slotExpiry its slot is b's.
+	b.asked = now.Add(slotExpiry + time.Second)
+	a.asked = b.asked
+	if ok, _ := s.take(2, "a", a); !ok {
+		t.Fatal("a lost its slot")
+	}
+	if ok, _ := s.take(2, "b", b); !ok {
+		t.Fatal("d's slot, unclaimed past slotExpiry, was not freed for b")
+	}
+	if next := s.give(2, "never-held"); next != nil {
+		t.Fatalf("giving back a slot never held wakes %v", next)
+	}
+}
+
+// TestMaxConcurrentDrainsBoundsTheNodesEvictingAtOnce: three nodes deleted at
+// once with --max-concurrent-drains=2. All three are cordoned at once; the
+// pods of the first two are evicted, and the third waits, saying so in its
+// condition, an event and the phase gauge, until a node is released: its
+// slot then wakes the third at once (well before the slot wait's backstop).
+func TestMaxConcurrentDrainsBoundsTheNodesEvictingAtOnce(t *testing.T) {
+	f := newFixture(t, "slots")
+	nodes := []string{f.ns + "-a", f.ns + "-b", f.ns + "-c"}
+	for _, n := range nodes {
+		f.node(t, n)
+		f.pod(t, "pod-"+n[len(n)-1:], n)
+	}
+	waitingBefore := testutil.ToFloat64(nodesInPhase.WithLabelValues(phaseDrainSlot))
+	f.startController(t, Options{MaxConcurrentNodes: 2})
+	for _, n := range nodes { // a second apart: the order their terminations begin
+		f.deleteNode(t, n)
+	}
+
+	harness.Eventually(t, time.Minute, func(context.Context) (bool, error) {
+		return f.podState(t, "pod-a") == "terminating" && f.podState(t, "pod-b") == "terminating" &&
+			len(f.events.with(ReasonWaitingForDrainSlot)) == 1, nil
+	}, "the first two nodes evict their pods and the third waits for a slot")
+	harness.Eventually(t, time.Minute, func(context.Context) (bool, error) {
+		c := condition(getNode(t, nodes[2]), ngv1alpha1.TerminatingCondition)
+		return c != nil && c.Reason == "WaitingForDrainSlot", nil
+	}, "the third node's condition says it waits for a drain slot")
+	third := getNode(t, nodes[2])
+	if c := condition(third, ngv1alpha1.TerminatingCondition); !strings.Contains(c.Message, "2 nodes drain at once (--max-concurrent-drains)") {
+		t.Errorf("condition message %q, want it to name the limit and the flag", c.Message)
+	}
+	if !third.Spec.Unschedulable || drainingTaint(third) == nil {
+		t.Error("the waiting node is not cordoned and tainted: cordons must not wait for a slot")
+	}
+	if got := f.podState(t, "pod-c"); got != "running" {
+		t.Fatalf("pod-c is %s while two nodes drain with --max-concurrent-drains=2", got)
+	}
+	if got := testutil.ToFloat64(nodesInPhase.WithLabelValues(phaseDrainSlot)) - waitingBefore; got != 1 {
+		t.Errorf("nodeguard_termination_nodes{phase=%q} grew by %v, want 1", phaseDrainSlot, got)
+	}
+
+	f.finish(t, "pod-a")
+	harness.Eventually(t, time.Minute, func(ctx context.Context) (bool, error) {
+		return harness.NodeGone(ctx, env.Client, nodes[0])
+	}, "the first node is released once its pod is gone")
+	// Well within slotWaitBackstop: the released slot wakes the third node.
+	harness.Eventually(t, slotWaitBackstop/2, func(context.Context) (bool, error) {
+		return f.podState(t, "pod-c") == "terminating", nil
+	}, "the released slot wakes the third node, which evicts its pod")
+	if got := f.podState(t, "pod-b"); got != "terminating" {
+		t.Errorf("pod-b is %s, want still terminating (its kubelet has not confirmed)", got)
+	}
+
+	f.finish(t, "pod-b")
+	f.finish(t, "pod-c")
+	for _, n := range nodes[1:] {
+		harness.Eventually(t, time.Minute, func(ctx context.Context) (bool, error) {
+			return harness.NodeGone(ctx, env.Client, n)
+		}, "node %s is released", n)
+	}
+	if got := testutil.ToFloat64(nodesInPhase.WithLabelValues(phaseDrainSlot)) - waitingBefore; got != 0 {
+		t.Errorf("nodeguard_termination_nodes{phase=%q} is %v above where it began with every node gone", phaseDrainSlot, got)
+	}
+}
