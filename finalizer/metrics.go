@@ -40,7 +40,7 @@ var (
 	}, []string{labelPhase})
 	evictions = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "nodeguard_evictions_total",
-		Help: "Eviction requests by result: evicted, blocked_by_pdb (429), multiple_pdbs (500), already_gone, error, deleted_past_deadline.",
+		Help: "Eviction requests by result: evicted, blocked_by_pdb (429 from a PDB), throttled (any other 429), multiple_pdbs (500), already_gone, error, deleted_past_deadline.",
 	}, []string{labelResult})
 	podsGivenUp = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "nodeguard_drain_pods_given_up_total",

@@ -22,8 +22,12 @@ const (
 	ResultBlocked      = "blocked_by_pdb"
 	ResultMultiplePDBs = "multiple_pdbs"
 	ResultGone         = "already_gone"
-	ResultError        = "error"
-	ResultDeleted      = "deleted_past_deadline"
+	// ResultThrottled is a 429 that is not a PDB's: the API server's priority
+	// and fairness (or a proxy) shedding load. Retried like an error, never
+	// parked for a PDB change that may not come.
+	ResultThrottled = "throttled"
+	ResultError     = "error"
+	ResultDeleted   = "deleted_past_deadline"
 )
 
 // Evictor sends evictions. Use one Evictor per process: its per-PDB locks are
@@ -166,9 +170,10 @@ func (e *Evictor) evict(ctx context.Context, pod *corev1.Pod) error {
 // than one PDB selects; any other 500 is an ordinary server error.
 const multiplePDBsMessage = "more than one PodDisruptionBudget"
 
-// classify maps an Eviction API answer to a result: 200 evicted, 429 blocked
-// by a PDB, 500 saying "more than one PodDisruptionBudget" (only that one),
-// 404/409 (UID changed) gone; everything else is an error, retried.
+// classify maps an Eviction API answer to a result: 200 evicted, 429 with the
+// cause DisruptionBudget blocked by a PDB, any other 429 throttled, 500 saying
+// "more than one PodDisruptionBudget" (only that one), 404/409 (UID changed)
+// gone; everything else is an error, retried.
 func classify(err error) string {
 	var status apierrors.APIStatus
 	switch {
@@ -176,8 +181,10 @@ func classify(err error) string {
 		return ResultEvicted
 	case apierrors.IsNotFound(err), apierrors.IsConflict(err):
 		return ResultGone
-	case apierrors.IsTooManyRequests(err):
+	case apierrors.IsTooManyRequests(err) && apierrors.HasStatusCause(err, policyv1.DisruptionBudgetCause):
 		return ResultBlocked
+	case apierrors.IsTooManyRequests(err):
+		return ResultThrottled
 	case errors.As(err, &status) && status.Status().Code == http.StatusInternalServerError &&
 		strings.Contains(status.Status().Message, multiplePDBsMessage):
 		return ResultMultiplePDBs

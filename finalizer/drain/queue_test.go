@@ -9,7 +9,6 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	policyv1 "k8s.io/api/policy/v1"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/client/fake"
@@ -32,7 +31,7 @@ func (a *evictionAPI) client() client.Client {
 			if a.refuse[obj.GetName()] {
 				delete(a.refuse, obj.GetName())
 				a.sent = append(a.sent, obj.GetName()+" 429")
-				return apierrors.NewTooManyRequests("Cannot evict pod as it would violate the pod's disruption budget.", 0)
+				return budgetRefusal()
 			}
 			a.sent = append(a.sent, obj.GetName()+" 200")
 			return nil
