@@ -24,6 +24,7 @@ import (
 
 	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/tools/events"
@@ -33,6 +34,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/event"
 	"sigs.k8s.io/controller-runtime/pkg/handler"
+	logf "sigs.k8s.io/controller-runtime/pkg/log"
 	"sigs.k8s.io/controller-runtime/pkg/predicate"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
@@ -51,6 +53,10 @@ const (
 	trafficPoll = time.Second
 	// claimTimeout bounds one pass's budget claims.
 	claimTimeout = 10 * time.Second
+	// conflictRetry is how soon a pass runs again whose node patch lost to
+	// another writer (the kubelet, cluster-autoscaler): by then the cache
+	// has, as a rule, the write that won.
+	conflictRetry = 100 * time.Millisecond
 )
 
 // TrafficCut is what the hold needs of the Azure admin-state manager.
@@ -137,8 +143,18 @@ func (r *HoldReconciler) waitingNodes(ctx context.Context, _ client.Object) []re
 }
 
 // Reconcile puts the hold on, lets a claimed scale-down through, or gives
-// back the claim of a cancelled one.
+// back the claim of a cancelled one. A node patch that lost to another writer
+// is no failure: the pass runs again on the node as it now is.
 func (r *HoldReconciler) Reconcile(ctx context.Context, req reconcile.Request) (reconcile.Result, error) {
+	res, err := r.pass(ctx, req)
+	if apierrors.IsConflict(err) {
+		logf.FromContext(ctx).V(1).Info("Node changed by another writer during the pass; looking again", "error", err.Error())
+		return reconcile.Result{RequeueAfter: conflictRetry}, nil
+	}
+	return res, err
+}
+
+func (r *HoldReconciler) pass(ctx context.Context, req reconcile.Request) (reconcile.Result, error) {
 	var node corev1.Node
 	if err := r.Client.Get(ctx, req.NamespacedName, &node); err != nil {
 		return reconcile.Result{}, client.IgnoreNotFound(err)

@@ -12,12 +12,15 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/utils/clock"
 	"k8s.io/utils/ptr"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/client/interceptor"
 	"sigs.k8s.io/controller-runtime/pkg/config"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	ngv1alpha1 "github.com/nodeguard/nodeguard/api/v1alpha1"
 	"github.com/nodeguard/nodeguard/autoscaler"
@@ -212,5 +215,65 @@ func TestDisabledHoldRemovesWhatNodeguardSet(t *testing.T) {
 	waitState(t, nodes[0], state{})
 	if n, err := getNode(context.Background(), nodes[0]); err != nil || n.Annotations["delay-deletion.cluster-autoscaler.kubernetes.io/someone-else"] != "x" {
 		t.Errorf("another tool's hold was touched: %v %v", n.Annotations, err)
+	}
+}
+
+// TestNodeWrittenDuringTheHoldPassIsNotAFailure: the hold's node patch carries
+// an optimistic lock; when another writer (the kubelet, cluster-autoscaler)
+// changes the node between the pass's read and its patch, kube-apiserver
+// answers 409. That is no error (no "Reconciler error" with a stack trace):
+// the pass runs again soon, and puts the hold on beside the other write.
+func TestNodeWrittenDuringTheHoldPassIsNotAFailure(t *testing.T) {
+	harness.SkipWithoutEnv(t, env)
+	name := createNodes(t, fresh("conflict"), 1)[0]
+	direct, err := client.NewWithWatch(env.Config, client.Options{Scheme: env.Scheme})
+	if err != nil {
+		t.Fatal(err)
+	}
+	raced := false
+	c := interceptor.NewClient(direct, interceptor.Funcs{
+		Patch: func(ctx context.Context, c client.WithWatch, obj client.Object, patch client.Patch, opts ...client.PatchOption) error {
+			if n, ok := obj.(*corev1.Node); ok && !raced {
+				raced = true
+				other, err := getNode(ctx, n.Name)
+				if err != nil {
+					return err
+				}
+				before := other.DeepCopy()
+				other.Labels["example.com/other-writer"] = "x"
+				if err := c.Patch(ctx, other, client.MergeFrom(before)); err != nil {
+					t.Fatal(err)
+				}
+			}
+			return c.Patch(ctx, obj, patch, opts...)
+		},
+	})
+	hold := &autoscaler.HoldReconciler{Client: c, Reader: env.Client,
+		Claimer: &budget.Claimer{Client: env.Client, Reader: env.Client, Clock: clock.RealClock{}},
+		Managed: labels.Everything(), Clock: clock.RealClock{}, AdminStateTimeout: 30 * time.Second}
+	req := reconcile.Request{NamespacedName: types.NamespacedName{Name: name}}
+
+	res, err := hold.Reconcile(context.Background(), req)
+	if err != nil {
+		t.Fatalf("a patch that lost to another writer failed the pass: %v", err)
+	}
+	if !raced {
+		t.Fatal("the pass patched no node: the race was not played")
+	}
+	if res.RequeueAfter <= 0 || res.RequeueAfter > time.Second {
+		t.Errorf("after the conflict the pass asks to run again after %v, want soon", res.RequeueAfter)
+	}
+	if s, err := nodeState(context.Background(), name); err != nil || s.held {
+		t.Fatalf("held %v (%v) although the hold's patch lost the race: the test did not race it", s.held, err)
+	}
+	if _, err := hold.Reconcile(context.Background(), req); err != nil {
+		t.Fatal(err)
+	}
+	n, err := getNode(context.Background(), name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n.Annotations[ngv1alpha1.DelayDeletionAnnotation] != ngv1alpha1.DelayDeletionValue || n.Labels["example.com/other-writer"] != "x" {
+		t.Errorf("after the next pass: annotations %v, labels %v; want the hold on and the other write kept", n.Annotations, n.Labels)
 	}
 }
