@@ -143,14 +143,15 @@ func (r *Reconciler) waitForDrainSlot(ctx context.Context, node *corev1.Node) (r
 	if ok {
 		return reconcile.Result{}, nil
 	}
-	msg := fmt.Sprintf("waiting for a drain slot: %d nodes drain at once (--max-concurrent-drains)", limit)
-	if ahead > 0 {
-		msg += fmt.Sprintf(", %d waiting nodes began terminating before this one", ahead)
-	}
+	// The condition's message stays the same while the line moves: a new
+	// one would be written, and the node passed again, for each move.
+	msg := fmt.Sprintf("waiting for a drain slot: %d nodes drain at once (--max-concurrent-drains); those whose termination began earlier go first", limit)
 	r.waitFor(node.UID, "%s", msg)
 	if r.once(node.UID, "drain-slot") {
-		r.event(node, corev1.EventTypeNormal, ReasonWaitingForDrainSlot, "%s", msg)
+		r.event(node, corev1.EventTypeNormal, ReasonWaitingForDrainSlot, "%s; %d nodes wait ahead of this one", msg, ahead)
 	}
+	// No queues yet: PDB changes must not wake a node that cannot evict.
+	r.rememberQueues(node.Name, nil)
 	if r.wakeups == nil { // no controller to wake it: poll
 		return reconcile.Result{RequeueAfter: podsGonePoll}, nil
 	}

@@ -8,8 +8,12 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus/testutil"
+	corev1 "k8s.io/api/core/v1"
+	policyv1 "k8s.io/api/policy/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	ngv1alpha1 "github.com/nodeguard/nodeguard/api/v1alpha1"
+	"github.com/nodeguard/nodeguard/test/builder"
 	"github.com/nodeguard/nodeguard/test/harness"
 )
 
@@ -128,5 +132,53 @@ func TestMaxConcurrentDrainsBoundsTheNodesEvictingAtOnce(t *testing.T) {
 	}
 	if got := testutil.ToFloat64(nodesInPhase.WithLabelValues(phaseDrainSlot)) - waitingBefore; got != 0 {
 		t.Errorf("nodeguard_termination_nodes{phase=%q} is %v above where it began with every node gone", phaseDrainSlot, got)
+	}
+}
+
+// TestNodeWaitingForASlotSleepsThroughPDBChanges: a node waiting for a drain
+// slot has no eviction queue, so no PDB change runs a pass of it (at fleet
+// size every eviction changes a PDB, and each pass reads the node); its
+// condition says what it waits for; and once the draining node is released
+// it takes the slot and evicts.
+func TestNodeWaitingForASlotSleepsThroughPDBChanges(t *testing.T) {
+	f := newFixture(t, "slotsleep")
+	f.r.Opts.MaxConcurrentNodes = 1
+	first, second := f.ns+"-a", f.ns+"-b"
+	for _, n := range []string{first, second} {
+		f.node(t, n)
+	}
+	web := func(p *corev1.Pod) { p.Labels = map[string]string{"app": "web"} }
+	f.pod(t, "web-a", first, web)
+	f.pod(t, "web-b", second, web)
+	f.pdb(t, "web", builder.MaxUnavailable("1"), 1, 2, 1, 2)
+	f.deleteNode(t, first)
+	f.deleteNode(t, second)
+
+	f.pass(t, first)
+	f.pass(t, second)
+	if got := []string{f.podState(t, "web-a"), f.podState(t, "web-b")}; got[0] != "terminating" || got[1] != "running" {
+		t.Fatalf("web-a, web-b are %v; want the first node's pod evicted and the second's waiting", got)
+	}
+	var pdb policyv1.PodDisruptionBudget
+	if err := env.Client.Get(context.Background(), client.ObjectKey{Namespace: f.ns, Name: "web"}, &pdb); err != nil {
+		t.Fatal(err)
+	}
+	for _, req := range f.r.terminatingNodes(context.Background(), &pdb) {
+		if req.Name == second {
+			t.Errorf("a change of PDB %s would run a pass of %s, which waits for a drain slot", pdb.Name, second)
+		}
+	}
+	if c := condition(getNode(t, second), ngv1alpha1.TerminatingCondition); c == nil || c.Reason != "WaitingForDrainSlot" {
+		t.Errorf("condition %+v, want reason WaitingForDrainSlot", c)
+	}
+
+	f.finish(t, "web-a")
+	f.pass(t, first)
+	if gone, err := harness.NodeGone(context.Background(), env.Client, first); !gone || err != nil {
+		t.Fatalf("the first node is not released once its pod is gone (%v)", err)
+	}
+	f.pass(t, second)
+	if got := f.podState(t, "web-b"); got != "terminating" {
+		t.Errorf("web-b is %s once the slot is free, want terminating", got)
 	}
 }
