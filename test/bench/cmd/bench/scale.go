@@ -410,13 +410,17 @@ func deleteWithNodeguard(ctx context.Context, cl client.Client, api *requestCoun
 }
 
 // drainWithKubectl runs `kubectl drain` then `kubectl delete node` for every
-// node, parallel at a time, and waits until every node is gone.
+// node, parallel at a time, and waits until every node is gone. A node went
+// when its kubectl delete returned (it waits for the node to go): the poll
+// starts only once the loop is done.
 func drainWithKubectl(ctx context.Context, cl client.Client, api *requestCounter, nodes []string, parallel int) (*fleetDeletion, error) {
 	pods, err := podsOn(ctx, cl, nodes)
 	if err != nil {
 		return nil, err
 	}
 	f := &fleetDeletion{Nodes: len(nodes), Pods: pods}
+	var mu sync.Mutex
+	var deleted []time.Duration
 	before := api.snapshot()
 	start := time.Now()
 	if err := forEach(ctx, nodes, parallel, func(ctx context.Context, n string) error {
@@ -428,13 +432,17 @@ func drainWithKubectl(ctx context.Context, cl client.Client, api *requestCounter
 				return fmt.Errorf("kubectl %s: %v: %s", strings.Join(args, " "), err, lastLine(string(out)))
 			}
 		}
+		mu.Lock()
+		defer mu.Unlock()
+		deleted = append(deleted, time.Since(start))
 		return nil
 	}); err != nil {
 		return nil, err
 	}
 	gone, err := waitGone(ctx, cl, "kubectl", start, len(nodes))
 	f.API = api.snapshot().since(before)
-	f.Released, f.Median = gone[len(gone)-1], gone[len(gone)/2]
+	slices.Sort(deleted)
+	f.Released, f.Median = gone[len(gone)-1], deleted[len(deleted)/2]
 	return f, err
 }
 
