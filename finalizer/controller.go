@@ -97,8 +97,8 @@ type Options struct {
 	StuckPodMargin time.Duration
 	// VolumeDetachTimeout bounds the wait for VolumeAttachments; 0 skips it.
 	VolumeDetachTimeout time.Duration
-	// MaxConcurrentNodes bounds the nodes that drain at once (drainSlots) and
-	// the passes run at once; 0 leaves drains unbounded.
+	// MaxConcurrentNodes bounds the nodes that drain at once (drainSlots);
+	// 0 leaves drains unbounded.
 	MaxConcurrentNodes int
 	// BlockedPDBPolicy is what a drain does about pods under a PDB blocked by
 	// design (empty: replace); annotations on a Deployment or PDB override it.
@@ -187,12 +187,21 @@ func (r *Reconciler) SetupWithManager(mgr ctrl.Manager) error {
 		For(&corev1.Node{}, builder.WithPredicates(terminatingNodeChanged())).
 		Watches(&policyv1.PodDisruptionBudget{}, r.pdbHandler()).
 		WatchesRawSource(source.Channel(r.wakeups, &handler.EnqueueRequestForObject{})).
-		WithOptions(controller.Options{MaxConcurrentReconciles: max(r.Opts.MaxConcurrentNodes, 1)})
+		WithOptions(controller.Options{MaxConcurrentReconciles: r.workers()})
 	if r.Opts.VolumeDetachTimeout > 0 {
 		// A cache of VolumeAttachments (few and small), not a list per pass.
 		b = b.Watches(&storagev1.VolumeAttachment{}, handler.EnqueueRequestsFromMapFunc(r.attachedNode))
 	}
 	return b.Complete(r)
+}
+
+// workers is how many passes run at once: a draining node's pass waits for
+// its evictions, so the nodes holding drain slots may take as many workers,
+// and as many again serve every other pass (a new node's Lease, cordon and
+// traffic cut, a release). With one worker per slot, 10 drains kept 40
+// admitted nodes uncordoned for up to 13 s in the 1,000-node bench.
+func (r *Reconciler) workers() int {
+	return 2 * max(r.Opts.MaxConcurrentNodes, 1)
 }
 
 // pdbHandler wakes what waits on a PDB. A status change that allows a

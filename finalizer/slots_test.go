@@ -182,3 +182,40 @@ func TestNodeWaitingForASlotSleepsThroughPDBChanges(t *testing.T) {
 		t.Errorf("web-b is %s once the slot is free, want terminating", got)
 	}
 }
+
+// TestDrainingPassesLeaveWorkersForNewNodes: a draining node's pass waits for
+// its evictions, which a loaded API server answers slowly. While the one
+// drain slot's pass hangs on an eviction, another admitted node is still
+// cordoned and tainted at once: the passes that protect a node do not wait
+// behind the drains.
+func TestDrainingPassesLeaveWorkersForNewNodes(t *testing.T) {
+	f := newFixture(t, "slowevict")
+	first, second := f.ns+"-a", f.ns+"-b"
+	f.node(t, first)
+	f.node(t, second)
+	f.pod(t, "pod-a", first)
+	log := f.startController(t, Options{MaxConcurrentNodes: 1})
+	release := log.hold("evict " + f.ns + "/pod-a")
+	defer release()
+	f.deleteNode(t, first)
+	harness.Eventually(t, time.Minute, func(context.Context) (bool, error) {
+		return log.count("evict "+f.ns+"/pod-a") == 1, nil
+	}, "the first node's pass sends its eviction, which the API server holds")
+
+	f.deleteNode(t, second)
+	harness.Eventually(t, time.Minute, func(context.Context) (bool, error) {
+		n := getNode(t, second)
+		return n.Spec.Unschedulable && drainingTaint(n) != nil, nil
+	}, "the second node is cordoned while the first node's pass waits for its eviction")
+
+	release()
+	harness.Eventually(t, time.Minute, func(context.Context) (bool, error) {
+		return f.podState(t, "pod-a") == "terminating", nil
+	}, "the held eviction goes through")
+	f.finish(t, "pod-a")
+	for _, n := range []string{first, second} {
+		harness.Eventually(t, time.Minute, func(ctx context.Context) (bool, error) {
+			return harness.NodeGone(ctx, env.Client, n)
+		}, "node %s is released", n)
+	}
+}

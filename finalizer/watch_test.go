@@ -38,15 +38,35 @@ type apiLog struct {
 	next http.RoundTripper
 	mu   sync.Mutex
 	seen []string
+	// held is a request line that waits until its channel closes.
+	held     string
+	released chan struct{}
 }
 
 func (l *apiLog) RoundTrip(req *http.Request) (*http.Response, error) {
 	if line := describe(req); line != "" {
 		l.mu.Lock()
 		l.seen = append(l.seen, line)
+		var wait chan struct{}
+		if line == l.held {
+			wait = l.released
+		}
 		l.mu.Unlock()
+		if wait != nil {
+			<-wait
+		}
 	}
 	return l.next.RoundTrip(req)
+}
+
+// hold makes the request line wait (it is logged at once) until release.
+func (l *apiLog) hold(line string) (release func()) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.held, l.released = line, make(chan struct{})
+	var once sync.Once
+	ch := l.released
+	return func() { once.Do(func() { close(ch) }) }
 }
 
 func describe(req *http.Request) string {
