@@ -134,7 +134,8 @@ func (r *Reconciler) waitForDrainSlot(ctx context.Context, node *corev1.Node) (r
 	if _, done := node.Annotations[ngv1alpha1.DrainedAtAnnotation]; done {
 		return reconcile.Result{}, nil
 	}
-	if deadline, ok := r.drainDeadline(node); ok && !r.Clock.Now().Before(deadline) {
+	deadline, hasDeadline := r.drainDeadline(node)
+	if hasDeadline && !r.Clock.Now().Before(deadline) {
 		r.giveDrainSlot(ctx, node.UID)
 		return reconcile.Result{}, nil
 	}
@@ -152,10 +153,14 @@ func (r *Reconciler) waitForDrainSlot(ctx context.Context, node *corev1.Node) (r
 	}
 	// No queues yet: PDB changes must not wake a node that cannot evict.
 	r.rememberQueues(node.Name, nil)
+	next := slotWaitBackstop
 	if r.wakeups == nil { // no controller to wake it: poll
-		return reconcile.Result{RequeueAfter: podsGonePoll}, nil
+		next = podsGonePoll
 	}
-	return reconcile.Result{RequeueAfter: slotWaitBackstop}, nil
+	if hasDeadline {
+		next = min(next, deadline.Sub(r.Clock.Now())+time.Millisecond)
+	}
+	return reconcile.Result{RequeueAfter: next}, nil
 }
 
 // giveDrainSlot frees the node's slot and wakes the nodes first in line.

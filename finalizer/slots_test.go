@@ -11,6 +11,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	policyv1 "k8s.io/api/policy/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/event"
 
 	ngv1alpha1 "github.com/nodeguard/nodeguard/api/v1alpha1"
 	"github.com/nodeguard/nodeguard/test/builder"
@@ -217,5 +218,38 @@ func TestDrainingPassesLeaveWorkersForNewNodes(t *testing.T) {
 		harness.Eventually(t, time.Minute, func(ctx context.Context) (bool, error) {
 			return harness.NodeGone(ctx, env.Client, n)
 		}, "node %s is released", n)
+	}
+}
+
+// TestDrainDeadlineNeedsNoSlot: a node waiting for a drain slot looks again
+// by its drain deadline, and past it deletes its pods without a slot, as a
+// deadline promises, while another node still holds the only one.
+func TestDrainDeadlineNeedsNoSlot(t *testing.T) {
+	f := newFixture(t, "slotdeadline")
+	f.r.Opts.MaxConcurrentNodes = 1
+	first, second := f.ns+"-a", f.ns+"-b"
+	f.node(t, first)
+	f.node(t, second, func(n *corev1.Node) { n.Annotations[ngv1alpha1.DrainTimeoutAnnotation] = "10s" })
+	f.r.wakeups = make(chan event.GenericEvent, 10) // a slot given back would wake; the wait's backstop is long
+	f.pod(t, "pod-a", first)
+	f.pod(t, "pod-b", second)
+	f.deleteNode(t, first)
+	f.deleteNode(t, second)
+
+	f.pass(t, first)
+	res := f.pass(t, second)
+	if got := f.podState(t, "pod-b"); got != "running" {
+		t.Fatalf("pod-b is %s while the only slot is the first node's", got)
+	}
+	if left := getNode(t, second).DeletionTimestamp.Add(10 * time.Second).Sub(f.clock.Now()); res.RequeueAfter > left+time.Millisecond {
+		t.Errorf("the waiting node looks again in %v, after its drain deadline (in %v)", res.RequeueAfter, left)
+	}
+	f.clock.SetTime(getNode(t, second).DeletionTimestamp.Add(11 * time.Second))
+	f.pass(t, second)
+	if got := f.podState(t, "pod-b"); got != "terminating" {
+		t.Errorf("pod-b is %s past the drain deadline, want deleted (terminating) without a slot", got)
+	}
+	if got := f.podState(t, "pod-a"); got != "terminating" {
+		t.Errorf("pod-a is %s, want still terminating (the first node keeps draining)", got)
 	}
 }
