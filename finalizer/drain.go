@@ -56,8 +56,21 @@ func (r *Reconciler) drain(ctx context.Context, node *corev1.Node) (reconcile.Re
 	if pastDeadline {
 		return r.deleteRemaining(ctx, node, plan, deadline)
 	}
+	// A node with pods to evict needs a slot; one that holds its slot while
+	// its pods terminate says so, so that the slot does not expire.
+	if sendable(plan) || r.slots.holds(node.UID) {
+		if ok, _ := r.takeSlot(node); !ok {
+			r.waitFor(node.UID, "waiting for a drain slot to evict again (--max-concurrent-drains): %s", waitingMessage(plan, drain.Outcome{}))
+			return reconcile.Result{RequeueAfter: min(r.podsGoneWait(), slotWaitBackstop)}, nil
+		}
+	} else {
+		r.wakeInLine(ctx, r.slots.leaveLine(r.Opts.MaxConcurrentNodes, node.UID))
+	}
 	r.warnBeforeEvicting(node, plan)
 	out := r.Evictor.Evict(ctx, node.Name, plan)
+	if waitsOnlyOnBudgets(plan, out) {
+		r.stepAside(ctx, node.UID)
+	}
 
 	for _, err := range out.Errs {
 		logf.FromContext(ctx).Error(err, "Eviction failed; retrying", "node", node.Name)

@@ -13,6 +13,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	ngv1alpha1 "github.com/nodeguard/nodeguard/api/v1alpha1"
+	"github.com/nodeguard/nodeguard/finalizer/drain"
 )
 
 // slotWaitBackstop is how often a node waiting for a drain slot looks again:
@@ -29,10 +30,19 @@ const slotExpiry = 3 * slotWaitBackstop
 // A node waits for a slot after its cordon and traffic cut, which are cheap
 // and protective, and before its first eviction. Nodes get slots in the order
 // their termination began, whatever order their passes come in.
+//
+// A node whose drain waits only on budgets (every pod left is in a PDB queue
+// the PDB refuses, or waits on its own) steps aside: it gives its slot to the
+// next node and takes one again, first in line, when it has pods to evict. A
+// budget that stays spent for minutes (replacements that do not get Ready)
+// must not stop every other node's drain.
 type drainSlots struct {
 	mu      sync.Mutex
 	held    map[types.UID]slotHolder
 	waiting map[types.UID]slotHolder
+	// begun are the nodes that held a slot: their drain passes run without
+	// one, and only their evictions wait for one.
+	begun map[types.UID]bool
 }
 
 type slotHolder struct {
@@ -56,11 +66,11 @@ func (s *drainSlots) take(limit int, uid types.UID, h slotHolder) (ok bool, ahea
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.held == nil {
-		s.held, s.waiting = map[types.UID]slotHolder{}, map[types.UID]slotHolder{}
+		s.held, s.waiting, s.begun = map[types.UID]slotHolder{}, map[types.UID]slotHolder{}, map[types.UID]bool{}
 	}
 	s.expire(h.asked)
 	if _, ok := s.held[uid]; ok || limit <= 0 {
-		s.held[uid] = h
+		s.held[uid], s.begun[uid] = h, true
 		return true, 0
 	}
 	for other, w := range s.waiting {
@@ -70,7 +80,7 @@ func (s *drainSlots) take(limit int, uid types.UID, h slotHolder) (ok bool, ahea
 	}
 	if ahead < limit-len(s.held) {
 		delete(s.waiting, uid)
-		s.held[uid] = h
+		s.held[uid], s.begun[uid] = h, true
 		return true, 0
 	}
 	s.waiting[uid] = h
@@ -78,17 +88,48 @@ func (s *drainSlots) take(limit int, uid types.UID, h slotHolder) (ok bool, ahea
 }
 
 // give frees the node's slot, or its place in line, and names the waiting
-// nodes that may now take the free slots, to be woken.
-func (s *drainSlots) give(limit int, uid types.UID) (next []string) {
+// nodes that may now take the free slots, to be woken. A node that steps
+// aside stays begun; one that is done is forgotten.
+func (s *drainSlots) give(limit int, uid types.UID, done bool) (next []string) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	_, held := s.held[uid]
 	delete(s.held, uid)
-	delete(s.waiting, uid)
+	if done {
+		delete(s.waiting, uid)
+		delete(s.begun, uid)
+	}
 	if !held {
 		return nil
 	}
 	return s.firstInLine(limit - len(s.held))
+}
+
+// leaveLine takes a node that no longer waits for a slot out of the line,
+// and names the nodes that may now take a free slot it stood before.
+func (s *drainSlots) leaveLine(limit int, uid types.UID) (next []string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if _, waiting := s.waiting[uid]; !waiting {
+		return nil
+	}
+	delete(s.waiting, uid)
+	return s.firstInLine(limit - len(s.held))
+}
+
+// holds reports whether the node holds a slot.
+func (s *drainSlots) holds(uid types.UID) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	_, ok := s.held[uid]
+	return ok
+}
+
+// hasBegun reports whether the node held a slot since it began terminating.
+func (s *drainSlots) hasBegun(uid types.UID) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.begun[uid]
 }
 
 // expire drops the nodes that stopped asking (see slotExpiry).
@@ -129,9 +170,10 @@ func (s *drainSlots) count() (held, waiting int) {
 // waitForDrainSlot is the phase between the traffic cut and the drain: the
 // node drains only once it holds one of the --max-concurrent-drains slots.
 // A drained node needs none, nor one past its drain deadline (its pods are
-// deleted then, whatever else waits).
+// deleted then, whatever else waits), nor one that began draining (its
+// evictions take a slot again in the drain pass).
 func (r *Reconciler) waitForDrainSlot(ctx context.Context, node *corev1.Node) (reconcile.Result, error) {
-	if _, done := node.Annotations[ngv1alpha1.DrainedAtAnnotation]; done {
+	if _, done := node.Annotations[ngv1alpha1.DrainedAtAnnotation]; done || r.slots.hasBegun(node.UID) {
 		return reconcile.Result{}, nil
 	}
 	deadline, hasDeadline := r.drainDeadline(node)
@@ -140,7 +182,7 @@ func (r *Reconciler) waitForDrainSlot(ctx context.Context, node *corev1.Node) (r
 		return reconcile.Result{}, nil
 	}
 	limit := r.Opts.MaxConcurrentNodes
-	ok, ahead := r.slots.take(limit, node.UID, slotHolder{name: node.Name, since: terminationStarted(node), asked: r.Clock.Now()})
+	ok, ahead := r.takeSlot(node)
 	if ok {
 		return reconcile.Result{}, nil
 	}
@@ -163,11 +205,47 @@ func (r *Reconciler) waitForDrainSlot(ctx context.Context, node *corev1.Node) (r
 	return reconcile.Result{RequeueAfter: next}, nil
 }
 
-// giveDrainSlot frees the node's slot and wakes the nodes first in line.
+func (r *Reconciler) takeSlot(node *corev1.Node) (ok bool, ahead int) {
+	return r.slots.take(r.Opts.MaxConcurrentNodes, node.UID, slotHolder{name: node.Name, since: terminationStarted(node), asked: r.Clock.Now()})
+}
+
+// giveDrainSlot frees the node's slot for good and wakes the nodes first in
+// line.
 func (r *Reconciler) giveDrainSlot(ctx context.Context, uid types.UID) {
-	for _, name := range r.slots.give(r.Opts.MaxConcurrentNodes, uid) {
+	r.wakeInLine(ctx, r.slots.give(r.Opts.MaxConcurrentNodes, uid, true))
+}
+
+// stepAside frees the slot of a node whose drain waits only on budgets; the
+// node keeps its place in line for its next evictions.
+func (r *Reconciler) stepAside(ctx context.Context, uid types.UID) {
+	r.wakeInLine(ctx, r.slots.give(r.Opts.MaxConcurrentNodes, uid, false))
+}
+
+func (r *Reconciler) wakeInLine(ctx context.Context, names []string) {
+	for _, name := range names {
 		if r.wakeups != nil {
 			wakeNode(ctx, r.wakeups, name)
 		}
 	}
+}
+
+// sendable reports whether a drain pass has pods it would evict now: pods
+// under no PDB, or a PDB queue whose PDB's status allows a disruption.
+func sendable(plan *drain.Plan) bool {
+	if len(plan.Unprotected) > 0 {
+		return true
+	}
+	for _, g := range plan.Groups {
+		if !g.Blocked && len(g.Pods) > 0 {
+			return true
+		}
+	}
+	return false
+}
+
+// waitsOnlyOnBudgets reports whether, after a pass, the node's drain waits on
+// nothing of its own: no eviction went out, none failed, none of its pods is
+// terminating.
+func waitsOnlyOnBudgets(plan *drain.Plan, out drain.Outcome) bool {
+	return out.Evicted == 0 && len(out.Errs) == 0 && len(plan.Terminating) == 0
 }

@@ -45,7 +45,7 @@ func TestDrainSlotsGoInTheOrderTerminationsBegan(t *testing.T) {
 	if _, ahead := s.take(2, "b", b); ahead != 1 {
 		t.Fatalf("b has %d nodes ahead, want 1 (a)", ahead)
 	}
-	if next := s.give(2, "c"); !slices.Equal(next, []string{"a"}) {
+	if next := s.give(2, "c", true); !slices.Equal(next, []string{"a"}) {
 		t.Fatalf("c's slot wakes %v, want [a]", next)
 	}
 	// b asks before a, woken, does: the slot is a's.
@@ -67,7 +67,7 @@ func TestDrainSlotsGoInTheOrderTerminationsBegan(t *testing.T) {
 	if ok, _ := s.take(2, "b", b); !ok {
 		t.Fatal("d's slot, unclaimed past slotExpiry, was not freed for b")
 	}
-	if next := s.give(2, "never-held"); next != nil {
+	if next := s.give(2, "never-held", true); next != nil {
 		t.Fatalf("giving back a slot never held wakes %v", next)
 	}
 }
@@ -251,5 +251,51 @@ func TestDrainDeadlineNeedsNoSlot(t *testing.T) {
 	}
 	if got := f.podState(t, "pod-a"); got != "terminating" {
 		t.Errorf("pod-a is %s, want still terminating (the first node keeps draining)", got)
+	}
+}
+
+// TestNodeWaitingOnlyOnABudgetStepsAside: with one drain slot, the first node's
+// only pod is under a PDB that allows no disruption (its replacements are not
+// Ready). That node gives its slot to the second node, which drains, instead
+// of holding every other drain behind that budget; when the PDB allows again,
+// the first node's pod goes and the node is released.
+func TestNodeWaitingOnlyOnABudgetStepsAside(t *testing.T) {
+	f := newFixture(t, "stepaside")
+	first, second := f.ns+"-a", f.ns+"-b"
+	f.node(t, first)
+	f.node(t, second)
+	web := func(p *corev1.Pod) { p.Labels = map[string]string{"app": "web"} }
+	readyPod(t, f.pod(t, "web-a", first, web))
+	f.pdb(t, "web", builder.MaxUnavailable("1"), 0, 1, 1, 2) // one replica not Ready: no disruption
+	f.pod(t, "free-b", second)
+	log := f.startController(t, Options{MaxConcurrentNodes: 1})
+	f.deleteNode(t, first)
+	harness.Eventually(t, time.Minute, func(context.Context) (bool, error) {
+		c := condition(getNode(t, first), ngv1alpha1.TerminatingCondition)
+		return c != nil && c.Reason == "Draining" && strings.Contains(c.Message, "under PDB "+f.ns+"/web (allows 0 disruptions"), nil
+	}, "the first node drains and waits on PDB web")
+	f.deleteNode(t, second)
+
+	harness.Eventually(t, time.Minute, func(context.Context) (bool, error) {
+		return f.podState(t, "free-b") == "terminating", nil
+	}, "the second node takes the slot the first node's budget wait gave up, and evicts")
+	if got := f.podState(t, "web-a"); got != "running" {
+		t.Fatalf("web-a is %s while its PDB allows no disruption", got)
+	}
+	f.finish(t, "free-b")
+	harness.Eventually(t, time.Minute, func(ctx context.Context) (bool, error) {
+		return harness.NodeGone(ctx, env.Client, second)
+	}, "the second node is released")
+
+	f.pdbStatus(t, "web", 1, 2, 1, 2) // the replacement is Ready
+	harness.Eventually(t, time.Minute, func(context.Context) (bool, error) {
+		return f.podState(t, "web-a") == "terminating", nil
+	}, "the PDB allowing a disruption again evicts web-a")
+	f.finish(t, "web-a")
+	harness.Eventually(t, time.Minute, func(ctx context.Context) (bool, error) {
+		return harness.NodeGone(ctx, env.Client, first)
+	}, "the first node is released")
+	if n := log.count("evict " + f.ns + "/web-a"); n > 2 {
+		t.Errorf("web-a's eviction was sent %d times, want at most 2 (the PDB's status said 0)", n)
 	}
 }
