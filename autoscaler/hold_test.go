@@ -17,7 +17,6 @@ import (
 	"k8s.io/utils/ptr"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
-	"sigs.k8s.io/controller-runtime/pkg/client/interceptor"
 	"sigs.k8s.io/controller-runtime/pkg/config"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
@@ -226,28 +225,7 @@ func TestDisabledHoldRemovesWhatNodeguardSet(t *testing.T) {
 func TestNodeWrittenDuringTheHoldPassIsNotAFailure(t *testing.T) {
 	harness.SkipWithoutEnv(t, env)
 	name := createNodes(t, fresh("conflict"), 1)[0]
-	direct, err := client.NewWithWatch(env.Config, client.Options{Scheme: env.Scheme})
-	if err != nil {
-		t.Fatal(err)
-	}
-	raced := false
-	c := interceptor.NewClient(direct, interceptor.Funcs{
-		Patch: func(ctx context.Context, c client.WithWatch, obj client.Object, patch client.Patch, opts ...client.PatchOption) error {
-			if n, ok := obj.(*corev1.Node); ok && !raced {
-				raced = true
-				other, err := getNode(ctx, n.Name)
-				if err != nil {
-					return err
-				}
-				before := other.DeepCopy()
-				other.Labels["example.com/other-writer"] = "x"
-				if err := c.Patch(ctx, other, client.MergeFrom(before)); err != nil {
-					t.Fatal(err)
-				}
-			}
-			return c.Patch(ctx, obj, patch, opts...)
-		},
-	})
+	c, raced := harness.NodePatchRacedOnce(t, env, func(n *corev1.Node) { n.Labels["example.com/other-writer"] = "x" })
 	hold := &autoscaler.HoldReconciler{Client: c, Reader: env.Client,
 		Claimer: &budget.Claimer{Client: env.Client, Reader: env.Client, Clock: clock.RealClock{}},
 		Managed: labels.Everything(), Clock: clock.RealClock{}, AdminStateTimeout: 30 * time.Second}
@@ -257,7 +235,7 @@ func TestNodeWrittenDuringTheHoldPassIsNotAFailure(t *testing.T) {
 	if err != nil {
 		t.Fatalf("a patch that lost to another writer failed the pass: %v", err)
 	}
-	if !raced {
+	if !raced() {
 		t.Fatal("the pass patched no node: the race was not played")
 	}
 	if res.RequeueAfter <= 0 || res.RequeueAfter > time.Second {

@@ -20,7 +20,6 @@ import (
 	clocktesting "k8s.io/utils/clock/testing"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
-	"sigs.k8s.io/controller-runtime/pkg/client/interceptor"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	ngv1alpha1 "github.com/nodeguard/nodeguard/api/v1alpha1"
@@ -487,30 +486,19 @@ func TestNodeWrittenDuringThePassIsNotAFailure(t *testing.T) {
 	f.node(t, node, builder.Ready())
 	f.pod(t, "web", node, controlledBy("ReplicaSet")) // evicted, it stays terminating: the node stays
 	f.deleteNode(t, node)
-	direct, err := client.NewWithWatch(env.Config, client.Options{Scheme: env.Scheme})
-	if err != nil {
-		t.Fatal(err)
-	}
-	raced := false
-	f.r.Client = interceptor.NewClient(direct, interceptor.Funcs{
-		Patch: func(ctx context.Context, c client.WithWatch, obj client.Object, patch client.Patch, opts ...client.PatchOption) error {
-			if n, ok := obj.(*corev1.Node); ok && !raced {
-				raced = true
-				other := n.DeepCopy()
-				other.Annotations = map[string]string{"example.com/other-writer": "x"}
-				if err := c.Patch(ctx, other, client.MergeFrom(n)); err != nil {
-					t.Fatal(err)
-				}
-			}
-			return c.Patch(ctx, obj, patch, opts...)
-		},
+	var raced func() bool
+	f.r.Client, raced = harness.NodePatchRacedOnce(t, env, func(n *corev1.Node) {
+		if n.Annotations == nil {
+			n.Annotations = map[string]string{}
+		}
+		n.Annotations["example.com/other-writer"] = "x"
 	})
 
 	res, err := f.r.Reconcile(context.Background(), reconcile.Request{NamespacedName: types.NamespacedName{Name: node}})
 	if err != nil {
 		t.Fatalf("a write that lost to another writer failed the pass: %v", err)
 	}
-	if !raced {
+	if !raced() {
 		t.Fatal("the pass wrote no node: the race was not played")
 	}
 	if res.RequeueAfter <= 0 || res.RequeueAfter > time.Second {
