@@ -61,7 +61,7 @@ func (r *Reconciler) drain(ctx context.Context, node *corev1.Node) (reconcile.Re
 	if sendable(plan) || r.slots.holds(node.UID) {
 		if ok, _ := r.takeSlot(node); !ok {
 			r.waitFor(node.UID, "waiting for a drain slot to evict again (--max-concurrent-drains): %s", waitingMessage(plan, drain.Outcome{}))
-			return reconcile.Result{RequeueAfter: min(r.podsGoneWait(), slotWaitBackstop)}, nil
+			return reconcile.Result{RequeueAfter: r.byDeadline(min(r.podsGoneWait(), slotWaitBackstop), deadline, hasDeadline)}, nil
 		}
 	} else {
 		r.wakeInLine(ctx, r.slots.leaveLine(r.Opts.MaxConcurrentNodes, node.UID))
@@ -84,7 +84,16 @@ func (r *Reconciler) drain(ctx context.Context, node *corev1.Node) (reconcile.Re
 	if settling > 0 && settling < next {
 		next = settling
 	}
-	return reconcile.Result{RequeueAfter: next}, nil
+	return reconcile.Result{RequeueAfter: r.byDeadline(next, deadline, hasDeadline)}, nil
+}
+
+// byDeadline shortens a wait so that the drain looks again when its deadline
+// passes, not up to a backstop later.
+func (r *Reconciler) byDeadline(wait time.Duration, deadline time.Time, hasDeadline bool) time.Duration {
+	if !hasDeadline {
+		return wait
+	}
+	return min(wait, deadline.Sub(r.Clock.Now())+time.Millisecond)
 }
 
 // stopDraining ends the watch of the node's pods and its parked queues, and

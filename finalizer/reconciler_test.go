@@ -475,6 +475,33 @@ func TestDrainDeadlineCoversTerminatingPods(t *testing.T) {
 	}
 }
 
+// TestDrainLooksAgainAtItsDeadline: a drain waiting on a pod it may not evict
+// looks again when its deadline passes, not a backstop later, so the pods
+// left are deleted on time.
+func TestDrainLooksAgainAtItsDeadline(t *testing.T) {
+	f := newFixture(t, "deadlinewake")
+	node := f.ns + "-node"
+	f.node(t, node, builder.Ready(), func(n *corev1.Node) { n.Annotations[ngv1alpha1.DrainTimeoutAnnotation] = "1m" })
+	f.pod(t, "pinned", node, controlledBy("ReplicaSet"), func(p *corev1.Pod) {
+		p.Annotations = map[string]string{ngv1alpha1.DoNotEvictAnnotation: "true"}
+	})
+	f.deleteNode(t, node)
+	deadline := getNode(t, node).DeletionTimestamp.Add(time.Minute)
+
+	for _, left := range []time.Duration{30 * time.Second, 2 * time.Second, 300 * time.Millisecond} {
+		f.clock.SetTime(deadline.Add(-left))
+		res := f.pass(t, node)
+		if res.RequeueAfter <= 0 || res.RequeueAfter > left+time.Millisecond {
+			t.Errorf("with %v to the drain deadline the drain looks again in %v, want by the deadline", left, res.RequeueAfter)
+		}
+	}
+	f.clock.SetTime(deadline)
+	f.pass(t, node)
+	if got := f.podState(t, "pinned"); got != "terminating" {
+		t.Errorf("the do-not-evict pod is %s at the drain deadline, want deleted", got)
+	}
+}
+
 // TestNodeWrittenDuringThePassIsNotAFailure: the taint watcher records
 // AdminState Down on a node as its deletion lands, racing the pass's
 // optimistic cordon. The API server answers 409; the pass is no failure (no

@@ -199,10 +199,7 @@ func (r *Reconciler) waitForDrainSlot(ctx context.Context, node *corev1.Node) (r
 	if r.wakeups == nil { // no controller to wake it: poll
 		next = podsGonePoll
 	}
-	if hasDeadline {
-		next = min(next, deadline.Sub(r.Clock.Now())+time.Millisecond)
-	}
-	return reconcile.Result{RequeueAfter: next}, nil
+	return reconcile.Result{RequeueAfter: r.byDeadline(next, deadline, hasDeadline)}, nil
 }
 
 func (r *Reconciler) takeSlot(node *corev1.Node) (ok bool, ahead int) {
