@@ -316,6 +316,18 @@ func (e *Env) CheckAlive() error {
 	return errors.Join(errs...)
 }
 
+// exitedTails returns the last lines of the log of each component that has
+// exited: a failing package prints them, as the likely cause.
+func (e *Env) exitedTails(lines int) string {
+	var b strings.Builder
+	for _, p := range e.processes {
+		if done, err := p.exited(); done {
+			fmt.Fprintf(&b, "%s exited (%v):\n%s\n", p.name, err, tail(p.logPath, lines))
+		}
+	}
+	return b.String()
+}
+
 // LogTails returns the last lines of every component's log, for a failing test.
 func (e *Env) LogTails(lines int) string {
 	var b strings.Builder

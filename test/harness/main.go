@@ -5,6 +5,8 @@ import (
 	"flag"
 	"fmt"
 	"os"
+	"path/filepath"
+	"strings"
 	"testing"
 
 	"github.com/go-logr/logr"
@@ -12,8 +14,9 @@ import (
 )
 
 // Main is a TestMain body for a package that shares one control plane across
-// its tests: it starts the control plane into *env, runs the tests, prints the
-// tail of every component's log if anything failed, and stops everything.
+// its tests: it starts the control plane into *env, runs the tests, keeps the
+// tail of every component's log if anything failed (printing those of
+// components that exited), and stops everything.
 // With -short, it runs the tests without a control plane (*env stays nil) so that
 // tests needing one can skip.
 func Main(m *testing.M, opts Options, env **Env) {
@@ -51,7 +54,8 @@ func Run(m *testing.M, opts Options, env **Env) int {
 	*env = e
 	code := m.Run()
 	if code != 0 {
-		fmt.Fprintf(os.Stderr, "\ncontrol-plane logs (tails):\n%s", e.LogTails(40))
+		fmt.Fprintf(os.Stderr, "\ncontrol-plane logs (tails): %s\n", keepLog(strings.TrimSuffix(filepath.Base(os.Args[0]), ".test")+"-control-plane", e.LogTails(200)))
+		fmt.Fprint(os.Stderr, e.exitedTails(20))
 	}
 	return code
 }

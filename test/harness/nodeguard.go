@@ -106,9 +106,9 @@ func StartNodeguard(t testing.TB, c client.Reader, args ...string) *Nodeguard {
 	t.Cleanup(func() {
 		n.Kill()
 		if t.Failed() {
-			t.Logf("nodeguard log (tail):\n%s", n.LogTail(60))
+			t.Logf("nodeguard log (tail; whole log in %s):\n%s", keepLog(t.Name()+"-nodeguard", n.Log()), n.LogTail(15))
 			if c != nil {
-				logNodeguardEvents(t, c)
+				t.Logf("nodeguard's events: %s", keepLog(t.Name()+"-events", nodeguardEvents(c)))
 			}
 		}
 	})
@@ -195,17 +195,20 @@ func EmulatorArgs(armURL, subscription, resourceGroup string) []string {
 	}
 }
 
-// logNodeguardEvents logs the events nodeguard recorded, for a failing test.
-func logNodeguardEvents(t testing.TB, c client.Reader) {
+// nodeguardEvents lists the events nodeguard recorded, a line each, for a
+// failing test.
+func nodeguardEvents(c client.Reader) string {
 	var list eventsv1.EventList
 	if err := c.List(context.Background(), &list); err != nil {
-		return
+		return fmt.Sprintf("(listing events: %v)", err)
 	}
+	var b strings.Builder
 	for _, e := range list.Items {
 		if strings.HasPrefix(e.ReportingController, "nodeguard") {
-			t.Logf("event %s %s/%s: %s %s", e.Type, e.Regarding.Kind, e.Regarding.Name, e.Reason, e.Note)
+			fmt.Fprintf(&b, "%s %s %s/%s: %s %s\n", e.EventTime.UTC().Format(time.RFC3339Nano), e.Type, e.Regarding.Kind, e.Regarding.Name, e.Reason, e.Note)
 		}
 	}
+	return b.String()
 }
 
 // Kubectl runs kubectl with the kubeconfig and returns its combined output.
