@@ -9,6 +9,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	eventsv1 "k8s.io/api/events/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/nodeguard/nodeguard/cmd/nodeguard/recorder"
@@ -74,13 +75,19 @@ func TestEventsRecordedBeforeAStopAreWritten(t *testing.T) {
 }
 
 // A repeated event is one event whose series counts the repeats, as
-// client-go's recorder writes it (a PATCH of the first).
+// client-go's recorder writes it (a PATCH of the first). The object changing
+// between repeats (a new resourceVersion) does not start a new series: a
+// delete retried while other controllers write the node is one series.
 func TestRepeatedEventsFormOneSeries(t *testing.T) {
 	node := eventNode(t, "events-series")
 	events := recorder.New(env.Client, env.Scheme, "test-host")
 	rec := events.Recorder("nodeguard-test")
-	for range 3 {
+	for i := range 3 {
 		rec.Eventf(node, nil, corev1.EventTypeWarning, "Repeated", "Test", "the same note")
+		patch := fmt.Sprintf(`{"metadata":{"annotations":{"test/written":"%d"}}}`, i)
+		if err := env.Client.Patch(context.Background(), node, client.RawPatch(types.MergePatchType, []byte(patch))); err != nil {
+			t.Fatal(err)
+		}
 	}
 	rec.Eventf(node, nil, corev1.EventTypeWarning, "Repeated", "Test", "another note")
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)

@@ -247,17 +247,24 @@ func lastSeen(ev *eventsv1.Event) time.Time {
 	return ev.EventTime.Time
 }
 
-// seriesKey is what makes two events the same event (client-go's rule).
+// seriesKey is what makes two events the same event: client-go's rule, but
+// for the objects' resourceVersion (keyOf).
 type seriesKey struct {
 	controller, action, reason, note, eventType string
 	regarding, related                          corev1.ObjectReference
 }
 
+// keyOf names the objects without their resourceVersion (as core/v1's event
+// correlator does; client-go's events.k8s.io recorder keeps it): a node written
+// between two denied deletes, which on a busy cluster is the rule, is still the
+// same node, and the repeat joins the series.
 func keyOf(ev *eventsv1.Event) seriesKey {
 	k := seriesKey{controller: ev.ReportingController, action: ev.Action, reason: ev.Reason,
 		note: ev.Note, eventType: ev.Type, regarding: ev.Regarding}
+	k.regarding.ResourceVersion = ""
 	if ev.Related != nil {
 		k.related = *ev.Related
+		k.related.ResourceVersion = ""
 	}
 	return k
 }
