@@ -254,7 +254,7 @@ func onlyCharged(old, cur *policyv1.PodDisruptionBudget) bool {
 // delay of the first eviction it sends.
 func (r *Reconciler) wake(ctx context.Context, pdb *policyv1.PodDisruptionBudget) bool {
 	changed := r.Clock.Now()
-	return r.Evictor.Wake(ctx, pdb.UID, pdb.Status.DisruptionsAllowed, func() { wakeupDelay.Observe(r.Clock.Since(changed).Seconds()) })
+	return r.Evictor.Wake(ctx, pdb, func() { wakeupDelay.Observe(r.Clock.Since(changed).Seconds()) })
 }
 
 // attachedNode maps a VolumeAttachment to its node, if that node is being

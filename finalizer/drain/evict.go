@@ -48,6 +48,8 @@ type Evictor struct {
 	// wakeSeq numbers the Wake calls; lastWake is the last of each PDB.
 	wakeSeq  uint64
 	lastWake map[types.UID]wake
+	// grants are the evictions granted under each PDB's latest status read.
+	grants map[types.UID]granted
 }
 
 // Outcome is what one pass of evictions did.
@@ -116,7 +118,7 @@ func (e *Evictor) Evict(ctx context.Context, node string, plan *Plan) Outcome {
 			lock := e.lockFor(g.UID)
 			lock.Lock()
 			defer lock.Unlock()
-			b := budgetOf(&g)
+			b := e.charge(g.UID, budgetOf(&g))
 			for i, pod := range g.Pods {
 				if e.wasEvicted(node, pod.UID) {
 					continue
@@ -127,8 +129,8 @@ func (e *Evictor) Evict(ctx context.Context, node string, plan *Plan) Outcome {
 				}
 				mark := e.Mark()
 				err := e.evictOnce(ctx, node, pod)
-				if err == nil {
-					b.spend(pod)
+				if err == nil && b.spend(pod) {
+					e.remember(g.UID, b)
 				}
 				if ctx.Err() != nil || record(pod, &g.PDB, err) {
 					e.parkAfter(ctx, g.UID, node, g.Pods[i:], mark)

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	policyv1 "k8s.io/api/policy/v1"
 	"k8s.io/apimachinery/pkg/types"
 )
 
@@ -90,17 +91,18 @@ const wakeTimeout = time.Minute
 // eviction request, if it sends one. The evictions outlive ctx (an event
 // handler's, which ends when it returns), up to wakeTimeout: an eviction cut
 // off half-way can leave its PDB charged for minutes.
-func (e *Evictor) Wake(ctx context.Context, pdb types.UID, allowed int32, sending func()) bool {
+func (e *Evictor) Wake(ctx context.Context, pdb *policyv1.PodDisruptionBudget, sending func()) bool {
 	if sending != nil {
 		sending = sync.OnceFunc(sending) // one status change, one wake-up: whichever run sends first
 	}
+	status := budget{left: pdb.Status.DisruptionsAllowed, limited: true, version: pdb.ResourceVersion}
 	e.mu.Lock()
 	if e.lastWake == nil {
 		e.lastWake = map[types.UID]wake{}
 	}
 	e.wakeSeq++
-	e.lastWake[pdb] = wake{seq: e.wakeSeq, allowed: allowed, sending: sending}
-	waiting := len(e.waiting[pdb]) > 0
+	e.lastWake[pdb.UID] = wake{seq: e.wakeSeq, status: status, sending: sending}
+	waiting := len(e.waiting[pdb.UID]) > 0
 	e.mu.Unlock()
 	if !waiting {
 		return false
@@ -108,7 +110,7 @@ func (e *Evictor) Wake(ctx context.Context, pdb types.UID, allowed int32, sendin
 	go func() {
 		ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), wakeTimeout)
 		defer cancel()
-		e.runParked(ctx, pdb, budget{left: allowed, limited: true}, sending)
+		e.runParked(ctx, pdb.UID, status, sending)
 	}()
 	return true
 }
@@ -131,15 +133,15 @@ func (e *Evictor) parkAfter(ctx context.Context, pdb types.UID, node string, pod
 	last := e.lastWake[pdb]
 	e.mu.Unlock()
 	if len(pods) > 0 && last.seq > mark {
-		go e.runParked(ctx, pdb, budget{left: last.allowed, limited: true}, last.sending)
+		go e.runParked(ctx, pdb, last.status, last.sending)
 	}
 }
 
-// wake is the last Wake of a PDB: its number, what it allowed and its
-// sending callback.
+// wake is the last Wake of a PDB: its number, the budget of its status and
+// its sending callback.
 type wake struct {
 	seq     uint64
-	allowed int32
+	status  budget
 	sending func()
 }
 
@@ -151,19 +153,77 @@ type wake struct {
 type budget struct {
 	left    int32
 	limited bool
+	// version is the resourceVersion of the PDB the status was read from.
+	version string
 }
 
 func (b *budget) allows(pod *corev1.Pod) bool { return !b.limited || !podReady(pod) || b.left > 0 }
 
-func (b *budget) spend(pod *corev1.Pod) {
+// spent tells whether evicting the pod spent one of the status's disruptions.
+func (b *budget) spend(pod *corev1.Pod) bool {
 	if podReady(pod) {
 		b.left--
+		return true
 	}
+	return false
 }
 
 // budgetOf is the budget of a planned queue, from the PDB as the plan read it.
 func budgetOf(g *Group) budget {
-	return budget{left: g.Allowed, limited: g.Budget != nil && g.Budget.Status.ObservedGeneration >= g.Budget.Generation}
+	b := budget{left: g.Allowed, limited: g.Budget != nil && g.Budget.Status.ObservedGeneration >= g.Budget.Generation}
+	if g.Budget != nil {
+		b.version = g.Budget.ResourceVersion
+	}
+	return b
+}
+
+// grantMemory is how long an eviction granted under a PDB's status is taken
+// off that status's budget. The eviction's own write of the PDB (one fewer
+// disruption allowed) replaces the status within milliseconds; a PDB cache
+// that has not shown it yet would otherwise allow the same disruption twice,
+// and the second request could only be refused (429). Bounded, so that an
+// echo the cache missed never holds a queue.
+const grantMemory = 5 * time.Second
+
+// granted counts the evictions granted under one status of a PDB.
+type granted struct {
+	version string
+	n       int32
+	last    time.Time
+}
+
+// charge takes the disruptions granted since the status b was read from off
+// its budget: another node's queue, or a wake-up, may have spent them.
+func (e *Evictor) charge(pdb types.UID, b budget) budget {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if g, ok := e.grants[pdb]; ok && b.limited && g.version == b.version && time.Since(g.last) < grantMemory {
+		b.left -= g.n
+	}
+	return b
+}
+
+// remember records a granted eviction that spent a disruption of the status b
+// was read from.
+func (e *Evictor) remember(pdb types.UID, b budget) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	now := time.Now()
+	if e.grants == nil {
+		e.grants = map[types.UID]granted{}
+	}
+	for uid, g := range e.grants {
+		if now.Sub(g.last) >= grantMemory {
+			delete(e.grants, uid)
+		}
+	}
+	g := e.grants[pdb]
+	if g.version != b.version {
+		g = granted{version: b.version}
+	}
+	g.n++
+	g.last = now
+	e.grants[pdb] = g
 }
 
 // runParked evicts the parked pods of the PDB, node by node in name order,
@@ -173,6 +233,7 @@ func (e *Evictor) runParked(ctx context.Context, pdb types.UID, b budget, sendin
 	lock := e.lockFor(pdb)
 	lock.Lock()
 	defer lock.Unlock()
+	b = e.charge(pdb, b)
 	queues := e.take(pdb) // under the PDB's lock: a pass parking meanwhile waits for it
 	nodes := make([]string, 0, len(queues))
 	for node := range queues {
@@ -198,7 +259,9 @@ func (e *Evictor) runParked(ctx context.Context, pdb types.UID, b budget, sendin
 			}
 			switch err := e.evictOnce(ctx, node, pods[i]); classify(err) {
 			case ResultEvicted:
-				b.spend(pods[i])
+				if b.spend(pods[i]) {
+					e.remember(pdb, b)
+				}
 				pods[i] = nil
 			case ResultGone, ResultMultiplePDBs:
 				pods[i] = nil

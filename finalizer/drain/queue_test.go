@@ -86,7 +86,7 @@ func TestParkedQueueGoesOnWithEachStatus(t *testing.T) {
 
 	wakeups := 0
 	sending := func() { wakeups++ }
-	if !e.Wake(context.Background(), pdb.UID, 2, sending) {
+	if !e.Wake(context.Background(), statusOf(pdb, "2", 2), sending) {
 		t.Fatal("Wake found no parked queue")
 	}
 	// web-2 goes, web-3 is refused: web-3 and web-4 park, in order.
@@ -94,7 +94,7 @@ func TestParkedQueueGoesOnWithEachStatus(t *testing.T) {
 		t.Fatalf("after the first wake-up: %v", got)
 	}
 	waitParked(t, e, pdb.UID)
-	if !e.Wake(context.Background(), pdb.UID, 1, sending) {
+	if !e.Wake(context.Background(), statusOf(pdb, "3", 1), sending) {
 		t.Fatal("Wake found no parked queue after the 429")
 	}
 	if got := api.waitFor(t, 4); !slices.Equal(got[3:], []string{"web-3 200"}) {
@@ -106,8 +106,46 @@ func TestParkedQueueGoesOnWithEachStatus(t *testing.T) {
 	}
 
 	e.Forget("node")
-	if e.Wake(context.Background(), pdb.UID, 1, nil) {
+	if e.Wake(context.Background(), statusOf(pdb, "4", 1), nil) {
 		t.Error("a forgotten node's queue was woken")
+	}
+}
+
+// statusOf is the PDB at a later resourceVersion whose status allows the
+// disruptions.
+func statusOf(pdb *policyv1.PodDisruptionBudget, version string, allowed int32) *policyv1.PodDisruptionBudget {
+	p := pdb.DeepCopy()
+	p.ResourceVersion, p.Status.DisruptionsAllowed = version, allowed
+	return p
+}
+
+// TestGrantedEvictionsSpendTheStatusTheyWereGrantedUnder: two nodes drain pods
+// under one PDB that allows one disruption. The first node's pass evicts; the
+// second node's pass, planned from a PDB cache that does not show that
+// eviction yet (same resourceVersion), sends nothing (it would be refused with
+// 429) and parks. Once the cache shows a new status, the queue goes on.
+func TestGrantedEvictionsSpendTheStatusTheyWereGrantedUnder(t *testing.T) {
+	api := &evictionAPI{}
+	e := &Evictor{Client: api.client()}
+	pdb := &policyv1.PodDisruptionBudget{}
+	pdb.UID, pdb.Generation, pdb.ResourceVersion = "pdb-web", 1, "1"
+	pdb.Status = policyv1.PodDisruptionBudgetStatus{ObservedGeneration: 1, DisruptionsAllowed: 1}
+	planOf := func(pdb *policyv1.PodDisruptionBudget, name string) *Plan {
+		p := pod(name, "web", ready)
+		return &Plan{Groups: []Group{{UID: pdb.UID, Pods: []*corev1.Pod{&p}, Allowed: pdb.Status.DisruptionsAllowed, Budget: pdb}}}
+	}
+
+	e.Evict(context.Background(), "node-a", planOf(pdb, "web-a"))
+	e.Evict(context.Background(), "node-b", planOf(pdb, "web-b"))
+	if got := api.log(); !slices.Equal(got, []string{"web-a 200"}) {
+		t.Fatalf("evictions %v, want only web-a: the status allowed one, and web-a spent it", got)
+	}
+	if !e.Waiting(pdb.UID) {
+		t.Fatal("node-b's queue did not park")
+	}
+	e.Evict(context.Background(), "node-b", planOf(statusOf(pdb, "2", 1), "web-b"))
+	if got := api.log(); !slices.Equal(got, []string{"web-a 200", "web-b 200"}) {
+		t.Fatalf("evictions %v, want web-b once a new status allows it", got)
 	}
 }
 
