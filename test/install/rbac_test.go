@@ -251,7 +251,11 @@ func TestLeastPrivilege(t *testing.T) {
 	}
 	// The budget is spent: a second delete is denied, and so is its retry. The
 	// retry's event repeats the first, so the recorder counts it in the first
-	// one's series (a PATCH of events.k8s.io events).
+	// one's series (a PATCH of events.k8s.io events), even when the node was
+	// written in between (the scale-down hold annotates it as the budget is
+	// spent). A delete can count twice: when the node changed since the API
+	// server read it, the API server runs admission again on the current node
+	// within the same request.
 	for range 2 {
 		err := env.Client.Delete(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: names[1]}})
 		if !apierrors.IsTooManyRequests(err) {
@@ -261,10 +265,11 @@ func TestLeastPrivilege(t *testing.T) {
 	harness.Eventually(t, 30*time.Second, func(ctx context.Context) (bool, error) {
 		var list eventsv1.EventList
 		err := env.Client.List(ctx, &list)
-		return slices.ContainsFunc(list.Items, func(e eventsv1.Event) bool {
-			return e.Regarding.Name == names[1] && e.Reason == ngwebhook.ReasonDeletionDenied && e.Series != nil && e.Series.Count == 2
-		}), err
-	}, "node %s has one %s event counting 2 denials", names[1], ngwebhook.ReasonDeletionDenied)
+		denials := slices.DeleteFunc(list.Items, func(e eventsv1.Event) bool {
+			return e.Regarding.Name != names[1] || e.Reason != ngwebhook.ReasonDeletionDenied
+		})
+		return len(denials) == 1 && denials[0].Series != nil && denials[0].Series.Count >= 2, err
+	}, "node %s has one %s event counting the 2 (or more) denials", names[1], ngwebhook.ReasonDeletionDenied)
 
 	// The taint watcher: a signal taint cuts traffic, its removal restores it.
 	signalled := names[2]
