@@ -48,7 +48,8 @@ type Evictor struct {
 	// wakeSeq numbers the Wake calls; lastWake is the last of each PDB.
 	wakeSeq  uint64
 	lastWake map[types.UID]wake
-	// grants are the evictions granted under each PDB's latest status read.
+	// grants count, per PDB, the evictions granted under one of its
+	// statuses (charge, remember).
 	grants map[types.UID]granted
 }
 

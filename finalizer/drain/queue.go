@@ -159,7 +159,8 @@ type budget struct {
 
 func (b *budget) allows(pod *corev1.Pod) bool { return !b.limited || !podReady(pod) || b.left > 0 }
 
-// spent tells whether evicting the pod spent one of the status's disruptions.
+// spend takes one of the status's disruptions for an evicted pod, if it was
+// Ready, and reports whether it did.
 func (b *budget) spend(pod *corev1.Pod) bool {
 	if podReady(pod) {
 		b.left--
