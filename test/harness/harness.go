@@ -294,10 +294,8 @@ func (e *Env) start(name string, args ...string) error {
 // ServiceAccount (it is up and syncing), and fails early if a component exits.
 func (e *Env) waitForComponents(ctx context.Context) error {
 	return Poll(ctx, 2*time.Minute, func(ctx context.Context) (bool, error) {
-		for _, p := range e.processes {
-			if done, err := p.exited(); done {
-				return false, fmt.Errorf("%s exited (%v):\n%s", p.name, err, tail(p.logPath, 20))
-			}
+		if exited := e.exitedTails(20); exited != "" {
+			return false, errors.New(exited)
 		}
 		var sa corev1.ServiceAccount
 		err := e.Client.Get(ctx, client.ObjectKey{Namespace: "default", Name: "default"}, &sa)
@@ -317,7 +315,7 @@ func (e *Env) CheckAlive() error {
 }
 
 // exitedTails returns the last lines of the log of each component that has
-// exited: a failing package prints them, as the likely cause.
+// exited: the likely cause of a failing start or package.
 func (e *Env) exitedTails(lines int) string {
 	var b strings.Builder
 	for _, p := range e.processes {

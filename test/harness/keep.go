@@ -12,15 +12,15 @@ import (
 // control plane's, nodeguard's, its events) are kept in files under
 // $TMPDIR/nodeguard-test-logs, and the output names them.
 
-// KeptLogsDir is where logs of failed tests and packages are kept.
-func KeptLogsDir() string { return filepath.Join(os.TempDir(), "nodeguard-test-logs") }
+// keptLogsDir is where logs of failed tests and packages are kept.
+func keptLogsDir() string { return filepath.Join(os.TempDir(), "nodeguard-test-logs") }
 
 var unsafeNameChars = regexp.MustCompile(`[^A-Za-z0-9_.-]+`)
 
-// keepLog writes content to a new file named after name in KeptLogsDir and
+// keepLog writes content to a new file named after name in keptLogsDir and
 // returns its path, or a note saying why it could not.
 func keepLog(name, content string) string {
-	dir := KeptLogsDir()
+	dir := keptLogsDir()
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return fmt.Sprintf("(not kept: %v)", err)
 	}

@@ -150,10 +150,7 @@ func (n *Nodeguard) Log() string {
 }
 
 // LogTail returns the last lines of the log.
-func (n *Nodeguard) LogTail(lines int) string {
-	all := strings.Split(strings.TrimRight(n.Log(), "\n"), "\n")
-	return strings.Join(all[max(0, len(all)-lines):], "\n")
-}
+func (n *Nodeguard) LogTail(lines int) string { return tail(n.LogPath, lines) }
 
 // WaitServing waits until addr accepts connections, failing early if nodeguard
 // exits.
