@@ -1,6 +1,8 @@
 package budget
 
 import (
+	"maps"
+	"slices"
 	"testing"
 	"time"
 
@@ -160,33 +162,72 @@ func TestWindowEndsAndNextChange(t *testing.T) {
 }
 
 func TestComputeStatusPrunesClaims(t *testing.T) {
-	r := &StatusReconciler{ClaimTimeout: 2 * time.Minute}
-	b := ndb(maxUnavailable("2"))
+	r := &StatusReconciler{ClaimTimeout: 2 * time.Minute, UnconfirmedTimeout: 15 * time.Second}
+	b := ndb(maxUnavailable("3"))
 	b.Generation = 3
+	ago := func(d time.Duration) metav1.Time { return metav1.NewTime(now.Add(-d)) }
 	b.Status.DisruptedNodes = map[string]metav1.Time{
-		"waiting":  metav1.NewTime(now.Add(-time.Minute)),     // available, within the timeout: kept
-		"expired":  metav1.NewTime(now.Add(-3 * time.Minute)), // the delete never happened: dropped
-		"deleting": metav1.NewTime(now.Add(-time.Minute)),     // seen unavailable: dropped
-		"gone":     metav1.NewTime(now.Add(-time.Minute)),     // no longer exists: dropped
+		"waiting":  ago(5 * time.Second),  // available, within both timeouts: kept
+		"expired":  ago(3 * time.Minute),  // the delete never happened (fresh read): dropped
+		"deleting": ago(3 * time.Minute),  // deleting: kept until it is gone
+		"gone":     ago(time.Minute),      // not cached, and the API server has no such node: dropped
+		"lagging":  ago(time.Minute),      // not cached yet, but the API server has it: kept
+		"forged":   ago(20 * time.Second), // no disruption within 15s, nor in a fresh read: given back
+		"caught":   ago(20 * time.Second), // cached Ready, but deleting in a fresh read: kept
+		"unread":   ago(20 * time.Second), // past 15s, not read fresh in this pass: kept, looked at again soon
+		"scaled":   ago(20 * time.Second), // scale-down claimed: under way, kept
 	}
-	selected := []*corev1.Node{node("waiting"), node("expired"), node("deleting", deleting), node("other")}
-	status, requeueAt := r.computeStatus(b, selected, now)
+	scaled := func(n *corev1.Node) {
+		n.Annotations = map[string]string{ngv1alpha1.ScaleDownClaimedAnnotation: ngv1alpha1.FormatTime(now)}
+		n.Spec.Taints = []corev1.Taint{{Key: ngv1alpha1.ClusterAutoscalerTaintKey}}
+	}
+	selected := []*corev1.Node{node("waiting"), node("expired"), node("deleting", deleting), node("forged"),
+		node("caught"), node("unread"), node("scaled", scaled), node("other")}
+	claims := r.newClaimReview(b, selected)
+	claims.fresh = map[string]*corev1.Node{"expired": node("expired"), "gone": nil, "lagging": node("lagging"),
+		"forged": node("forged"), "caught": node("caught", deleting)}
+	status, requeueAt := r.computeStatus(b, selected, claims, now)
 
-	if _, kept := status.DisruptedNodes["waiting"]; len(status.DisruptedNodes) != 1 || !kept {
-		t.Errorf("disruptedNodes = %v, want only the waiting claim", status.DisruptedNodes)
+	if got, want := slices.Sorted(maps.Keys(status.DisruptedNodes)), []string{"caught", "deleting", "lagging", "scaled", "unread", "waiting"}; !slices.Equal(got, want) {
+		t.Errorf("disruptedNodes = %v, want %v", got, want)
 	}
-	if !requeueAt.Equal(now.Add(time.Minute)) {
-		t.Errorf("requeue at %v, want when the waiting claim expires (%v)", requeueAt, now.Add(time.Minute))
+	if len(claims.unconfirmed) != 1 || claims.unconfirmed[0].Node != "forged" {
+		t.Errorf("given back unconfirmed: %+v, want forged only", claims.unconfirmed)
 	}
-	// 4 nodes, max 2 unavailable: "deleting" is unavailable and "waiting" charged.
-	if status.ExpectedNodes != 4 || status.CurrentAvailable != 2 || status.DesiredAvailable != 2 || status.DisruptionsAllowed != 0 {
+	if want := now.Add(confirmRetry); !requeueAt.Equal(want) {
+		t.Errorf("requeue at %v, want %v (the claims the cache and the API server disagree on)", requeueAt, want)
+	}
+	// 8 nodes, max 3 unavailable: deleting and scaled are unavailable; waiting,
+	// caught and unread are charged; expired, forged and other are available.
+	if status.ExpectedNodes != 8 || status.CurrentAvailable != 3 || status.DesiredAvailable != 5 || status.DisruptionsAllowed != 0 {
 		t.Errorf("status numbers = %+v", status)
 	}
 	if status.ObservedGeneration != 3 {
 		t.Errorf("observedGeneration = %d, want 3", status.ObservedGeneration)
 	}
 	if len(status.Conditions) != 1 || status.Conditions[0].Status != metav1.ConditionFalse ||
-		status.Conditions[0].Reason != ngv1alpha1.ReasonInsufficientNodes || status.Conditions[0].Message != "allowed 0, unavailable 2 of max 2" {
+		status.Conditions[0].Reason != ngv1alpha1.ReasonInsufficientNodes || status.Conditions[0].Message != "allowed 0, unavailable 5 of max 3" {
 		t.Errorf("conditions = %+v", status.Conditions)
+	}
+}
+
+func TestClaimReviewAsksTheAPIServerOnlyWhenTheCacheWouldDrop(t *testing.T) {
+	r := &StatusReconciler{ClaimTimeout: 2 * time.Minute, UnconfirmedTimeout: 15 * time.Second}
+	b := ndb(maxUnavailable("1"))
+	claims := r.newClaimReview(b, []*corev1.Node{node("young"), node("old"), node("deleting", deleting)})
+	tests := []struct {
+		node    string
+		age     time.Duration
+		wantAsk bool
+	}{
+		{"young", 5 * time.Second, false},
+		{"old", 20 * time.Second, true},
+		{"deleting", 5 * time.Minute, false},
+		{"uncached", time.Second, true},
+	}
+	for _, tt := range tests {
+		if _, next, ask := claims.judge(tt.node, now.Add(-tt.age), now); ask != tt.wantAsk {
+			t.Errorf("%s claimed %s ago: ask %v (next %v), want %v", tt.node, tt.age, ask, next, tt.wantAsk)
+		}
 	}
 }

@@ -36,6 +36,10 @@ var (
 		Help:    "Claims charged and releases carried by one successful status write of a NodeDisruptionBudget (group commit).",
 		Buckets: prometheus.ExponentialBuckets(1, 2, 8),
 	})
+	unconfirmedClaims = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "nodeguard_ndb_unconfirmed_claims_total",
+		Help: "Disruption claims given back because their node showed no deletion within --unconfirmed-claim-timeout (a delete denied after nodeguard admitted it, or a forged admission review).",
+	}, []string{labelBudget})
 	claimFreshReads = prometheus.NewCounter(prometheus.CounterOpts{
 		Name: "nodeguard_ndb_claim_fresh_reads_total",
 		Help: "Reads of a NodeDisruptionBudget from the API server by claim rounds; the other rounds reuse the object of the replica's own last write.",
@@ -43,7 +47,7 @@ var (
 )
 
 func init() {
-	metrics.Registry.MustRegister(disruptionsAllowed, expectedNodes, availableNodes, desiredNodes, claimConflicts, claimBatchSize, claimFreshReads)
+	metrics.Registry.MustRegister(disruptionsAllowed, expectedNodes, availableNodes, desiredNodes, claimConflicts, claimBatchSize, claimFreshReads, unconfirmedClaims)
 }
 
 // CountClaimConflict counts one retried claim conflict; use as Claimer.OnConflict.
@@ -60,4 +64,5 @@ func forgetBudgetMetrics(name string) {
 	for _, g := range []*prometheus.GaugeVec{disruptionsAllowed, expectedNodes, availableNodes, desiredNodes} {
 		g.DeleteLabelValues(name)
 	}
+	unconfirmedClaims.DeleteLabelValues(name)
 }

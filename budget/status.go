@@ -9,7 +9,8 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apiequality "k8s.io/apimachinery/pkg/api/equality"
 	"k8s.io/apimachinery/pkg/api/meta"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/tools/events"
+	"k8s.io/klog/v2"
 	"k8s.io/utils/clock"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/builder"
@@ -29,11 +30,21 @@ const DefaultClaimTimeout = 2 * time.Minute
 
 // StatusReconciler keeps every NodeDisruptionBudget's status true to the nodes:
 // counts, the DisruptionAllowed condition, and disruptedNodes pruned of nodes
-// that are now seen unavailable or gone, and of claims that expired.
+// that are gone, of claims that expired, and of claims whose node showed no
+// disruption within UnconfirmedTimeout (prune.go).
 type StatusReconciler struct {
-	Client       client.Client
+	Client client.Client
+	// Reader reads claimed nodes fresh from the API server before a claim is
+	// dropped on the cache's word (default: the manager's API reader).
+	Reader       client.Reader
 	Clock        clock.PassiveClock
 	ClaimTimeout time.Duration
+	// UnconfirmedTimeout, if positive, gives back a claim whose node shows no
+	// disruption under way (DisruptionUnderWay) that long after the claim.
+	UnconfirmedTimeout time.Duration
+	// Recorder, if set, receives a Warning event for each claim given back
+	// unconfirmed.
+	Recorder events.EventRecorder
 	// Claimer, if set, carries the status writes in its group commit with the
 	// claims of the same process (see Claimer.Recompute); without it, the
 	// controller writes on its own and races them.
@@ -45,11 +56,15 @@ type StatusReconciler struct {
 // +kubebuilder:rbac:groups=nodeguard.io,resources=nodedisruptionbudgets,verbs=get;list;watch
 // +kubebuilder:rbac:groups=nodeguard.io,resources=nodedisruptionbudgets/status,verbs=update
 // +kubebuilder:rbac:groups="",resources=nodes,verbs=get;list;watch
+// +kubebuilder:rbac:groups=events.k8s.io,resources=events,verbs=create;patch
 
 // SetupWithManager registers the controller: it reconciles a budget when the
 // budget changes and when a node's labels, taints, readiness or deletion change.
 func (r *StatusReconciler) SetupWithManager(mgr ctrl.Manager) error {
 	r.nodes = NewNodeLister(mgr.GetCache())
+	if r.Reader == nil {
+		r.Reader = mgr.GetAPIReader()
+	}
 	return ctrl.NewControllerManagedBy(mgr).
 		Named("ndb-status").
 		For(&ngv1alpha1.NodeDisruptionBudget{}).
@@ -103,11 +118,15 @@ func (r *StatusReconciler) Reconcile(ctx context.Context, req reconcile.Request)
 	if err != nil {
 		return reconcile.Result{}, err
 	}
+	claims := r.newClaimReview(&ndb, selected)
+	if err := claims.readFresh(ctx, ndb.Status.DisruptedNodes, r.Clock.Now()); err != nil {
+		return reconcile.Result{}, err
+	}
 	if r.Claimer != nil {
-		return r.recomputeWithClaims(ctx, &ndb, selected)
+		return r.recomputeWithClaims(ctx, &ndb, selected, claims)
 	}
 	now := r.Clock.Now()
-	status, requeueAt := r.computeStatus(&ndb, selected, now)
+	status, requeueAt := r.computeStatus(&ndb, selected, claims, now)
 	recordBudgetMetrics(ndb.Name, status)
 	if !apiequality.Semantic.DeepEqual(status, ndb.Status) {
 		ndb.Status = status
@@ -116,6 +135,7 @@ func (r *StatusReconciler) Reconcile(ctx context.Context, req reconcile.Request)
 		if err := r.Client.Status().Update(ctx, &ndb); err != nil {
 			return reconcile.Result{}, fmt.Errorf("updating NodeDisruptionBudget %s status: %w", ndb.Name, err)
 		}
+		r.reportUnconfirmed(ctx, &ndb, claims.unconfirmed)
 	}
 	if requeueAt.IsZero() {
 		return reconcile.Result{}, nil
@@ -129,30 +149,32 @@ func (r *StatusReconciler) Reconcile(ctx context.Context, req reconcile.Request)
 // nodes are as old as that version, and a status computed from older nodes
 // than a newer version's (which may have pruned a node seen deleting) could
 // count that node available again. A newer version reconciles again anyway.
-func (r *StatusReconciler) recomputeWithClaims(ctx context.Context, ndb *ngv1alpha1.NodeDisruptionBudget, selected []*corev1.Node) (reconcile.Result, error) {
+func (r *StatusReconciler) recomputeWithClaims(ctx context.Context, ndb *ngv1alpha1.NodeDisruptionBudget, selected []*corev1.Node, claims *claimReview) (reconcile.Result, error) {
 	now := r.Clock.Now()
-	status, requeueAt := r.computeStatus(ndb, selected, now)
+	status, requeueAt := r.computeStatus(ndb, selected, claims, now)
 	if apiequality.Semantic.DeepEqual(status, ndb.Status) {
 		recordBudgetMetrics(ndb.Name, status)
 		return requeueResult(now, requeueAt), nil // nothing to write: no round
 	}
+	var given []UnconfirmedClaim // by the last run of fn that wrote
 	err := r.Claimer.Recompute(ctx, ndb.Name, func(read *ngv1alpha1.NodeDisruptionBudget) bool {
-		now, requeueAt = r.Clock.Now(), time.Time{}
+		now, requeueAt, given = r.Clock.Now(), time.Time{}, nil
 		if read.ResourceVersion != ndb.ResourceVersion {
 			return false
 		}
-		status, at := r.computeStatus(read, selected, now)
+		status, at := r.computeStatus(read, selected, claims, now)
 		requeueAt = at
 		recordBudgetMetrics(read.Name, status)
 		if apiequality.Semantic.DeepEqual(status, read.Status) {
 			return false
 		}
-		read.Status = status
+		read.Status, given = status, claims.unconfirmed
 		return true
 	})
 	if err != nil {
 		return reconcile.Result{}, fmt.Errorf("updating NodeDisruptionBudget %s status: %w", ndb.Name, err)
 	}
+	r.reportUnconfirmed(ctx, ndb, given)
 	return requeueResult(now, requeueAt), nil
 }
 
@@ -173,11 +195,11 @@ func (r *StatusReconciler) selectedNodes(ctx context.Context, ndb *ngv1alpha1.No
 
 // computeStatus returns the budget's new status, and when it must be recomputed
 // even if nothing changes (a claim expiring, a window opening or closing).
-func (r *StatusReconciler) computeStatus(ndb *ngv1alpha1.NodeDisruptionBudget, selected []*corev1.Node, now time.Time) (ngv1alpha1.NodeDisruptionBudgetStatus, time.Time) {
+func (r *StatusReconciler) computeStatus(ndb *ngv1alpha1.NodeDisruptionBudget, selected []*corev1.Node, claims *claimReview, now time.Time) (ngv1alpha1.NodeDisruptionBudgetStatus, time.Time) {
 	status := *ndb.Status.DeepCopy()
 	status.ObservedGeneration = ndb.Generation
 	var requeueAt time.Time
-	status.DisruptedNodes, requeueAt = r.prune(ndb.Status.DisruptedNodes, selected, now)
+	status.DisruptedNodes, requeueAt = claims.prune(ndb.Status.DisruptedNodes, now)
 
 	pruned := ndb.DeepCopy()
 	pruned.Status.DisruptedNodes = status.DisruptedNodes
@@ -192,37 +214,17 @@ func (r *StatusReconciler) computeStatus(ndb *ngv1alpha1.NodeDisruptionBudget, s
 	return status, requeueAt
 }
 
-// prune keeps the claims whose node is still available and has not yet started
-// deleting within ClaimTimeout; it returns them with the earliest expiry.
-func (r *StatusReconciler) prune(claims map[string]metav1.Time, selected []*corev1.Node, now time.Time) (map[string]metav1.Time, time.Time) {
-	if len(claims) == 0 {
-		return nil, time.Time{}
-	}
-	byName := make(map[string]*corev1.Node, len(selected))
-	for _, node := range selected {
-		byName[node.Name] = node
-	}
-	kept := map[string]metav1.Time{}
-	var earliest time.Time
-	for name, at := range claims {
-		node, exists := byName[name]
-		if !exists {
-			continue // gone, or no longer selected
-		}
-		if unavailable, _ := Unavailable(node); unavailable {
-			continue // seen unavailable: counted as such from now on
-		}
-		expires := at.Add(r.ClaimTimeout)
-		if !expires.After(now) {
-			continue // the admitted delete never happened
-		}
-		kept[name] = at
-		if earliest.IsZero() || expires.Before(earliest) {
-			earliest = expires
+// reportUnconfirmed records the claims a status write gave back unconfirmed.
+func (r *StatusReconciler) reportUnconfirmed(ctx context.Context, ndb *ngv1alpha1.NodeDisruptionBudget, given []UnconfirmedClaim) {
+	for _, g := range given {
+		unconfirmedClaims.WithLabelValues(ndb.Name).Inc()
+		ctrl.LoggerFrom(ctx).Info("Gave back a disruption claim whose node showed no disruption",
+			"ndb", klog.KObj(ndb), "node", g.Node, "claimedAt", g.ClaimedAt)
+		if r.Recorder != nil {
+			r.Recorder.Eventf(ndb, g.Seen, corev1.EventTypeWarning, ReasonClaimUnconfirmed, actionGiveBack,
+				"gave back the disruption claim of node %s made at %s: the node showed no deletion within %s "+
+					"(a delete denied after nodeguard admitted it, or a forged admission review)",
+				g.Node, g.ClaimedAt.UTC().Format(time.RFC3339), r.UnconfirmedTimeout)
 		}
 	}
-	if len(kept) == 0 {
-		return nil, earliest
-	}
-	return kept, earliest
 }

@@ -19,35 +19,36 @@ import (
 
 // options are the command-line flags of nodeguard.
 type options struct {
-	metricsAddr         string
-	metricsSecure       bool
-	probeAddr           string
-	pprofAddr           string
-	webhookPort         int
-	webhookCertDir      string
-	leaderElect         bool
-	leaderNamespace     string
-	leaderID            string
-	leaseDuration       time.Duration
-	renewDeadline       time.Duration
-	retryPeriod         time.Duration
-	gracefulShutdown    time.Duration
-	nodeSelector        string
-	deleteTimeout       time.Duration
-	claimTimeout        time.Duration
-	adminStateTimeout   time.Duration
-	cutoverPause        time.Duration
-	daemonSets          string
-	drainTimeout        time.Duration
-	volumeDetachTimeout time.Duration
-	stuckPodMargin      time.Duration
-	blockedPDBPolicy    string
-	blockedPDBSettle    time.Duration
-	replacementTimeout  time.Duration
-	maxConcurrentDrains int
-	parallelEvictions   int
-	signalTaints        string
-	scaleDownHold       bool
+	metricsAddr             string
+	metricsSecure           bool
+	probeAddr               string
+	pprofAddr               string
+	webhookPort             int
+	webhookCertDir          string
+	leaderElect             bool
+	leaderNamespace         string
+	leaderID                string
+	leaseDuration           time.Duration
+	renewDeadline           time.Duration
+	retryPeriod             time.Duration
+	gracefulShutdown        time.Duration
+	nodeSelector            string
+	deleteTimeout           time.Duration
+	claimTimeout            time.Duration
+	unconfirmedClaimTimeout time.Duration
+	adminStateTimeout       time.Duration
+	cutoverPause            time.Duration
+	daemonSets              string
+	drainTimeout            time.Duration
+	volumeDetachTimeout     time.Duration
+	stuckPodMargin          time.Duration
+	blockedPDBPolicy        string
+	blockedPDBSettle        time.Duration
+	replacementTimeout      time.Duration
+	maxConcurrentDrains     int
+	parallelEvictions       int
+	signalTaints            string
+	scaleDownHold           bool
 	// signalTaintTable is signalTaints parsed (by validate).
 	signalTaintTable []ngv1alpha1.SignalTaint
 	azure            azure.Options
@@ -94,6 +95,10 @@ func (o *options) bind(fs *flag.FlagSet) {
 		"Time budget of one node DELETE decision, including retries of conflicting budget claims; past it the delete is denied with 429 'retry'. Keep it below the webhook's timeoutSeconds (5s).")
 	fs.DurationVar(&o.claimTimeout, "disruption-claim-timeout", budget.DefaultClaimTimeout,
 		"How long a NodeDisruptionBudget keeps charging an admitted deletion whose node has not started deleting (a later admission step denied it) before giving it back.")
+	fs.DurationVar(&o.unconfirmedClaimTimeout, "unconfirmed-claim-timeout", budget.DefaultUnconfirmedClaimTimeout,
+		"How long after its admission a disruption claim may wait for its node to show the disruption under way (deleting, draining, or scaled down) before it is given back (Warning event DisruptionClaimUnconfirmed): "+
+			"an admitted delete sets the node's deletionTimestamp within milliseconds, so such a claim is a delete a later admission step denied, or a forged admission review. "+
+			"The node is read fresh from the API server first. 0 turns it off (only --disruption-claim-timeout applies); otherwise at least 5s (the webhook timeout) and below --disruption-claim-timeout.")
 	fs.DurationVar(&o.adminStateTimeout, "admin-state-timeout", finalizer.DefaultAdminStateTimeout,
 		"How long a drain waits for Azure to confirm the node's load-balancer AdminState Down; past it the drain continues with a Warning event, so an ARM outage never wedges it.")
 	fs.DurationVar(&o.cutoverPause, "cutover-pause", 0,
@@ -162,6 +167,9 @@ func (o *options) validate() error {
 	}
 	if o.claimTimeout <= 0 {
 		return fmt.Errorf("--disruption-claim-timeout (%s) must be positive", o.claimTimeout)
+	}
+	if u := o.unconfirmedClaimTimeout; u != 0 && (u < 5*time.Second || u >= o.claimTimeout) {
+		return fmt.Errorf("--unconfirmed-claim-timeout (%s) must be 0 (off), or at least 5s (the webhook timeout) and below --disruption-claim-timeout (%s)", u, o.claimTimeout)
 	}
 	if o.leaderElect && o.leaderNamespace == "" {
 		return fmt.Errorf("--leader-election-namespace must not be empty when --leader-elect is set")

@@ -115,8 +115,9 @@ func setupGuard(mgr ctrl.Manager, opts options, adminState *azure.Manager) error
 		Recorder: mgr.GetEventRecorder("nodeguard-scale-down")}).SetupWithManager(mgr); err != nil {
 		return err
 	}
-	return (&budget.StatusReconciler{Client: mgr.GetClient(), Clock: clock.RealClock{}, ClaimTimeout: opts.claimTimeout,
-		Claimer: claimer}).SetupWithManager(mgr)
+	return (&budget.StatusReconciler{Client: mgr.GetClient(), Reader: mgr.GetAPIReader(), Clock: clock.RealClock{},
+		ClaimTimeout: opts.claimTimeout, UnconfirmedTimeout: opts.unconfirmedClaimTimeout,
+		Recorder: mgr.GetEventRecorder("nodeguard-budget"), Claimer: claimer}).SetupWithManager(mgr)
 }
 
 // The secure metrics endpoint authenticates scrapers with TokenReviews and

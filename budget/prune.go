@@ -1,0 +1,212 @@
+package budget
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/labels"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	ngv1alpha1 "github.com/nodeguard/nodeguard/api/v1alpha1"
+)
+
+// Pruning disruptedNodes safely while another status controller may write
+// from an older view of the nodes (two leaders at a hand-over, or one whose
+// node watch lags).
+//
+// A claim only leaves the map when no view, however stale, can count its node
+// available again because of it:
+//   - a node seen deleting keeps its claim until it is gone: a controller that
+//     still sees it Ready, not yet deleting, then counts it charged, not
+//     available (pruning it on "seen unavailable" let a stale view count a
+//     claimed node that flipped NotReady and Ready again available);
+//   - a node the cache does not have (gone, not yet seen, relabelled) keeps its
+//     claim until the API server confirms it is gone or no longer selected;
+//   - an expired claim, and a claim given back unconfirmed, are dropped only
+//     when a fresh read of the node shows it not deleting (nor disrupted).
+//
+// The fresh reads happen before the status write, outside the claims' group
+// commit; a claim whose deadline passes in between is kept and looked at
+// again in confirmRetry.
+
+// DefaultUnconfirmedClaimTimeout is how long a claim may wait for its node to
+// show its disruption under way (deleting, draining, or scaled down by
+// cluster-autoscaler) before it is given back. An admitted Node DELETE sets the
+// node's deletionTimestamp within milliseconds; a claim that shows nothing is a
+// delete denied by a later admission step, or a forged admission review. It is
+// three times the webhook's 5 s timeout.
+const DefaultUnconfirmedClaimTimeout = 15 * time.Second
+
+// confirmRetry is how soon a claim is looked at again when the cache and the
+// API server disagree about its node (the cache lags behind).
+const confirmRetry = time.Second
+
+// claimFate is what becomes of one claim in a status pass.
+type claimFate int
+
+const (
+	claimKept claimFate = iota
+	// claimDropped: the node is gone or no longer selected, or the claim expired.
+	claimDropped
+	// claimUnconfirmed: given back, its node showed no disruption in time.
+	claimUnconfirmed
+)
+
+// UnconfirmedClaim is a claim given back because its node showed no
+// disruption within the unconfirmed-claim timeout.
+type UnconfirmedClaim struct {
+	Node      string
+	ClaimedAt time.Time
+	// Seen is the node as the API server returned it.
+	Seen *corev1.Node
+}
+
+// claimReview decides a budget's claims in one reconcile: from the cached
+// nodes, and from fresh reads of the nodes whose claim the cache alone must
+// not drop.
+type claimReview struct {
+	r      *StatusReconciler
+	sel    labels.Selector
+	cached map[string]*corev1.Node // the selected nodes of the cache
+	// fresh holds the API server's answer for each node read (nil: gone).
+	fresh map[string]*corev1.Node
+	// unconfirmed are the claims the last prune gave back unconfirmed.
+	unconfirmed []UnconfirmedClaim
+}
+
+func (r *StatusReconciler) newClaimReview(ndb *ngv1alpha1.NodeDisruptionBudget, selected []*corev1.Node) *claimReview {
+	sel, err := Selector(ndb)
+	if err != nil {
+		sel = labels.Nothing()
+	}
+	cached := make(map[string]*corev1.Node, len(selected))
+	for _, n := range selected {
+		cached[n.Name] = n
+	}
+	return &claimReview{r: r, sel: sel, cached: cached, fresh: map[string]*corev1.Node{}}
+}
+
+// readFresh reads from the API server every claimed node whose claim the
+// cache alone cannot drop at now.
+func (c *claimReview) readFresh(ctx context.Context, claims map[string]metav1.Time, now time.Time) error {
+	for name, at := range claims {
+		if _, _, ask := c.judge(name, at.Time, now); !ask {
+			continue
+		}
+		var node corev1.Node
+		err := c.r.Reader.Get(ctx, client.ObjectKey{Name: name}, &node)
+		switch {
+		case apierrors.IsNotFound(err):
+			c.fresh[name] = nil
+		case err != nil:
+			return fmt.Errorf("reading claimed node %s: %w", name, err)
+		default:
+			c.fresh[name] = &node
+		}
+	}
+	return nil
+}
+
+// prune returns the claims kept at now, with when one must be looked at
+// again, and notes those given back unconfirmed.
+func (c *claimReview) prune(claims map[string]metav1.Time, now time.Time) (map[string]metav1.Time, time.Time) {
+	c.unconfirmed = nil
+	kept := map[string]metav1.Time{}
+	var earliest time.Time
+	for name, at := range claims {
+		fate, next, ask := c.judge(name, at.Time, now)
+		if ask {
+			next = now.Add(confirmRetry) // not read before this pass: keep, look again
+		}
+		switch fate {
+		case claimUnconfirmed:
+			c.unconfirmed = append(c.unconfirmed, UnconfirmedClaim{Node: name, ClaimedAt: at.Time, Seen: c.fresh[name]})
+			continue
+		case claimDropped:
+			continue
+		}
+		kept[name] = at
+		if !next.IsZero() && (earliest.IsZero() || next.Before(earliest)) {
+			earliest = next
+		}
+	}
+	if len(kept) == 0 {
+		return nil, earliest
+	}
+	return kept, earliest
+}
+
+// judge decides the claim of node name made at at: its fate, when to look at
+// it again (zero: when its node changes), or ask when the decision needs a
+// fresh read of the node that this review does not have yet.
+func (c *claimReview) judge(name string, at, now time.Time) (fate claimFate, next time.Time, ask bool) {
+	fresh, read := c.fresh[name]
+	cached := c.cached[name]
+	if cached == nil { // gone, not yet seen, or no longer selected
+		switch {
+		case !read:
+			return claimKept, time.Time{}, true
+		case fresh == nil || !c.sel.Matches(labels.Set(fresh.Labels)):
+			return claimDropped, time.Time{}, false
+		}
+		return claimKept, now.Add(confirmRetry), false // the cache lags
+	}
+	if cached.DeletionTimestamp != nil {
+		return claimKept, time.Time{}, false // until it is gone
+	}
+	expires := at.Add(c.r.ClaimTimeout)
+	if !expires.After(now) {
+		switch {
+		case !read:
+			return claimKept, time.Time{}, true
+		case fresh == nil || fresh.DeletionTimestamp == nil:
+			return claimDropped, time.Time{}, false // the admitted delete never happened
+		}
+		return claimKept, now.Add(confirmRetry), false // deleting: the cache lags
+	}
+	if c.r.UnconfirmedTimeout <= 0 || DisruptionUnderWay(cached) {
+		return claimKept, expires, false
+	}
+	deadline := at.Add(c.r.UnconfirmedTimeout)
+	if deadline.After(now) {
+		return claimKept, earlier(deadline, expires), false
+	}
+	switch {
+	case !read:
+		return claimKept, time.Time{}, true
+	case fresh == nil:
+		return claimDropped, time.Time{}, false
+	case !DisruptionUnderWay(fresh):
+		return claimUnconfirmed, time.Time{}, false
+	}
+	return claimKept, now.Add(confirmRetry), false // under way: the cache lags
+}
+
+func earlier(a, b time.Time) time.Time {
+	if a.Before(b) {
+		return a
+	}
+	return b
+}
+
+// DisruptionUnderWay reports whether the node shows that a disruption charged
+// to its budgets has begun: it is being deleted, nodeguard drains it, or
+// cluster-autoscaler's scale-down of it is claimed. Each charge is followed by
+// one of these within moments (a Node DELETE, Karpenter deleting the Node of
+// a deleted NodeClaim, the scale-down mark), so a claim that shows none after
+// the unconfirmed-claim timeout was never followed by its disruption.
+func DisruptionUnderWay(node *corev1.Node) bool {
+	if node.DeletionTimestamp != nil || ngv1alpha1.ScaleDownClaimed(node) {
+		return true
+	}
+	for _, t := range node.Spec.Taints {
+		if ngv1alpha1.IsDrainingTaint(t) {
+			return true
+		}
+	}
+	return false
+}
