@@ -19,6 +19,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/rest"
 	"k8s.io/utils/clock"
 	"k8s.io/utils/ptr"
 	ctrl "sigs.k8s.io/controller-runtime"
@@ -69,14 +70,27 @@ func startReplica(t *testing.T) *guard {
 func startNodeguard(t *testing.T, leader, backfill bool) *guard {
 	t.Helper()
 	mgr, addr, answers := newManager(t)
+	setupGuard(t, mgr, leader, backfill, nil)
+	return run(t, mgr, addr, answers)
+}
+
+// setupGuard registers on mgr what a nodeguard replica runs: the webhooks, and
+// on the leader the budget status controller (tuned by tune, if set) and
+// optionally the backfill.
+func setupGuard(t *testing.T, mgr ctrl.Manager, leader, backfill bool, tune func(*budget.StatusReconciler)) {
+	t.Helper()
 	// One claimer for the webhook and the status controller, as cmd/nodeguard wires them.
 	claimer := budget.NewClaimer(mgr)
 	ngwebhook.Register(mgr, ngwebhook.Options{Managed: labels.Everything(), DeleteTimeout: ngwebhook.DefaultDeleteTimeout, Claimer: claimer})
 	if !leader {
-		return run(t, mgr, addr, answers)
+		return
 	}
-	if err := (&budget.StatusReconciler{Client: mgr.GetClient(), Clock: clock.RealClock{}, ClaimTimeout: budget.DefaultClaimTimeout,
-		Claimer: claimer}).SetupWithManager(mgr); err != nil {
+	status := &budget.StatusReconciler{Client: mgr.GetClient(), Clock: clock.RealClock{}, ClaimTimeout: budget.DefaultClaimTimeout,
+		Claimer: claimer}
+	if tune != nil {
+		tune(status)
+	}
+	if err := status.SetupWithManager(mgr); err != nil {
 		t.Fatal(err)
 	}
 	if backfill {
@@ -84,7 +98,6 @@ func startNodeguard(t *testing.T, leader, backfill bool) *guard {
 			t.Fatal(err)
 		}
 	}
-	return run(t, mgr, addr, answers)
 }
 
 // newManager makes a manager whose webhook server listens on a free local port
@@ -95,13 +108,19 @@ func startNodeguard(t *testing.T, leader, backfill bool) *guard {
 // review the server answers is counted.
 func newManager(t *testing.T) (ctrl.Manager, string, *answerCounter) {
 	t.Helper()
+	return newManagerFor(t, env.Config)
+}
+
+// newManagerFor is newManager with the manager's own client configuration.
+func newManagerFor(t *testing.T, cfg *rest.Config) (ctrl.Manager, string, *answerCounter) {
+	t.Helper()
 	port := harness.FreePort(t)
 	answers := &answerCounter{}
 	server := &countingServer{Server: webhook.NewServer(webhook.Options{
 		Host: "127.0.0.1", Port: port, CertDir: env.Webhook.LocalServingCertDir,
 		TLSOpts: []func(*tls.Config){func(c *tls.Config) { c.NextProtos = []string{"http/1.1"} }},
 	}), answers: answers}
-	mgr, err := ctrl.NewManager(env.Config, ctrl.Options{
+	mgr, err := ctrl.NewManager(cfg, ctrl.Options{
 		Scheme:                 env.Scheme,
 		Metrics:                metricsserver.Options{BindAddress: "0"},
 		HealthProbeBindAddress: "0",
