@@ -108,8 +108,7 @@ func TestKubectlDeleteIsHeldToTheBudget(t *testing.T) {
 	if admitted.DeletionTimestamp == nil || !slices.Contains(admitted.Finalizers, ngv1alpha1.TerminationFinalizer) {
 		t.Fatalf("admitted node should still exist with a deletion timestamp and the finalizer: %+v", admitted.ObjectMeta)
 	}
-	// Charged at once: in disruptedNodes until the status controller sees the
-	// node deleting, counted unavailable from then on.
+	// Charged at once: in disruptedNodes until the node is gone.
 	if ndb := getBudget(t, "kubectl"); ndb.Status.DisruptionsAllowed != 0 {
 		t.Errorf("after an admitted deletion the budget still allows %d", ndb.Status.DisruptionsAllowed)
 	}

@@ -125,8 +125,9 @@ type NodeDisruptionBudgetStatus struct {
 	// DisruptedNodes maps the name of a node whose deletion was admitted to the
 	// time of admission. The webhook adds an entry in the same conditional write
 	// that checks the budget, so concurrent deletions never over-admit; the status
-	// controller removes it once the node is seen unavailable, or after a timeout
-	// if the deletion never happened.
+	// controller removes it once the node is gone, or, when a fresh read shows the
+	// node not being deleted, after a timeout (a short one when the node shows no
+	// disruption at all).
 	// +optional
 	DisruptedNodes map[string]metav1.Time `json:"disruptedNodes,omitempty"`
 
