@@ -76,6 +76,9 @@ type claimReview struct {
 	fresh map[string]*corev1.Node
 	// unconfirmed are the claims the last prune gave back unconfirmed.
 	unconfirmed []UnconfirmedClaim
+	// uncached are the nodes of the claims the last prune kept that the cache
+	// does not have: as the API server returned them, or a stub.
+	uncached []*corev1.Node
 }
 
 func (r *StatusReconciler) newClaimReview(ndb *ngv1alpha1.NodeDisruptionBudget, selected []*corev1.Node) *claimReview {
@@ -114,7 +117,7 @@ func (c *claimReview) readFresh(ctx context.Context, claims map[string]metav1.Ti
 // prune returns the claims kept at now, with when one must be looked at
 // again, and notes those given back unconfirmed.
 func (c *claimReview) prune(claims map[string]metav1.Time, now time.Time) (map[string]metav1.Time, time.Time) {
-	c.unconfirmed = nil
+	c.unconfirmed, c.uncached = nil, nil
 	kept := map[string]metav1.Time{}
 	var earliest time.Time
 	for name, at := range claims {
@@ -130,6 +133,7 @@ func (c *claimReview) prune(claims map[string]metav1.Time, now time.Time) (map[s
 			continue
 		}
 		kept[name] = at
+		c.keepUncached(name)
 		if !next.IsZero() && (earliest.IsZero() || next.Before(earliest)) {
 			earliest = next
 		}
@@ -138,6 +142,31 @@ func (c *claimReview) prune(claims map[string]metav1.Time, now time.Time) (map[s
 		return nil, earliest
 	}
 	return kept, earliest
+}
+
+// keepUncached notes the node of a kept claim that the cache does not have
+// (created, charged and deleting before the cache saw it): it still counts
+// among the budget's nodes, charged. Left out, it would take one node out of
+// expectedNodes and none out of currentAvailable, and a maxUnavailable budget
+// would allow one more.
+func (c *claimReview) keepUncached(name string) {
+	if c.cached[name] != nil {
+		return
+	}
+	node := c.fresh[name]
+	if node == nil {
+		node = &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: name}} // no Ready condition: unavailable
+	}
+	c.uncached = append(c.uncached, node)
+}
+
+// counted is the nodes the budget's numbers are computed from: the selected
+// cached nodes and the uncached nodes of the claims kept.
+func (c *claimReview) counted(selected []*corev1.Node) []*corev1.Node {
+	if len(c.uncached) == 0 {
+		return selected
+	}
+	return append(selected[:len(selected):len(selected)], c.uncached...)
 }
 
 // judge decides the claim of node name made at at: its fate, when to look at

@@ -203,7 +203,7 @@ func (r *StatusReconciler) computeStatus(ndb *ngv1alpha1.NodeDisruptionBudget, s
 
 	pruned := ndb.DeepCopy()
 	pruned.Status.DisruptedNodes = status.DisruptedNodes
-	n, err := Evaluate(pruned, selected, now)
+	n, err := Evaluate(pruned, claims.counted(selected), now)
 	status.ExpectedNodes, status.CurrentAvailable = n.Expected, n.Available
 	status.DesiredAvailable, status.DisruptionsAllowed = n.Desired, n.Allowed
 	meta.SetStatusCondition(&status.Conditions, allowedCondition(n, err, ndb.Generation))
