@@ -144,10 +144,10 @@ func TestOneValueSetsBothDeleteTimeouts(t *testing.T) {
 		objs    map[string]object
 		timeout time.Duration
 	}{
-		"kustomize":            {kustomize(t, "default"), 5 * time.Second},
-		"chart":                {render(t, ""), 5 * time.Second},
-		"chart, timeout 12":    {render(t, "webhook: {timeoutSeconds: 12}\n"), 12 * time.Second},
-		"chart, timeout 2": {render(t, "webhook: {timeoutSeconds: 2}\n"), 2 * time.Second},
+		"kustomize":         {kustomize(t, "default"), 5 * time.Second},
+		"chart":             {render(t, ""), 5 * time.Second},
+		"chart, timeout 12": {render(t, "webhook: {timeoutSeconds: 12}\n"), 12 * time.Second},
+		"chart, timeout 2":  {render(t, "webhook: {timeoutSeconds: 2}\n"), 2 * time.Second},
 	} {
 		webhooks, flag := deleteTimeouts(t, tc.objs)
 		if len(webhooks) == 0 {
