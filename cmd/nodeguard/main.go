@@ -76,6 +76,7 @@ func run(opts options) error {
 		if clientCA, err = clientca.Load(opts.webhookClientCA); err != nil {
 			return err
 		}
+		clientca.QuietLoopbackHandshakeErrors(os.Stderr)
 	}
 	mgr, err := ctrl.NewManager(cfg, managerOptions(opts, leaseKey, clientCA))
 	if err != nil {

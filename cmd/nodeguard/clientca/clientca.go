@@ -6,9 +6,12 @@
 package clientca
 
 import (
+	"bytes"
 	"crypto/tls"
 	"crypto/x509"
 	"fmt"
+	"io"
+	"log"
 	"os"
 	"sync"
 	"time"
@@ -95,4 +98,30 @@ func (b *Bundle) RequireClientCert(c *tls.Config) {
 		cfg.ClientCAs = b.Pool()
 		return cfg, nil
 	}
+}
+
+// QuietLoopbackHandshakeErrors keeps net/http from logging a TLS handshake
+// that fails from a loopback address: with a client CA, the webhook's
+// readiness check (a TLS dial of its own, without a client certificate, at
+// every probe) fails that way by design. Handshakes failing from any other
+// address are still logged: they are callers without a certificate of the CA.
+func QuietLoopbackHandshakeErrors(w io.Writer) {
+	log.SetOutput(loopbackHandshakeFilter{w})
+}
+
+type loopbackHandshakeFilter struct{ w io.Writer }
+
+var loopbackHandshakeErrors = [][]byte{
+	[]byte("http: TLS handshake error from 127.0.0.1:"),
+	[]byte("http: TLS handshake error from [::1]:"),
+}
+
+// Write drops a whole line of the log package (one Write per line).
+func (f loopbackHandshakeFilter) Write(p []byte) (int, error) {
+	for _, prefix := range loopbackHandshakeErrors {
+		if bytes.Contains(p, prefix) {
+			return len(p), nil
+		}
+	}
+	return f.w.Write(p)
 }
