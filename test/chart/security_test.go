@@ -29,6 +29,15 @@ networkPolicy: {enabled: false}
 	}
 }
 
+// webhook.clientCAConfigMap renders what the component webhook-client-ca
+// adds: --webhook-client-ca and the ConfigMap's volume.
+func TestClientCARendersTheWebhookClientCAComponent(t *testing.T) {
+	compare(t, render(t, "uninstallHook: {enabled: false}\nwebhook: {clientCAConfigMap: nodeguard-webhook-client-ca}\n"), kustomizeWith(t, "webhook-client-ca"))
+	if args := fmt.Sprint(dig(deployment(t, render(t, "")), "spec", "template", "spec", "containers", 0, "args")); strings.Contains(args, "--webhook-client-ca") {
+		t.Errorf("by default the chart sets --webhook-client-ca: %s", args)
+	}
+}
+
 // The default NetworkPolicy admits only pods in kube-system to the webhook
 // port, and leaves metrics and probes open.
 func TestNetworkPolicyAdmitsOnlyTheAPIServerToTheWebhook(t *testing.T) {
