@@ -109,5 +109,9 @@ func run(m *testing.M, dir string) int {
 		panic(err)
 	}
 	// The install (applyRBAC, from installYAML) ships kube-node-maintenance.
-	return harness.Run(m, harness.Options{Cluster: true, WebhookManifests: []string{webhookDir}, AuditPolicy: auditPolicy, NoMaintenanceNamespace: true}, &env)
+	return harness.Run(m, harness.Options{Cluster: true, WebhookManifests: []string{webhookDir}, AuditPolicy: auditPolicy, NoMaintenanceNamespace: true,
+		// The API server presents a client certificate to webhooks, as a
+		// hardened cluster does: nodeguard with --webhook-client-ca verifies it,
+		// nodeguard without asks for none.
+		WebhookClientCert: true}, &env)
 }
