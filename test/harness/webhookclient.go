@@ -27,14 +27,14 @@ func webhookClientCert(dir, host string, port int) (admissionConfig, caFile stri
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return "", "", err
 	}
-	caKey, caCert, err := newCertificate(&x509.Certificate{
+	caKey, caCert, err := NewCertificate(&x509.Certificate{
 		Subject: pkix.Name{CommonName: "webhook-client-ca"}, IsCA: true, BasicConstraintsValid: true,
 		KeyUsage: x509.KeyUsageCertSign,
 	}, nil, nil)
 	if err != nil {
 		return "", "", err
 	}
-	key, cert, err := newCertificate(&x509.Certificate{
+	key, cert, err := NewCertificate(&x509.Certificate{
 		Subject:  pkix.Name{CommonName: "kube-apiserver-webhook-client"},
 		KeyUsage: x509.KeyUsageDigitalSignature, ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth},
 	}, caCert, caKey)
@@ -82,9 +82,10 @@ plugins:
 	return filepath.Join(dir, "admission.yaml"), filepath.Join(dir, "ca.crt"), nil
 }
 
-// newCertificate signs tmpl with parent and its key, or self-signs it when
-// parent is nil.
-func newCertificate(tmpl, parent *x509.Certificate, parentKey *ecdsa.PrivateKey) (*ecdsa.PrivateKey, *x509.Certificate, error) {
+// NewCertificate gives tmpl a new P-256 key, a serial and a validity from an
+// hour ago for a day, and signs it with parent and its key, or self-signs it
+// when parent is nil.
+func NewCertificate(tmpl, parent *x509.Certificate, parentKey *ecdsa.PrivateKey) (*ecdsa.PrivateKey, *x509.Certificate, error) {
 	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	if err != nil {
 		return nil, nil, err
