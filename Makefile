@@ -111,13 +111,20 @@ generate: tools ## Generate deepcopy code for the API types.
 manifests: tools ## Generate the CRD, RBAC and webhook manifests from markers.
 	$(CONTROLLER_GEN) crd rbac:roleName=nodeguard webhook paths=./... \
 		output:crd:dir=manifests/crd output:rbac:dir=manifests/rbac output:webhook:dir=manifests/webhook
+	@# controller-gen writes the Role of the markers with
+	@# namespace=kube-node-maintenance after the ClusterRole, into the same file:
+	@# move it to manifests/maintenance, out of reach of manifests/base's
+	@# namespace field, which would move it to nodeguard-system.
+	awk '/^---$$/ {n++} {print > (n < 2 ? "manifests/rbac/role.yaml.tmp" : "manifests/maintenance/role.yaml")}' manifests/rbac/role.yaml
+	mv manifests/rbac/role.yaml.tmp manifests/rbac/role.yaml
 
 ##@ Release
 
 .PHONY: chart
-chart: ## Copy the generated CRD and ClusterRole, the alerts and the dashboard into charts/nodeguard.
+chart: ## Copy the generated CRD, ClusterRole and maintenance Role, the alerts and the dashboard into charts/nodeguard.
 	cp manifests/crd/nodeguard.io_nodedisruptionbudgets.yaml charts/nodeguard/crds/
 	cp manifests/rbac/role.yaml charts/nodeguard/files/role.yaml
+	cp manifests/maintenance/role.yaml charts/nodeguard/files/maintenance-role.yaml
 	cp manifests/prometheus/rules.yaml charts/nodeguard/files/prometheus-rules.yaml
 	cp manifests/prometheus/dashboard.json charts/nodeguard/files/dashboard.json
 

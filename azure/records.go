@@ -56,7 +56,7 @@ const (
 	recordEntriesAnnotation = "nodeguard.io/entries-set-down"
 )
 
-// +kubebuilder:rbac:groups=coordination.k8s.io,resources=leases,verbs=get;list;create;update;delete
+// +kubebuilder:rbac:groups=coordination.k8s.io,resources=leases,verbs=get;list;create;update;delete,namespace=kube-node-maintenance
 
 // LeaseRecords keeps each pool's record in a Lease (no holder) in the
 // maintenance namespace: a Lease per pool, so that a write covers every node

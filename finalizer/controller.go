@@ -162,9 +162,9 @@ type Reconciler struct {
 // +kubebuilder:rbac:groups="",resources=pods/eviction,verbs=create
 // +kubebuilder:rbac:groups=policy,resources=poddisruptionbudgets,verbs=list;watch
 // +kubebuilder:rbac:groups=apps,resources=replicasets,verbs=get
-// +kubebuilder:rbac:groups=apps,resources=deployments,verbs=get;patch
+// +kubebuilder:rbac:groups=apps,resources=deployments,verbs=get
 // +kubebuilder:rbac:groups=storage.k8s.io,resources=volumeattachments,verbs=list;watch
-// +kubebuilder:rbac:groups=coordination.k8s.io,resources=leases,verbs=get;list;watch;create;update
+// +kubebuilder:rbac:groups=coordination.k8s.io,resources=leases,verbs=get;list;watch;create;update,namespace=kube-node-maintenance
 
 // SetupWithManager registers the controller. It sees nodes being deleted with
 // the finalizer; the pods of each node being drained (a watch of its own), the

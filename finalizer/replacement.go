@@ -440,6 +440,11 @@ func (p *replacePass) restart(ctx context.Context, g *drain.Group, pod *corev1.P
 	case apierrors.IsConflict(err):
 		p.conflicted[d.UID] = true
 		return fmt.Sprintf("blocked by design (%s); restarting Deployment %s", budgetNumbers(g), name), nil
+	case apierrors.IsForbidden(err):
+		// Installed without the replace grant (the default), with the policy
+		// replace from an annotation: wait, as under the policy wait.
+		return p.wait(g, pod, fmt.Sprintf("blocked-pdb-policy replace (%s), but nodeguard may not patch Deployment %s: "+
+			"install it with replacement first (Helm nodeguard.blockedPDBPolicy: replace, or the kustomize component blocked-pdb-replace), scale it up or relax the PDB", source, name)), nil
 	case err != nil:
 		replacementRestarts.WithLabelValues(d.Namespace, restartFailed).Inc()
 		return "", fmt.Errorf("restarting Deployment %s to replace pod %s/%s: %w", name, pod.Namespace, pod.Name, err)

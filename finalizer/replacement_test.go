@@ -14,6 +14,7 @@ import (
 	policyv1 "k8s.io/api/policy/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
+	"k8s.io/client-go/rest"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/client/interceptor"
@@ -548,5 +549,53 @@ func TestSettlingQueueReadsNoWorkload(t *testing.T) {
 	}
 	if d := getDeployment(t, f.ns, "web"); d.Generation != 2 {
 		t.Errorf("the settled queue's Deployment was not restarted: generation %d", d.Generation)
+	}
+}
+
+// TestReplaceWithoutThePatchGrantWaits: installed without the Deployment patch
+// grant (the default install), a Deployment annotated replace is refused its
+// restart by the API server (403): the drain waits as under the policy wait
+// and says what to grant, instead of failing every pass.
+func TestReplaceWithoutThePatchGrantWaits(t *testing.T) {
+	f := replaceFixture(t, "nogrant", drain.BlockedPDBWait)
+	ungrantedCfg := rest.CopyConfig(env.Config)
+	ungrantedCfg.Impersonate = rest.ImpersonationConfig{UserName: "system:serviceaccount:nodeguard-system:without-replace-grant"}
+	ungranted, err := client.New(ungrantedCfg, client.Options{Scheme: env.Scheme})
+	if err != nil {
+		t.Fatal(err)
+	}
+	direct, err := client.NewWithWatch(env.Config, client.Options{Scheme: env.Scheme})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Every request as before, but a Deployment's patch as a user with no grant.
+	f.r.Client = interceptor.NewClient(direct, interceptor.Funcs{
+		Patch: func(ctx context.Context, c client.WithWatch, obj client.Object, patch client.Patch, opts ...client.PatchOption) error {
+			if _, ok := obj.(*appsv1.Deployment); ok {
+				return ungranted.Patch(ctx, obj, patch, opts...)
+			}
+			return c.Patch(ctx, obj, patch, opts...)
+		},
+	})
+	node := f.ns + "-node"
+	f.node(t, node, builder.Ready())
+	optIn := f.deployment(t, "in", 1, func(d *appsv1.Deployment) {
+		d.Annotations = map[string]string{ngv1alpha1.BlockedPDBPolicyAnnotation: "replace"}
+	})
+	f.podOf(t, optIn.rs, "in", node)
+	f.pdb(t, "in", builder.MinAvailable("1"), 0, 1, 1, 1)
+	f.deleteNode(t, node)
+	f.pass(t, node)
+	f.clock.Step(DefaultBlockedPDBSettle + time.Second)
+	f.pass(t, node) // fails the test if the 403 fails the pass
+	f.pass(t, node)
+	if d := getDeployment(t, f.ns, "in"); d.Generation != 1 {
+		t.Errorf("the Deployment was restarted without the grant: generation %d", d.Generation)
+	}
+	waits := slices.DeleteFunc(f.events.with(ReasonDrainBlockedByBudget), func(e string) bool {
+		return !containsAll(e, "pod "+f.ns+"/in ", "nodeguard waits", "may not patch Deployment "+f.ns+"/in", "blockedPDBPolicy: replace")
+	})
+	if len(waits) != 1 {
+		t.Errorf("want one event saying the restart needs the grant, got %v", f.events.with(ReasonDrainBlockedByBudget))
 	}
 }

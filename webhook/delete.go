@@ -37,7 +37,7 @@ const DefaultDeleteTimeout = 4 * time.Second
 // and is allowed anyway, so it must not fail while nodeguard is down.
 // +kubebuilder:webhook:path=/validate-node-delete,mutating=false,failurePolicy=fail,sideEffects=NoneOnDryRun,groups="",resources=nodes,verbs=delete,versions=v1,name=delete.nodeguard.io,admissionReviewVersions=v1,timeoutSeconds=5,patch=`{"matchConditions":[{"name":"not-deleting","expression":"!has(oldObject.metadata.deletionTimestamp)"}]}`
 // +kubebuilder:rbac:groups="",resources=nodes,verbs=get;list;watch;patch
-// +kubebuilder:rbac:groups=coordination.k8s.io,resources=leases,verbs=get;list;watch
+// +kubebuilder:rbac:groups=coordination.k8s.io,resources=leases,verbs=get;list;watch,namespace=kube-node-maintenance
 // +kubebuilder:rbac:groups=nodeguard.io,resources=nodedisruptionbudgets,verbs=get;list;watch
 // +kubebuilder:rbac:groups=nodeguard.io,resources=nodedisruptionbudgets/status,verbs=update
 // +kubebuilder:rbac:groups=events.k8s.io,resources=events,verbs=create;patch

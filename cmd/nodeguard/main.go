@@ -16,6 +16,7 @@ import (
 
 	ngv1alpha1 "github.com/nodeguard/nodeguard/api/v1alpha1"
 	"github.com/nodeguard/nodeguard/azure"
+	"github.com/nodeguard/nodeguard/cmd/nodeguard/clientca"
 	"github.com/nodeguard/nodeguard/cmd/nodeguard/leader"
 	"github.com/nodeguard/nodeguard/cmd/nodeguard/recorder"
 )
@@ -70,7 +71,14 @@ func run(opts options) error {
 		return fmt.Errorf("loading kubeconfig: %w", err)
 	}
 	leaseKey := types.NamespacedName{Namespace: opts.leaderNamespace, Name: opts.leaderID}
-	mgr, err := ctrl.NewManager(cfg, managerOptions(opts, leaseKey))
+	var clientCA *clientca.Bundle
+	if opts.webhookClientCA != "" {
+		if clientCA, err = clientca.Load(opts.webhookClientCA); err != nil {
+			return err
+		}
+		clientca.QuietLoopbackHandshakeErrors(os.Stderr)
+	}
+	mgr, err := ctrl.NewManager(cfg, managerOptions(opts, leaseKey, clientCA))
 	if err != nil {
 		return fmt.Errorf("creating manager: %w", err)
 	}

@@ -17,6 +17,10 @@ import (
 	"github.com/nodeguard/nodeguard/webhook"
 )
 
+// maxWebhookTimeout is the largest timeoutSeconds a webhook configuration
+// may have.
+const maxWebhookTimeout = 30 * time.Second
+
 // options are the command-line flags of nodeguard.
 type options struct {
 	metricsAddr             string
@@ -49,6 +53,7 @@ type options struct {
 	parallelEvictions       int
 	signalTaints            string
 	scaleDownHold           bool
+	webhookClientCA         string
 	// signalTaintTable is signalTaints parsed (by validate).
 	signalTaintTable []ngv1alpha1.SignalTaint
 	azure            azure.Options
@@ -77,6 +82,8 @@ func (o *options) bind(fs *flag.FlagSet) {
 		"Port of the admission webhook server (HTTPS); a negative value disables it.")
 	fs.StringVar(&o.webhookCertDir, "webhook-cert-dir", "/tmp/k8s-webhook-server/serving-certs",
 		"Directory holding the webhook serving certificate as tls.crt and tls.key (for example a mounted cert-manager Secret); rotated files are reloaded without a restart.")
+	fs.StringVar(&o.webhookClientCA, "webhook-client-ca", "",
+		"PEM file of the CA(s) that sign the API server's client certificate for webhooks (kube-apiserver --admission-control-config-file). When set, the webhook server refuses, in the TLS handshake, every caller without a certificate they verify; a changed file is reloaded without a restart. Empty: any caller may connect (restrict it with the NetworkPolicy).")
 	fs.BoolVar(&o.leaderElect, "leader-elect", true,
 		"Run the controllers only on the replica holding the leader election Lease. The webhook is served by every replica.")
 	fs.StringVar(&o.leaderNamespace, "leader-election-namespace", defaultNamespace(),
@@ -92,7 +99,7 @@ func (o *options) bind(fs *flag.FlagSet) {
 	fs.StringVar(&o.nodeSelector, "node-selector", "",
 		"Label selector of the nodes nodeguard manages (finalizer, budgets, drain), e.g. 'kubernetes.azure.com/mode=user'. Empty manages every node.")
 	fs.DurationVar(&o.deleteTimeout, "delete-admission-timeout", webhook.DefaultDeleteTimeout,
-		"Time budget of one node DELETE decision, including retries of conflicting budget claims; past it the delete is denied with 429 'retry'. Keep it below the webhook's timeoutSeconds (5s).")
+		"Time budget of one node DELETE decision, including retries of conflicting budget claims; past it the delete is denied with 429 'retry'. Keep it below the DELETE webhooks' timeoutSeconds (5 in the shipped manifests; the Helm chart derives both from webhook.timeoutSeconds), or the API server gives up first.")
 	fs.DurationVar(&o.claimTimeout, "disruption-claim-timeout", budget.DefaultClaimTimeout,
 		"How long a NodeDisruptionBudget keeps charging an admitted deletion whose node has not started deleting (a later admission step denied it) before giving it back.")
 	fs.DurationVar(&o.unconfirmedClaimTimeout, "unconfirmed-claim-timeout", budget.DefaultUnconfirmedClaimTimeout,
@@ -147,8 +154,8 @@ func (o *options) validate() error {
 	if _, err := labels.Parse(o.nodeSelector); err != nil {
 		return fmt.Errorf("--node-selector %q: %w", o.nodeSelector, err)
 	}
-	if o.deleteTimeout <= 0 || o.deleteTimeout >= 5*time.Second {
-		return fmt.Errorf("--delete-admission-timeout (%s) must be positive and below the webhook timeout of 5s", o.deleteTimeout)
+	if o.deleteTimeout <= 0 || o.deleteTimeout >= maxWebhookTimeout {
+		return fmt.Errorf("--delete-admission-timeout (%s) must be positive and below the longest webhook timeoutSeconds the API server allows (%s)", o.deleteTimeout, maxWebhookTimeout)
 	}
 	if o.daemonSets != string(drain.DaemonSetsLast) && o.daemonSets != string(drain.DaemonSetsSkip) {
 		return fmt.Errorf("--daemonset-pods %q: must be 'last' or 'skip'", o.daemonSets)

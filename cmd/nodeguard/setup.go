@@ -4,6 +4,7 @@ import (
 	"crypto/tls"
 	"fmt"
 	"os"
+	"slices"
 
 	coordinationv1 "k8s.io/api/coordination/v1"
 	"k8s.io/apimachinery/pkg/labels"
@@ -25,6 +26,7 @@ import (
 	"github.com/nodeguard/nodeguard/azure"
 	"github.com/nodeguard/nodeguard/azure/taintwatch"
 	"github.com/nodeguard/nodeguard/budget"
+	"github.com/nodeguard/nodeguard/cmd/nodeguard/clientca"
 	"github.com/nodeguard/nodeguard/finalizer"
 	"github.com/nodeguard/nodeguard/finalizer/drain"
 	ngwebhook "github.com/nodeguard/nodeguard/webhook"
@@ -125,13 +127,19 @@ func setupGuard(mgr ctrl.Manager, opts options, adminState *azure.Manager) error
 // +kubebuilder:rbac:groups=authentication.k8s.io,resources=tokenreviews,verbs=create
 // +kubebuilder:rbac:groups=authorization.k8s.io,resources=subjectaccessreviews,verbs=create
 
-func managerOptions(opts options, lease types.NamespacedName) ctrl.Options {
+// managerOptions configures the manager; clientCA, when not nil, makes the
+// webhook server require client certificates it signed.
+func managerOptions(opts options, lease types.NamespacedName, clientCA *clientca.Bundle) ctrl.Options {
 	// HTTP/2 is off for the webhook and metrics servers (CVE-2023-44487/39325);
 	// TLS 1.2 is the minimum.
 	tlsOpts := []func(*tls.Config){func(c *tls.Config) {
 		c.NextProtos = []string{"http/1.1"}
 		c.MinVersion = tls.VersionTLS12
 	}}
+	webhookTLS := tlsOpts
+	if clientCA != nil {
+		webhookTLS = append(slices.Clip(tlsOpts), clientCA.RequireClientCert)
+	}
 	metrics := metricsserver.Options{BindAddress: opts.metricsAddr, SecureServing: opts.metricsSecure, TLSOpts: tlsOpts}
 	if opts.metricsSecure {
 		metrics.FilterProvider = filters.WithAuthenticationAndAuthorization
@@ -141,7 +149,7 @@ func managerOptions(opts options, lease types.NamespacedName) ctrl.Options {
 		Metrics:                       metrics,
 		HealthProbeBindAddress:        opts.probeAddr,
 		PprofBindAddress:              opts.pprofAddr,
-		WebhookServer:                 webhook.NewServer(webhook.Options{Port: opts.webhookPort, CertDir: opts.webhookCertDir, TLSOpts: tlsOpts}),
+		WebhookServer:                 webhook.NewServer(webhook.Options{Port: opts.webhookPort, CertDir: opts.webhookCertDir, TLSOpts: webhookTLS}),
 		LeaderElection:                opts.leaderElect,
 		LeaderElectionNamespace:       lease.Namespace,
 		LeaderElectionID:              lease.Name,

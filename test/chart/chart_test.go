@@ -329,6 +329,7 @@ func TestChartCopiesAreInSync(t *testing.T) {
 	for copy, source := range map[string]string{
 		"crds/nodeguard.io_nodedisruptionbudgets.yaml": "manifests/crd/nodeguard.io_nodedisruptionbudgets.yaml",
 		"files/role.yaml":             "manifests/rbac/role.yaml",
+		"files/maintenance-role.yaml": "manifests/maintenance/role.yaml",
 		"files/prometheus-rules.yaml": "manifests/prometheus/rules.yaml",
 		"files/dashboard.json":        "manifests/prometheus/dashboard.json",
 	} {

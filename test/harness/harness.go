@@ -66,6 +66,10 @@ type Options struct {
 	// AuditPolicy, when set, is an audit policy (YAML) for kube-apiserver,
 	// which then writes JSON audit events to Env.AuditLog.
 	AuditPolicy string
+	// WebhookClientCert makes kube-apiserver present a client certificate to
+	// the webhook server of WebhookManifests (an AdmissionConfiguration with a
+	// webhook kubeconfig); Env.WebhookClientCA is the CA that signed it.
+	WebhookClientCert bool
 	// NoMaintenanceNamespace leaves out the namespace kube-node-maintenance,
 	// which nodeguard's install ships and the harness otherwise creates, for
 	// tests that install it themselves (test/install).
@@ -89,6 +93,10 @@ type Env struct {
 	Webhook *envtest.WebhookInstallOptions
 	// AuditLog is the path of kube-apiserver's audit log (Options.AuditPolicy).
 	AuditLog string
+	// WebhookClientCA is the CA file of the client certificate kube-apiserver
+	// presents to webhooks (Options.WebhookClientCert), for nodeguard's
+	// --webhook-client-ca.
+	WebhookClientCA string
 
 	testEnv            *envtest.Environment
 	releaseWebhookPort func()
@@ -176,6 +184,14 @@ func (e *Env) startAPIServer(opts Options) error {
 			return err
 		}
 		webhooks.LocalServingHost, webhooks.LocalServingPort, e.releaseWebhookPort = "127.0.0.1", port, release
+		if opts.WebhookClientCert {
+			admission, ca, err := webhookClientCert(filepath.Join(e.Dir, "webhook-client"), webhooks.LocalServingHost, port)
+			if err != nil {
+				return fmt.Errorf("webhook client certificate: %w", err)
+			}
+			apiServer.Configure().Set("admission-control-config-file", admission)
+			e.WebhookClientCA = ca
+		}
 	}
 	e.testEnv = &envtest.Environment{
 		Scheme:                   e.Scheme,

@@ -15,6 +15,7 @@ package install
 
 import (
 	"flag"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -27,7 +28,32 @@ import (
 var (
 	env      *harness.Env
 	baseYAML string // kubectl kustomize manifests/default
+	// installYAML is manifests/default with every permission nodeguard can
+	// be granted: plus the component blocked-pdb-replace.
+	installYAML string
 )
+
+// kustomizeWith builds manifests/default with the given components (dirs
+// under manifests/components) from a kustomization of its own in dir.
+func kustomizeWith(dir string, components ...string) (string, error) {
+	manifests := filepath.Join(harness.RepoRoot(), "manifests")
+	rel, err := filepath.Rel(dir, manifests) // kustomize refuses absolute paths
+	if err != nil {
+		return "", err
+	}
+	k := "resources:\n- " + filepath.Join(rel, "default") + "\ncomponents:\n"
+	for _, c := range components {
+		k += "- " + filepath.Join(rel, "components", c) + "\n"
+	}
+	if err := os.WriteFile(filepath.Join(dir, "kustomization.yaml"), []byte(k), 0o644); err != nil {
+		return "", err
+	}
+	out, err := exec.Command("kubectl", "kustomize", dir).Output()
+	if err != nil {
+		return "", fmt.Errorf("kubectl kustomize manifests/default with %v: %w", components, err)
+	}
+	return string(out), nil
+}
 
 // auditPolicy records every request's metadata: the least-privilege test reads
 // which requests nodeguard's ServiceAccount made and how they were answered.
@@ -59,6 +85,14 @@ func run(m *testing.M, dir string) int {
 		return 1
 	}
 	baseYAML = string(out)
+	overlay := filepath.Join(dir, "install")
+	if err := os.MkdirAll(overlay, 0o755); err != nil {
+		panic(err)
+	}
+	if installYAML, err = kustomizeWith(overlay, "blocked-pdb-replace"); err != nil {
+		os.Stderr.WriteString(err.Error() + "\n")
+		return 1
+	}
 	// envtest installs the base's webhook configurations (same names, same
 	// rules and failure policies), pointed at the local webhook server.
 	var webhooks []string
@@ -74,6 +108,10 @@ func run(m *testing.M, dir string) int {
 	if err := os.WriteFile(filepath.Join(webhookDir, "webhooks.yaml"), []byte(strings.Join(webhooks, "\n---\n")), 0o644); err != nil {
 		panic(err)
 	}
-	// The install (applyRBAC, from manifests/default) ships kube-node-maintenance.
-	return harness.Run(m, harness.Options{Cluster: true, WebhookManifests: []string{webhookDir}, AuditPolicy: auditPolicy, NoMaintenanceNamespace: true}, &env)
+	// The install (applyRBAC, from installYAML) ships kube-node-maintenance.
+	return harness.Run(m, harness.Options{Cluster: true, WebhookManifests: []string{webhookDir}, AuditPolicy: auditPolicy, NoMaintenanceNamespace: true,
+		// The API server presents a client certificate to webhooks, as a
+		// hardened cluster does: nodeguard with --webhook-client-ca verifies it,
+		// nodeguard without asks for none.
+		WebhookClientCert: true}, &env)
 }

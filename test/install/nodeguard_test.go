@@ -32,7 +32,7 @@ var rbacKinds = []string{"Namespace", "ServiceAccount", "ClusterRole", "ClusterR
 
 var installRBAC = sync.OnceValue(func() error {
 	var docs []string
-	for _, doc := range strings.Split(baseYAML, "\n---\n") {
+	for _, doc := range strings.Split(installYAML, "\n---\n") {
 		for _, kind := range rbacKinds {
 			if strings.Contains(doc, "\nkind: "+kind+"\n") {
 				docs = append(docs, doc)
@@ -42,13 +42,13 @@ var installRBAC = sync.OnceValue(func() error {
 	cmd := exec.Command("kubectl", "--kubeconfig", env.Kubeconfig, "apply", "--server-side", "-f", "-")
 	cmd.Stdin = strings.NewReader(strings.Join(docs, "\n---\n"))
 	if out, err := cmd.CombinedOutput(); err != nil {
-		return fmt.Errorf("applying the base's RBAC: %v\n%s", err, out)
+		return fmt.Errorf("applying the install's RBAC: %v\n%s", err, out)
 	}
 	return nil
 })
 
-// applyRBAC applies the namespace, ServiceAccount, roles and bindings of the
-// kustomize base for real, once.
+// applyRBAC applies the namespaces, ServiceAccount, roles and bindings of the
+// install (installYAML) for real, once.
 func applyRBAC(t *testing.T) {
 	t.Helper()
 	if err := installRBAC(); err != nil {

@@ -9,7 +9,6 @@ import (
 	"io"
 	"net/http"
 	"os"
-	"path/filepath"
 	"slices"
 	"sort"
 	"strings"
@@ -51,30 +50,60 @@ func (p permission) String() string {
 	return s
 }
 
-// grantedPermissions expands the rules of a role file into single verbs.
-func grantedPermissions(t *testing.T, path, namespace string) []permission {
+// grantedPermissions expands the rules that the rendered install binds to
+// nodeguard's ServiceAccount into single verbs: a ClusterRole's through a
+// ClusterRoleBinding cluster-wide (no namespace), a Role's through a
+// RoleBinding in that namespace.
+func grantedPermissions(t *testing.T, rendered string) []permission {
 	t.Helper()
-	data, err := os.ReadFile(path)
-	if err != nil {
-		t.Fatal(err)
+	rules := map[string][]rbacv1.PolicyRule{} // "Kind namespace/name"
+	var bindings []rbacv1.RoleBinding         // a ClusterRoleBinding reads the same, without namespace
+	for _, doc := range strings.Split(rendered, "\n---\n") {
+		var obj struct {
+			Kind string `json:"kind"`
+		}
+		if err := yaml.Unmarshal([]byte(doc), &obj); err != nil {
+			t.Fatal(err)
+		}
+		switch obj.Kind {
+		case "ClusterRole", "Role":
+			var role rbacv1.Role // a ClusterRole's rules read the same
+			if err := yaml.Unmarshal([]byte(doc), &role); err != nil {
+				t.Fatal(err)
+			}
+			rules[obj.Kind+" "+role.Namespace+"/"+role.Name] = role.Rules
+		case "ClusterRoleBinding", "RoleBinding":
+			var b rbacv1.RoleBinding
+			if err := yaml.Unmarshal([]byte(doc), &b); err != nil {
+				t.Fatal(err)
+			}
+			bindings = append(bindings, b)
+		}
 	}
 	var perms []permission
-	for _, doc := range strings.Split(string(data), "\n---\n") {
-		var role rbacv1.ClusterRole // a Role's rules read the same
-		if err := yaml.Unmarshal([]byte(doc), &role); err != nil {
-			t.Fatalf("%s: %v", path, err)
+	for _, b := range bindings {
+		if !slices.ContainsFunc(b.Subjects, func(s rbacv1.Subject) bool {
+			return "system:serviceaccount:"+s.Namespace+":"+s.Name == serviceAccount
+		}) {
+			continue
 		}
-		for _, r := range role.Rules {
-			if len(r.NonResourceURLs) > 0 {
-				continue
-			}
+		ns := b.Namespace // a RoleBinding grants in its namespace, even a ClusterRole's rules
+		roleNS := b.Namespace
+		if b.RoleRef.Kind == "ClusterRole" {
+			roleNS = ""
+		}
+		role, ok := rules[b.RoleRef.Kind+" "+roleNS+"/"+b.RoleRef.Name]
+		if !ok {
+			t.Errorf("%s binds %s %s, which the install does not ship", b.Name, b.RoleRef.Kind, b.RoleRef.Name)
+		}
+		for _, r := range role {
 			for _, g := range r.APIGroups {
 				for _, res := range r.Resources {
 					for _, v := range r.Verbs {
 						if g == "*" || res == "*" || v == "*" {
-							t.Errorf("%s grants a wildcard: %+v", path, r)
+							t.Errorf("%s %s grants a wildcard: %+v", b.RoleRef.Kind, b.RoleRef.Name, r)
 						}
-						perms = append(perms, permission{g, res, v, namespace})
+						perms = append(perms, permission{g, res, v, ns})
 					}
 				}
 			}
@@ -171,16 +200,19 @@ var knownUnused = func() map[permission]string {
 var leastPrivilegeRuns int
 
 // TestLeastPrivilege runs nodeguard as its ServiceAccount, with exactly the
-// generated ClusterRole and the leader-election Role, through a scenario that
+// roles the install binds to it (manifests/default with the component
+// blocked-pdb-replace: the generated ClusterRole, the generated Role in
+// kube-node-maintenance, the leader-election Role and the Deployment restart
+// grant), through a scenario that
 // uses every feature: the guard (finalizer on create, backfill, a delete
 // admitted within a NodeDisruptionBudget and one denied), the drain (evictions
 // under a PDB, a do-not-evict pod deleted past its deadline, the maintenance
 // Lease, a Deployment restarted under a PDB blocked by design), the taint watcher (admin state Down and back to None, the
 // spot-eviction taint from a PreemptScheduled event), budget status, leader
 // election and the secure metrics endpoint. Then, from the API server's audit
-// log: no request of nodeguard was forbidden, and every verb the roles grant
-// was used. So removing any one rule makes a request of this scenario fail,
-// and this test fails with it.
+// log: no request of nodeguard was forbidden, every verb the roles grant
+// was used, and no Lease is granted cluster-wide. So removing any one rule
+// makes a request of this scenario fail, and this test fails with it.
 func TestLeastPrivilege(t *testing.T) {
 	harness.SkipWithoutEnv(t, env)
 	applyRBAC(t)
@@ -221,7 +253,7 @@ func TestLeastPrivilege(t *testing.T) {
 
 	metricsPort := harness.FreePort(t)
 	ng := startNodeguard(t, az, fmt.Sprintf("--metrics-bind-address=127.0.0.1:%d", metricsPort),
-		"--blocked-pdb-settle=1s", "--azure-admin-state-gone-node-grace=1s")
+		"--blocked-pdb-policy=replace", "--blocked-pdb-settle=1s", "--azure-admin-state-gone-node-grace=1s")
 
 	// Guard: the backfill puts the finalizer on existing nodes, the webhook on
 	// new ones.
@@ -326,9 +358,12 @@ func TestLeastPrivilege(t *testing.T) {
 	requireNoCredentials(t, ng.Log(), az.credentials(map[string]string{"a scraper's token": token, "another scraper's token": unauthorized}))
 
 	// The audit log: nothing forbidden, every grant used.
-	root := harness.RepoRoot()
-	granted := append(grantedPermissions(t, filepath.Join(root, "manifests", "rbac", "role.yaml"), ""),
-		grantedPermissions(t, filepath.Join(root, "manifests", "rbac", "leader_election_role.yaml"), namespace)...)
+	granted := grantedPermissions(t, installYAML)
+	for _, p := range granted {
+		if p.group == "coordination.k8s.io" && p.namespace == "" {
+			t.Errorf("%s is granted cluster-wide: nodeguard's Leases are in %s and %s only", p, ngv1alpha1.MaintenanceLeaseNamespace, namespace)
+		}
+	}
 	used, forbidden := requestsOf(t, serviceAccount)
 	slices.Sort(forbidden)
 	forbidden = slices.Compact(forbidden)

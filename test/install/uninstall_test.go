@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	appsv1 "k8s.io/api/apps/v1"
 	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
@@ -127,6 +128,13 @@ func TestUninstallReleasesEveryNode(t *testing.T) {
 		},
 	}})
 
+	// Someone else's webhook configuration, calling a webhook of a name like
+	// nodeguard's: uninstall deletes nodeguard's two configurations by name,
+	// never this one.
+	foreign := foreignWebhookConfiguration()
+	harness.MustCreate(t, env.Client, foreign)
+	t.Cleanup(func() { _ = env.Client.Delete(context.Background(), foreign) })
+
 	// Stand in for the kubelet: once the Deployment is scaled to 0, stop the
 	// process, then let its pods go.
 	stopped := make(chan struct{})
@@ -180,6 +188,9 @@ func TestUninstallReleasesEveryNode(t *testing.T) {
 			t.Errorf("the output lacks %q", want)
 		}
 	}
+	if err := env.Client.Get(ctx, client.ObjectKeyFromObject(foreign), foreign); err != nil {
+		t.Errorf("uninstall deleted (or lost) a webhook configuration it did not install, %s: %v", foreign.Name, err)
+	}
 	if strings.Contains(out.String(), "entry un-idle-entry") {
 		t.Error("uninstall warned about the record of a node that exists (step 4 covers those)")
 	}
@@ -221,6 +232,26 @@ func TestUninstallReleasesEveryNode(t *testing.T) {
 	again, err := exec.Command(nodeguardBinary(t), "uninstall", "--kubeconfig="+env.Kubeconfig, "--drain-wait=0").CombinedOutput()
 	if err != nil || !strings.Contains(string(again), "none found") {
 		t.Errorf("a second uninstall: %v\n%s", err, again)
+	}
+}
+
+// foreignWebhookConfiguration is a configuration of another tool that calls
+// a webhook named *.nodeguard.io; it matches no request.
+func foreignWebhookConfiguration() *admissionregistrationv1.ValidatingWebhookConfiguration {
+	none := admissionregistrationv1.SideEffectClassNone
+	ignore := admissionregistrationv1.Ignore
+	return &admissionregistrationv1.ValidatingWebhookConfiguration{
+		ObjectMeta: metav1.ObjectMeta{Name: "someone-elses-policies"},
+		Webhooks: []admissionregistrationv1.ValidatingWebhook{{
+			Name:                    "audit.nodeguard.io",
+			ClientConfig:            admissionregistrationv1.WebhookClientConfig{URL: ptr.To("https://127.0.0.1:1/audit")},
+			AdmissionReviewVersions: []string{"v1"}, SideEffects: &none, FailurePolicy: &ignore,
+			NamespaceSelector: &metav1.LabelSelector{MatchLabels: map[string]string{"install-test": "matches-nothing"}},
+			Rules: []admissionregistrationv1.RuleWithOperations{{
+				Operations: []admissionregistrationv1.OperationType{admissionregistrationv1.Create},
+				Rule:       admissionregistrationv1.Rule{APIGroups: []string{""}, APIVersions: []string{"v1"}, Resources: []string{"configmaps"}},
+			}},
+		}},
 	}
 }
 

@@ -72,3 +72,12 @@ objectSelector:
   {{- toYaml $sel | nindent 2 }}
 {{- end }}
 {{- end -}}
+
+{{/*
+nodeguard's --delete-admission-timeout: 1s below webhook.timeoutSeconds, the
+timeoutSeconds of its DELETE webhooks, so that nodeguard always answers (at
+worst "retry") before the API server gives up on it.
+*/}}
+{{- define "nodeguard.deleteAdmissionTimeout" -}}
+{{- printf "%ds" (sub (int .Values.webhook.timeoutSeconds) 1) -}}
+{{- end -}}

@@ -42,9 +42,9 @@ func (o *Options) BindFlags(fs *flag.FlagSet) {
 	fs.StringVar(&o.Kubeconfig, "kubeconfig", "",
 		"Path of a kubeconfig; empty uses $KUBECONFIG, ~/.kube/config or the in-cluster config.")
 	fs.StringVar(&o.Mutating, "mutating-webhook-configuration", "nodeguard-mutating-webhook-configuration",
-		"Name of nodeguard's MutatingWebhookConfiguration. Any other configuration holding a *.nodeguard.io webhook is removed too.")
+		"Name of nodeguard's MutatingWebhookConfiguration, the only one deleted.")
 	fs.StringVar(&o.Validating, "validating-webhook-configuration", "nodeguard-validating-webhook-configuration",
-		"Name of nodeguard's ValidatingWebhookConfiguration. Any other configuration holding a *.nodeguard.io webhook is removed too.")
+		"Name of nodeguard's ValidatingWebhookConfiguration, the only one deleted.")
 	fs.StringVar(&o.Namespace, "namespace", "nodeguard-system", "Namespace of nodeguard's Deployment.")
 	fs.StringVar(&o.Deployment, "deployment", "nodeguard",
 		"Name of nodeguard's Deployment, scaled to 0 once drains in progress are done (otherwise it would put the finalizer back); empty leaves stopping nodeguard to you.")
@@ -129,46 +129,31 @@ func (u *uninstaller) run(ctx context.Context) error {
 	return nil
 }
 
-// isNodeguardWebhook tells the webhooks nodeguard registers (finalizer.nodeguard.io,
-// delete.nodeguard.io) by their names.
-func isNodeguardWebhook(name string) bool { return strings.HasSuffix(name, ".nodeguard.io") }
-
-// deleteWebhooks deletes the named configurations and any other that holds a
-// nodeguard webhook (an install under another name).
+// deleteWebhooks deletes nodeguard's two webhook configurations, by name and
+// nothing else: a configuration of another name is someone else's, even if
+// it calls a nodeguard webhook (the uninstall hook may delete only these two).
 func (u *uninstaller) deleteWebhooks(ctx context.Context) error {
-	var mutating admissionregistrationv1.MutatingWebhookConfigurationList
-	if err := u.c.List(ctx, &mutating); err != nil {
-		return fmt.Errorf("listing mutating webhook configurations: %w", err)
-	}
-	var validating admissionregistrationv1.ValidatingWebhookConfigurationList
-	if err := u.c.List(ctx, &validating); err != nil {
-		return fmt.Errorf("listing validating webhook configurations: %w", err)
-	}
-	var doomed []client.Object
-	for i := range mutating.Items {
-		m := &mutating.Items[i]
-		if m.Name == u.o.Mutating || slices.ContainsFunc(m.Webhooks, func(w admissionregistrationv1.MutatingWebhook) bool { return isNodeguardWebhook(w.Name) }) {
-			doomed = append(doomed, m)
-		}
-	}
-	for i := range validating.Items {
-		v := &validating.Items[i]
-		if v.Name == u.o.Validating || slices.ContainsFunc(v.Webhooks, func(w admissionregistrationv1.ValidatingWebhook) bool { return isNodeguardWebhook(w.Name) }) {
-			doomed = append(doomed, v)
-		}
-	}
-	if len(doomed) == 0 {
-		u.say("   none found (already removed)")
-	}
-	for _, obj := range doomed {
+	deleted := 0
+	for _, obj := range []client.Object{
+		&admissionregistrationv1.MutatingWebhookConfiguration{ObjectMeta: metav1.ObjectMeta{Name: u.o.Mutating}},
+		&admissionregistrationv1.ValidatingWebhookConfiguration{ObjectMeta: metav1.ObjectMeta{Name: u.o.Validating}},
+	} {
 		kind := "MutatingWebhookConfiguration"
 		if _, ok := obj.(*admissionregistrationv1.ValidatingWebhookConfiguration); ok {
 			kind = "ValidatingWebhookConfiguration"
 		}
-		if err := u.c.Delete(ctx, obj); client.IgnoreNotFound(err) != nil {
+		err := u.c.Delete(ctx, obj)
+		if apierrors.IsNotFound(err) {
+			continue
+		}
+		if err != nil {
 			return fmt.Errorf("deleting %s %s: %w", kind, obj.GetName(), err)
 		}
+		deleted++
 		u.say("   deleted %s %s", kind, obj.GetName())
+	}
+	if deleted == 0 {
+		u.say("   none found (already removed)")
 	}
 	return nil
 }
