@@ -6,8 +6,10 @@ import (
 	"strings"
 	"time"
 
+	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/klog/v2"
 	ctrl "sigs.k8s.io/controller-runtime"
 
 	ngv1alpha1 "github.com/nodeguard/nodeguard/api/v1alpha1"
@@ -39,10 +41,11 @@ func (m *Manager) loadRecords(ctx context.Context) error {
 	if loaded {
 		return nil
 	}
-	recs, err := m.records.Load(ctx)
+	recs, unreadable, err := m.records.Load(ctx)
 	if err != nil {
 		return err
 	}
+	m.reportUnreadable(ctx, unreadable)
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	m.recorded = recs
@@ -55,6 +58,20 @@ func (m *Manager) loadRecords(ctx context.Context) error {
 	}
 	m.updateRecordGauge()
 	return nil
+}
+
+// reportUnreadable reports the records Load skipped, with a Warning event on
+// each Lease: the entries they name are not restored by nodeguard.
+func (m *Manager) reportUnreadable(ctx context.Context, unreadable []UnreadableRecord) {
+	for _, u := range unreadable {
+		unreadableRecords.Inc()
+		ctrl.LoggerFrom(ctx).Error(u, "Skipping an unreadable admin-state record", "lease", klog.KObj(u.Lease))
+		if m.recorder != nil {
+			lease := u.Lease.DeepCopy()
+			lease.SetGroupVersionKind(coordinationv1.SchemeGroupVersion.WithKind("Lease"))
+			m.recorder.Eventf(lease, nil, corev1.EventTypeWarning, ReasonRecordUnreadable, eventAction, "%s", unreadableEvent(u).note)
+		}
+	}
 }
 
 // saveRecord stores a pool's record and mirrors it. Call with the pool's

@@ -2,10 +2,13 @@ package taintwatch
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"testing"
 
 	"github.com/Azure/azure-sdk-for-go/sdk/resourcemanager/network/armnetwork/v9"
 	coordinationv1 "k8s.io/api/coordination/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	ngv1alpha1 "github.com/nodeguard/nodeguard/api/v1alpha1"
@@ -89,4 +92,39 @@ func recordLeases(t *testing.T) int {
 		t.Fatal(err)
 	}
 	return len(list.Items)
+}
+
+// One record Lease that does not parse does not stop the admin-state writes:
+// nodeguard skips it with a Warning event on the Lease and takes a node Down
+// as usual, in the pool the bad record names too.
+func TestUnreadableRecordIsSkipped(t *testing.T) {
+	harness.SkipWithoutEnv(t, env)
+	n := vmssNode("record-unreadable", 22)
+	emu := startEmulator(t, n)
+	createNode(t, n)
+	bad := map[string]map[string]string{
+		recordLeaseName("kubernetes-internal/kubernetes"): {"nodeguard.io/backend-pool": "kubernetes-internal/kubernetes", "nodeguard.io/entries-set-down": "{not json"},
+		"record-no-pool": {"nodeguard.io/entries-set-down": "{}"},
+	}
+	for name, annotations := range bad {
+		lease := &coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{
+			Namespace: ngv1alpha1.MaintenanceLeaseNamespace, Name: name, Annotations: annotations,
+			Labels: map[string]string{"nodeguard.io/record": "load-balancer-admin-state"},
+		}}
+		harness.MustCreate(t, env.Client, lease)
+		t.Cleanup(func() { _ = env.Client.Delete(context.Background(), lease) })
+	}
+	startNodeguard(t, emu, nodeguardOptions{maxRetries: 3})
+
+	updateTaints(t, n.name, withTaint(outOfService))
+	waitEntries(t, emu, n.name, "Down")
+	for name := range bad {
+		harness.WaitForEvent(t, env.Client, name, azure.ReasonRecordUnreadable)
+	}
+}
+
+// recordLeaseName is the name of a pool's record Lease (azure/records.go).
+func recordLeaseName(pool string) string {
+	sum := sha256.Sum256([]byte(pool))
+	return "lb-admin-state-" + hex.EncodeToString(sum[:10])
 }
