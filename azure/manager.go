@@ -248,7 +248,7 @@ func (m *Manager) SetDesired(node *corev1.Node, state AdminState) {
 	}
 	ident := backends.FromNode(node)
 	m.mu.Lock()
-	m.replacedBy(node)
+	m.replacedBy(node.Name, node.UID)
 	n, ok := m.nodes[node.UID]
 	changed := false
 	if !ok {

@@ -4,7 +4,9 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
+	"strings"
 	"testing"
+	"time"
 
 	"github.com/Azure/azure-sdk-for-go/sdk/resourcemanager/network/armnetwork/v9"
 	coordinationv1 "k8s.io/api/coordination/v1"
@@ -127,4 +129,57 @@ func TestUnreadableRecordIsSkipped(t *testing.T) {
 func recordLeaseName(pool string) string {
 	sum := sha256.Sum256([]byte(pool))
 	return "lb-admin-state-" + hex.EncodeToString(sum[:10])
+}
+
+// A node taken Down and deleted that registers again under its name (a VMSS
+// reimage or a re-created node keeps name and address), Ready and without a
+// signal, has its entries None at once, not after the gone-node grace
+// period: whether nodeguard saw the deletion while running, or only read it
+// from its records after a restart.
+func TestReRegisteredNodeIsNoneAtOnce(t *testing.T) {
+	harness.SkipWithoutEnv(t, env)
+	live, restarted := vmssNode("back-live", 23), vmssNode("back-restarted", 24)
+	emu := startEmulator(t, live, restarted)
+	createNode(t, live)
+	createNode(t, restarted)
+	stop := startNodeguard(t, emu, nodeguardOptions{maxRetries: 3, goneGrace: time.Hour})
+	for _, n := range []testNode{live, restarted} {
+		updateTaints(t, n.name, withTaint(outOfService))
+		waitEntries(t, emu, n.name, "Down")
+		deleteNode(t, n.name)
+	}
+
+	// Seen while running.
+	again := createNode(t, live)
+	waitEntries(t, emu, live.name, "None")
+	waitEvent(t, again, azure.ReasonRestoredAfterNodeGone)
+
+	// Known gone from the records only: nodeguard stamped since when the old
+	// node is gone, stopped, and the node came back meanwhile.
+	harness.Eventually(t, waitTimeout, func(context.Context) (bool, error) {
+		return recordsGoneSince(t, restarted.name), nil
+	}, "the records say since when %s is gone", restarted.name)
+	stop()
+	again = createNode(t, restarted)
+	startNodeguard(t, emu, nodeguardOptions{maxRetries: 3, goneGrace: time.Hour})
+	waitEntries(t, emu, restarted.name, "None")
+	waitEvent(t, again, azure.ReasonRestoredAfterNodeGone)
+}
+
+// recordsGoneSince reports whether a record Lease names node as gone since
+// a time.
+func recordsGoneSince(t *testing.T, node string) bool {
+	t.Helper()
+	var list coordinationv1.LeaseList
+	if err := env.Client.List(context.Background(), &list, client.InNamespace(ngv1alpha1.MaintenanceLeaseNamespace),
+		client.MatchingLabels{"nodeguard.io/record": "load-balancer-admin-state"}); err != nil {
+		t.Fatal(err)
+	}
+	for _, l := range list.Items {
+		entries := l.Annotations["nodeguard.io/entries-set-down"]
+		if strings.Contains(entries, `"node":"`+node+`"`) && strings.Contains(entries, `"goneSince"`) {
+			return true
+		}
+	}
+	return false
 }
