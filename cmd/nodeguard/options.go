@@ -36,6 +36,7 @@ type options struct {
 	deleteTimeout       time.Duration
 	claimTimeout        time.Duration
 	adminStateTimeout   time.Duration
+	trafficCutFailure   string
 	cutoverPause        time.Duration
 	daemonSets          string
 	drainTimeout        time.Duration
@@ -96,6 +97,10 @@ func (o *options) bind(fs *flag.FlagSet) {
 		"How long a NodeDisruptionBudget keeps charging an admitted deletion whose node has not started deleting (a later admission step denied it) before giving it back.")
 	fs.DurationVar(&o.adminStateTimeout, "admin-state-timeout", finalizer.DefaultAdminStateTimeout,
 		"How long a drain waits for Azure to confirm the node's load-balancer AdminState Down; past it the drain continues with a Warning event, so an ARM outage never wedges it.")
+	fs.StringVar(&o.trafficCutFailure, "traffic-cut-failure", string(finalizer.TrafficCutFailureDrain),
+		"What a drain does when the node's load-balancer traffic cut failed for good (a terminal ARM error, retries exhausted, a NIC-only pool) or was not confirmed within --admin-state-timeout: "+
+			"'drain' goes on (a misconfigured Azure must not hold every node delete), saying so in the node condition nodeguard.io/TrafficCut, a Warning event and nodeguard_traffic_cuts_total; "+
+			"'wait' holds the drain until Azure confirms Down (the admin-state resync retries the write).")
 	fs.DurationVar(&o.cutoverPause, "cutover-pause", 0,
 		"Pause between the confirmed traffic cut and the first eviction, for in-flight requests to finish.")
 	fs.StringVar(&o.daemonSets, "daemonset-pods", string(drain.DaemonSetsLast),
@@ -147,6 +152,9 @@ func (o *options) validate() error {
 	}
 	if o.daemonSets != string(drain.DaemonSetsLast) && o.daemonSets != string(drain.DaemonSetsSkip) {
 		return fmt.Errorf("--daemonset-pods %q: must be 'last' or 'skip'", o.daemonSets)
+	}
+	if o.trafficCutFailure != string(finalizer.TrafficCutFailureDrain) && o.trafficCutFailure != string(finalizer.TrafficCutFailureWait) {
+		return fmt.Errorf("--traffic-cut-failure %q: must be 'drain' or 'wait'", o.trafficCutFailure)
 	}
 	if _, err := drain.ParseBlockedPDBPolicy(o.blockedPDBPolicy); err != nil {
 		return fmt.Errorf("--blocked-pdb-policy: %w", err)
