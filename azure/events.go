@@ -17,6 +17,9 @@ const (
 	// ReasonRestoredAfterNodeGone: the entries nodeguard set Down for a node
 	// that is gone are None again.
 	ReasonRestoredAfterNodeGone = "LoadBalancerAdminStateRestoredAfterNodeGone"
+	// ReasonRecordUnreadable (Warning, on the record Lease): a record of the
+	// entries nodeguard set Down does not parse and is skipped.
+	ReasonRecordUnreadable = "LoadBalancerAdminStateRecordUnreadable"
 
 	eventAction = "UpdateLoadBalancerAdminState"
 )
@@ -67,4 +70,9 @@ func goneRestoredEvent(n *nodeState) event {
 	}
 	return event{reason: ReasonRestoredAfterNodeGone,
 		note: fmt.Sprintf("Node %s (UID %s) %s: restored None on the load-balancer backend entries nodeguard had set Down for it", n.name, n.uid, why)}
+}
+
+func unreadableEvent(u UnreadableRecord) event {
+	return event{warning: true, reason: ReasonRecordUnreadable,
+		note: fmt.Sprintf("%v. nodeguard skips this record and goes on with the others: the entries it lists as set Down are not restored to None by nodeguard (check them yourself), and the next write to its pool replaces it.", u)}
 }

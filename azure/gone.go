@@ -6,8 +6,10 @@ import (
 	"strings"
 	"time"
 
+	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/klog/v2"
 	ctrl "sigs.k8s.io/controller-runtime"
 
 	ngv1alpha1 "github.com/nodeguard/nodeguard/api/v1alpha1"
@@ -39,10 +41,11 @@ func (m *Manager) loadRecords(ctx context.Context) error {
 	if loaded {
 		return nil
 	}
-	recs, err := m.records.Load(ctx)
+	recs, unreadable, err := m.records.Load(ctx)
 	if err != nil {
 		return err
 	}
+	m.reportUnreadable(ctx, unreadable)
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	m.recorded = recs
@@ -55,6 +58,20 @@ func (m *Manager) loadRecords(ctx context.Context) error {
 	}
 	m.updateRecordGauge()
 	return nil
+}
+
+// reportUnreadable reports the records Load skipped, with a Warning event on
+// each Lease: the entries they name are not restored by nodeguard.
+func (m *Manager) reportUnreadable(ctx context.Context, unreadable []UnreadableRecord) {
+	for _, u := range unreadable {
+		unreadableRecords.Inc()
+		ctrl.LoggerFrom(ctx).Error(u, "Skipping an unreadable admin-state record", "lease", klog.KObj(u.Lease))
+		if m.recorder != nil {
+			lease := u.Lease.DeepCopy()
+			lease.SetGroupVersionKind(coordinationv1.SchemeGroupVersion.WithKind("Lease"))
+			m.recorder.Eventf(lease, nil, corev1.EventTypeWarning, ReasonRecordUnreadable, eventAction, "%s", unreadableEvent(u).note)
+		}
+	}
 }
 
 // saveRecord stores a pool's record and mirrors it. Call with the pool's
@@ -102,14 +119,61 @@ func (m *Manager) markGone(uid types.UID, name string, since time.Time) {
 	}
 }
 
-// replacedBy makes due, at once, the gone nodes that node replaces (same
-// name, another UID). Call with m.mu held.
-func (m *Manager) replacedBy(node *corev1.Node) {
+// Observe tells the manager that a node exists, whatever its admin state
+// and whatever happened to its name before: a gone node of the same name
+// with another UID (a reimaged VMSS instance, a re-created node) is replaced,
+// and the entries recorded Down for it are restored now, not after
+// --azure-admin-state-gone-node-grace. The taint watcher calls it for every
+// node it sees.
+func (m *Manager) Observe(node *corev1.Node) {
+	if node == nil {
+		return
+	}
+	m.mu.Lock()
+	due := m.replacedBy(node.Name, node.UID)
+	m.mu.Unlock()
+	if due {
+		m.wake()
+	}
+}
+
+// replacedBy makes due, at once, the gone nodes that the node name/uid
+// replaces (same name, another UID), and reports whether there was one. Call
+// with m.mu held.
+func (m *Manager) replacedBy(name string, by types.UID) bool {
+	found := false
 	for uid, n := range m.nodes {
-		if n.gone != nil && n.gone.due == "" && n.name == node.Name && uid != node.UID {
-			n.gone.replacement = node.UID
+		if n.gone != nil && n.gone.due == "" && n.name == name && uid != by {
+			n.gone.replacement = by
 			m.makeDue(n, dueReplaced)
+			found = true
 		}
+	}
+	return found
+}
+
+// findReplacements asks the node cache, for every gone node still in its
+// grace period, whether a node of its name exists again: a replacement seen
+// before the gone node was known (before a restart read the records, or
+// before the old node's deletion was observed) is caught here.
+func (m *Manager) findReplacements(ctx context.Context) {
+	if m.nodeReader == nil {
+		return
+	}
+	m.mu.Lock()
+	waiting := map[types.UID]string{}
+	for uid, n := range m.nodes {
+		if n.gone != nil && n.gone.due == "" {
+			waiting[uid] = n.name
+		}
+	}
+	m.mu.Unlock()
+	for uid, name := range waiting {
+		var node corev1.Node
+		if err := m.nodeReader.Get(ctx, types.NamespacedName{Name: name}, &node); err != nil || node.UID == uid {
+			continue // not there (yet), or unreadable: the grace period still ends it
+		}
+		m.Observe(&node)
 	}
 }
 
@@ -147,6 +211,7 @@ func (m *Manager) reviewGone(ctx context.Context) {
 			ctrl.LoggerFrom(ctx).Error(err, "Listing nodes to find gone ones failed; retrying")
 		}
 	}
+	m.findReplacements(ctx)
 	if err := m.recordGoneSince(ctx); err != nil {
 		ctrl.LoggerFrom(ctx).Error(err, "Recording since when nodes are gone failed; retrying")
 	}

@@ -248,7 +248,7 @@ func (m *Manager) SetDesired(node *corev1.Node, state AdminState) {
 	}
 	ident := backends.FromNode(node)
 	m.mu.Lock()
-	m.replacedBy(node)
+	m.replacedBy(node.Name, node.UID)
 	n, ok := m.nodes[node.UID]
 	changed := false
 	if !ok {
@@ -321,9 +321,11 @@ func (m *Manager) Forget(uid types.UID) {
 
 // WaitConfirmed returns nil once Azure has confirmed state on every entry of
 // the node (at once when it has none). It returns an *UpdateFailedError when
-// applying that state failed for good, ErrNotTracked or ErrForgotten for a
-// node the manager does not know, ErrStopped when the manager stops, or the
-// context's error.
+// applying that state failed for good in a pool, once every other pool of the
+// node has confirmed or failed too: a pool that fails at once (a NIC-only
+// pool, a 403) never ends the wait while the node's other writes are still
+// in flight. It returns ErrNotTracked or ErrForgotten for a node the manager
+// does not know, ErrStopped when the manager stops, or the context's error.
 func (m *Manager) WaitConfirmed(ctx context.Context, uid types.UID, state AdminState) error {
 	for {
 		m.mu.Lock()
@@ -340,7 +342,7 @@ func (m *Manager) WaitConfirmed(ctx context.Context, uid types.UID, state AdminS
 			m.mu.Unlock()
 			return nil
 		}
-		if n.desired == state && n.failed != nil {
+		if n.desired == state && n.failed != nil && !n.hasPendingWork() {
 			err := n.failed
 			m.mu.Unlock()
 			return err

@@ -51,6 +51,11 @@ var (
 		Name:      "recorded_entries",
 		Help:      "Backend entries recorded as set Down by nodeguard (nodeguard restores None only on these).",
 	})
+	unreadableRecords = prometheus.NewCounter(prometheus.CounterOpts{
+		Namespace: metricsNamespace,
+		Name:      "unreadable_records_total",
+		Help:      "Record Leases of the entries nodeguard set Down that did not parse when read and were skipped (each has a Warning event).",
+	})
 	goneRestored = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Namespace: metricsNamespace,
 		Name:      "gone_node_restores_total",
@@ -65,5 +70,5 @@ var (
 )
 
 func init() {
-	metrics.Registry.MustRegister(lockWait, poolUpdates, parkedTicks, noEntryDown, recordWrites, recordedEntries, goneRestored, confirmDuration)
+	metrics.Registry.MustRegister(lockWait, poolUpdates, parkedTicks, noEntryDown, recordWrites, recordedEntries, unreadableRecords, goneRestored, confirmDuration)
 }

@@ -187,10 +187,12 @@ func (m *Manager) updateConfirmed(n *nodeState) []pendingEvent {
 	if n.confirmed || !n.known || n.gone != nil {
 		return nil
 	}
-	for _, w := range n.pools {
-		if w.pending || w.failed {
-			return nil
-		}
+	if n.hasPendingWork() {
+		return nil
+	}
+	if n.anyFailed() {
+		n.signal() // settled, some pool failed: WaitConfirmed reports it
+		return nil
 	}
 	n.confirmed = true
 	n.failed = nil

@@ -42,8 +42,9 @@ type poolRecord map[string]owner
 
 // RecordStore keeps the pool records durably.
 type RecordStore interface {
-	// Load returns every pool's record, by pool key.
-	Load(ctx context.Context) (map[string]poolRecord, error)
+	// Load returns every readable pool's record, by pool key, and the
+	// records it skipped because they cannot be read.
+	Load(ctx context.Context) (map[string]poolRecord, []UnreadableRecord, error)
 	// Save replaces a pool's record; an empty record removes it.
 	Save(ctx context.Context, pool string, rec poolRecord) error
 }
@@ -95,26 +96,52 @@ func leaseName(pool string) string {
 	return "lb-admin-state-" + hex.EncodeToString(sum[:10])
 }
 
+// UnreadableRecord is a record Lease whose annotations do not parse. Load
+// skips it: one bad record must not stop the writes of every pool.
+type UnreadableRecord struct {
+	Lease *coordinationv1.Lease
+	Err   error
+}
+
+func (u UnreadableRecord) Error() string {
+	return fmt.Sprintf("admin-state record %s/%s is unreadable (annotations %s, %s): %v",
+		u.Lease.Namespace, u.Lease.Name, recordPoolAnnotation, recordEntriesAnnotation, u.Err)
+}
+
 // Load implements RecordStore.
-func (s *LeaseRecords) Load(ctx context.Context) (map[string]poolRecord, error) {
+func (s *LeaseRecords) Load(ctx context.Context) (map[string]poolRecord, []UnreadableRecord, error) {
 	var list coordinationv1.LeaseList
 	if err := s.reader.List(ctx, &list, client.InNamespace(s.namespace), client.MatchingLabels{recordLabel: recordLabelValue}); err != nil {
-		return nil, fmt.Errorf("listing admin-state records in %s: %w", s.namespace, err)
+		return nil, nil, fmt.Errorf("listing admin-state records in %s: %w", s.namespace, err)
 	}
 	out := map[string]poolRecord{}
+	var unreadable []UnreadableRecord
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	for i := range list.Items {
 		l := &list.Items[i]
-		pool := l.Annotations[recordPoolAnnotation]
-		var rec poolRecord
-		if err := json.Unmarshal([]byte(l.Annotations[recordEntriesAnnotation]), &rec); err != nil || pool == "" {
-			return nil, fmt.Errorf("admin-state record %s/%s is unreadable (annotations %s, %s): %v", l.Namespace, l.Name, recordPoolAnnotation, recordEntriesAnnotation, err)
+		pool, rec, err := parseRecord(l)
+		if err != nil {
+			unreadable = append(unreadable, UnreadableRecord{Lease: l, Err: err})
+			continue
 		}
 		out[pool] = rec
 		s.last[pool] = l
 	}
-	return out, nil
+	return out, unreadable, nil
+}
+
+// parseRecord reads a record Lease's pool and entries.
+func parseRecord(l *coordinationv1.Lease) (string, poolRecord, error) {
+	pool := l.Annotations[recordPoolAnnotation]
+	if pool == "" {
+		return "", nil, fmt.Errorf("annotation %s is empty", recordPoolAnnotation)
+	}
+	var rec poolRecord
+	if err := json.Unmarshal([]byte(l.Annotations[recordEntriesAnnotation]), &rec); err != nil {
+		return "", nil, fmt.Errorf("annotation %s: %w", recordEntriesAnnotation, err)
+	}
+	return pool, rec, nil
 }
 
 // Save implements RecordStore.
@@ -184,9 +211,13 @@ type RecordedDown struct {
 // ListRecordedDowns reads the records kept in namespace, sorted by pool and
 // entry (for nodeguard uninstall, which has to say what nobody will restore).
 func ListRecordedDowns(ctx context.Context, reader client.Reader, namespace string) ([]RecordedDown, error) {
-	pools, err := NewLeaseRecords(nil, reader, namespace).Load(ctx)
+	pools, unreadable, err := NewLeaseRecords(nil, reader, namespace).Load(ctx)
 	if err != nil {
 		return nil, err
+	}
+	if len(unreadable) > 0 {
+		// A listing for a person: say what cannot be listed.
+		return nil, unreadable[0]
 	}
 	var out []RecordedDown
 	for pool, rec := range pools {
@@ -213,14 +244,14 @@ type MemoryRecords struct {
 func NewMemoryRecords() *MemoryRecords { return &MemoryRecords{pools: map[string]poolRecord{}} }
 
 // Load implements RecordStore.
-func (s *MemoryRecords) Load(context.Context) (map[string]poolRecord, error) {
+func (s *MemoryRecords) Load(context.Context) (map[string]poolRecord, []UnreadableRecord, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	out := make(map[string]poolRecord, len(s.pools))
 	for k, r := range s.pools {
 		out[k] = maps.Clone(r)
 	}
-	return out, nil
+	return out, nil, nil
 }
 
 // Save implements RecordStore.

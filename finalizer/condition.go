@@ -88,20 +88,38 @@ type writtenCondition struct {
 }
 
 func (r *Reconciler) patchCondition(ctx context.Context, node *corev1.Node, reason, message string, now time.Time) error {
-	transition := metav1.NewTime(now)
-	for _, c := range node.Status.Conditions {
-		if c.Type == ngv1alpha1.TerminatingCondition && c.Status == corev1.ConditionTrue {
-			transition = c.LastTransitionTime
-		}
-	}
-	patch, err := json.Marshal(map[string]any{"status": map[string]any{"conditions": []corev1.NodeCondition{{
+	return r.patchNodeCondition(ctx, node, corev1.NodeCondition{
 		Type: ngv1alpha1.TerminatingCondition, Status: corev1.ConditionTrue, Reason: reason, Message: message,
-		LastHeartbeatTime: metav1.NewTime(now), LastTransitionTime: transition,
-	}}}})
+		LastHeartbeatTime: metav1.NewTime(now),
+	})
+}
+
+// patchNodeCondition writes one of nodeguard's node conditions (a strategic
+// merge keyed by type, which leaves the kubelet's alone), keeping its
+// transition time while its status stays.
+func (r *Reconciler) patchNodeCondition(ctx context.Context, node *corev1.Node, c corev1.NodeCondition) error {
+	now := metav1.NewTime(r.Clock.Now())
+	if c.LastHeartbeatTime.IsZero() {
+		c.LastHeartbeatTime = now
+	}
+	c.LastTransitionTime = now
+	if old := nodeCondition(node, c.Type); old != nil && old.Status == c.Status {
+		c.LastTransitionTime = old.LastTransitionTime
+	}
+	patch, err := json.Marshal(map[string]any{"status": map[string]any{"conditions": []corev1.NodeCondition{c}}})
 	if err != nil {
 		return err
 	}
 	return r.Client.Status().Patch(ctx, node, client.RawPatch(types.StrategicMergePatchType, patch))
+}
+
+func nodeCondition(node *corev1.Node, typ corev1.NodeConditionType) *corev1.NodeCondition {
+	for i := range node.Status.Conditions {
+		if node.Status.Conditions[i].Type == typ {
+			return &node.Status.Conditions[i]
+		}
+	}
+	return nil
 }
 
 // removeCondition takes the Terminating condition off a node that another

@@ -84,6 +84,9 @@ type Options struct {
 	Identity string
 	// AdminStateTimeout bounds the wait for Azure to confirm Down.
 	AdminStateTimeout time.Duration
+	// TrafficCutFailure is what the drain does when the traffic cut failed or
+	// was not confirmed within AdminStateTimeout (empty: drain).
+	TrafficCutFailure TrafficCutFailurePolicy
 	// CutoverPause waits after traffic is cut, for in-flight requests.
 	CutoverPause time.Duration
 	// DaemonSets is what happens to DaemonSet pods.

@@ -60,6 +60,10 @@ var (
 		Help:    "Time from a PodDisruptionBudget status change that allows a disruption, as nodeguard's watch delivers it, to the eviction request it sends for a queue that waited on that PDB.",
 		Buckets: prometheus.ExponentialBuckets(0.0005, 2, 14),
 	})
+	trafficCuts = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "nodeguard_traffic_cuts_total",
+		Help: "Load-balancer traffic cuts of terminating nodes by outcome, once per node and outcome: confirmed (AdminState Down on every backend entry), failed (a pool's write failed for good: traffic NOT cut there) or timed_out (not confirmed within --admin-state-timeout). With --traffic-cut-failure=drain the drain goes on after failed and timed_out.",
+	}, []string{labelResult})
 	terminationDuration = prometheus.NewHistogram(prometheus.HistogramOpts{
 		Name:    "nodeguard_termination_duration_seconds",
 		Help:    "Time from a node's deletion until nodeguard released it.",
@@ -68,9 +72,12 @@ var (
 )
 
 func init() {
-	metrics.Registry.MustRegister(nodesInPhase, evictions, podsGivenUp, replacementRestarts, drainDuration, wakeupDelay, terminationDuration)
+	metrics.Registry.MustRegister(nodesInPhase, evictions, podsGivenUp, replacementRestarts, drainDuration, wakeupDelay, trafficCuts, terminationDuration)
 	for _, c := range []string{drain.GiveUpStuck, drain.GiveUpUnreachable, drain.GiveUpDeadline} {
 		podsGivenUp.WithLabelValues(c)
+	}
+	for _, c := range []string{cutConfirmed, cutFailed, cutTimedOut} {
+		trafficCuts.WithLabelValues(c)
 	}
 	for _, p := range []string{phaseLease, phaseCordon, phaseTraffic, phaseDrainSlot, phaseDrain, phaseVolumes, phaseRelease} {
 		nodesInPhase.WithLabelValues(p)

@@ -2,7 +2,6 @@ package finalizer
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"slices"
 	"time"
@@ -15,7 +14,6 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	ngv1alpha1 "github.com/nodeguard/nodeguard/api/v1alpha1"
-	"github.com/nodeguard/nodeguard/azure"
 )
 
 // cordon marks the node unschedulable and adds the draining taint, which
@@ -55,69 +53,6 @@ func terminationStarted(node *corev1.Node) time.Time {
 		return t.TimeAdded.Time
 	}
 	return node.DeletionTimestamp.Time
-}
-
-// cutTraffic asks for AdminState Down and waits until Azure confirms it, for
-// at most AdminStateTimeout from the cordon: an ARM outage never wedges a
-// drain. It records when traffic was cut, and then waits CutoverPause.
-func (r *Reconciler) cutTraffic(ctx context.Context, node *corev1.Node) (reconcile.Result, error) {
-	if r.AdminState == nil {
-		return reconcile.Result{}, nil
-	}
-	if cutAt, ok := ngv1alpha1.AnnotationTime(node, ngv1alpha1.TrafficCutAtAnnotation); ok {
-		if wait := cutAt.Add(r.Opts.CutoverPause).Sub(r.Clock.Now()); wait > 0 {
-			r.waitFor(node.UID, "traffic cut; pausing %s (--cutover-pause) before the drain", wait.Round(time.Second))
-			return reconcile.Result{RequeueAfter: wait}, nil
-		}
-		return reconcile.Result{}, nil
-	}
-	r.AdminState.SetDesired(node, azure.AdminStateDown)
-	waitCtx, cancel := context.WithTimeout(ctx, 200*time.Millisecond)
-	defer cancel()
-	err := r.AdminState.WaitConfirmed(waitCtx, node.UID, azure.AdminStateDown)
-	var failed *azure.UpdateFailedError
-	switch {
-	case err == nil:
-		r.event(node, corev1.EventTypeNormal, ReasonTrafficCut, "load balancer AdminState Down confirmed on every backend pool entry of the node")
-	case errors.As(err, &failed):
-		r.event(node, corev1.EventTypeWarning, ReasonTrafficCutTimedOut, "draining without a confirmed traffic cut: %v", err)
-	case waitCtx.Err() != nil && ctx.Err() == nil:
-		deadline := terminationStarted(node).Add(r.Opts.AdminStateTimeout)
-		if r.Clock.Now().Before(deadline) {
-			r.waitFor(node.UID, "waiting for Azure to confirm load-balancer AdminState Down; draining anyway in %s (--admin-state-timeout)",
-				deadline.Sub(r.Clock.Now()).Round(time.Second))
-			r.wakeWhenConfirmed(ctx, node, deadline.Sub(r.Clock.Now()))
-			return reconcile.Result{RequeueAfter: trafficPoll}, nil
-		}
-		r.event(node, corev1.EventTypeWarning, ReasonTrafficCutTimedOut,
-			"Azure did not confirm AdminState Down within --admin-state-timeout (%s); draining anyway", r.Opts.AdminStateTimeout)
-	default:
-		return reconcile.Result{}, err
-	}
-	if err := r.annotate(ctx, node, ngv1alpha1.TrafficCutAtAnnotation); err != nil {
-		return reconcile.Result{}, err
-	}
-	if r.Opts.CutoverPause > 0 {
-		r.waitFor(node.UID, "traffic cut; pausing %s (--cutover-pause) before the drain", r.Opts.CutoverPause)
-		return reconcile.Result{RequeueAfter: r.Opts.CutoverPause}, nil
-	}
-	return reconcile.Result{}, nil
-}
-
-// wakeWhenConfirmed waits, once per node and in the background, for at most
-// wait, until Azure confirms the node's AdminState Down (or it fails), and
-// then wakes the node: the drain starts as soon as the cut is confirmed, not
-// a poll later.
-func (r *Reconciler) wakeWhenConfirmed(ctx context.Context, node *corev1.Node, wait time.Duration) {
-	if r.wakeups == nil || !r.once(node.UID, "traffic-wake") {
-		return
-	}
-	go func() {
-		waitCtx, cancel := context.WithTimeout(ctx, wait)
-		defer cancel()
-		_ = r.AdminState.WaitConfirmed(waitCtx, node.UID, azure.AdminStateDown) // the pass reads the outcome
-		wakeNode(ctx, r.wakeups, node.Name)
-	}()
 }
 
 // waitForVolumes waits, for at most VolumeDetachTimeout after the drain, until

@@ -50,6 +50,11 @@ const (
 	// waits for.
 	TerminatingCondition corev1.NodeConditionType = "nodeguard.io/Terminating"
 
+	// TrafficCutCondition is the node condition that says a terminating
+	// node's load-balancer traffic was NOT cut (False, with why) before its
+	// drain; True once Azure confirmed it after all.
+	TrafficCutCondition corev1.NodeConditionType = "nodeguard.io/TrafficCut"
+
 	// DoNotEvictAnnotation ("true") on a pod makes the drain wait for the pod to
 	// go on its own instead of evicting it.
 	DoNotEvictAnnotation = "nodeguard.io/do-not-evict"

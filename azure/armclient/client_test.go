@@ -39,10 +39,21 @@ func newClientFor(t *testing.T, topology armemulator.Topology, opts armemulator.
 	}
 	t.Cleanup(func() { _ = emu.Close() })
 	clk := testingclock.NewFakeClock(time.Now())
+	return newClientWith(t, emu.URL(), clk), emu, clk
+}
+
+// newClientAt returns a client of the endpoint at url.
+func newClientAt(t *testing.T, url string) Client {
+	t.Helper()
+	return newClientWith(t, url, testingclock.NewFakeClock(time.Now()))
+}
+
+func newClientWith(t *testing.T, url string, clk *testingclock.FakeClock) Client {
+	t.Helper()
 	c, err := New(Settings{
 		SubscriptionID: "sub", Credential: staticToken{}, InsecureAllowHTTP: true, Clock: clk,
 		Cloud: cloud.Configuration{ActiveDirectoryAuthorityHost: "https://login.example/", Services: map[cloud.ServiceName]cloud.ServiceConfiguration{
-			cloud.ResourceManager: {Endpoint: emu.URL(), Audience: emu.URL()},
+			cloud.ResourceManager: {Endpoint: url, Audience: url},
 		}},
 		Retry:         policy.RetryOptions{RetryDelay: time.Millisecond, MaxRetryDelay: 2 * time.Millisecond},
 		PollFrequency: 5 * time.Millisecond,
@@ -50,7 +61,7 @@ func newClientFor(t *testing.T, topology armemulator.Topology, opts armemulator.
 	if err != nil {
 		t.Fatal(err)
 	}
-	return WithMetrics(c), emu, clk
+	return WithMetrics(c)
 }
 
 func TestThrottleErrorPaths(t *testing.T) {

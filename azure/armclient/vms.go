@@ -36,10 +36,15 @@ func VMResourceID(providerID string) (string, error) {
 	return "", fmt.Errorf("providerID %q names a %s, not a VM", providerID, rid.ResourceType)
 }
 
-// VMExists asks ARM whether the VM with this resource ID exists: false only
-// on 404 (ResourceNotFound, or NotFound for a VMSS instance), as
-// cloud-provider-azure's node lifecycle controller decides; any other error
-// is returned.
+// VMExists asks ARM whether the VM with this resource ID exists. It answers
+// false only on a 404 whose error code says the VM itself is not found:
+// ResourceNotFound (a standalone VM, or a VMSS instance whose scale set is
+// gone) or NotFound (a VMSS instance, as Compute answers). Any other 404 is
+// returned as a *VMUnknownError: ResourceGroupNotFound and
+// SubscriptionNotFound (a wrong resource group or subscription in the
+// providerID or the credentials' reach), InvalidResourceType, or a 404 with
+// no ARM error body at all (a wrong --azure-arm-endpoint or path) say nothing
+// about the VM, and reading them as "gone" would release a node undrained.
 func (c *sdkClient) VMExists(ctx context.Context, id string) (bool, error) {
 	req, err := runtime.NewRequest(ctx, http.MethodGet, runtime.JoinPaths(c.endpoint, id))
 	if err != nil {
@@ -50,22 +55,44 @@ func (c *sdkClient) VMExists(ctx context.Context, id string) (bool, error) {
 	req.Raw().URL.RawQuery = q.Encode()
 	req.Raw().Header["Accept"] = []string{"application/json"}
 	resp, err := c.compute.Pipeline().Do(req)
-	if err != nil {
-		var re *azcore.ResponseError
-		if errors.As(err, &re) && re.StatusCode == http.StatusNotFound {
-			return false, nil
+	if err == nil {
+		defer resp.Body.Close()
+		if runtime.HasStatusCode(resp, http.StatusOK) {
+			return true, nil
 		}
+		err = runtime.NewResponseError(resp)
+	}
+	var re *azcore.ResponseError
+	if !errors.As(err, &re) || re.StatusCode != http.StatusNotFound {
 		return false, err
 	}
-	defer resp.Body.Close()
-	switch {
-	case resp.StatusCode == http.StatusNotFound:
+	if vmNotFoundCodes[re.ErrorCode] {
 		return false, nil
-	case runtime.HasStatusCode(resp, http.StatusOK):
-		return true, nil
 	}
-	return false, runtime.NewResponseError(resp)
+	return false, &VMUnknownError{ID: id, Err: re}
 }
+
+// vmNotFoundCodes are the ARM error codes of a 404 that mean the VM itself
+// does not exist.
+var vmNotFoundCodes = map[string]bool{"ResourceNotFound": true, "NotFound": true}
+
+// VMUnknownError is a 404 for a VM GET that does not say the VM is gone: the
+// resource group, the subscription, the resource type or the endpoint was not
+// found (ErrorCode names which; empty when the answer had no ARM error body).
+type VMUnknownError struct {
+	ID  string
+	Err *azcore.ResponseError
+}
+
+func (e *VMUnknownError) Error() string {
+	code := e.Err.ErrorCode
+	if code == "" {
+		code = "no ARM error body: is --azure-arm-endpoint right?"
+	}
+	return fmt.Sprintf("VM %s: 404 that does not say the VM is gone (%s)", e.ID, code)
+}
+
+func (e *VMUnknownError) Unwrap() error { return e.Err }
 
 func (m metered) VMExists(ctx context.Context, id string) (ok bool, err error) {
 	defer func(start time.Time) { observe(OpGetVM, start, err) }(time.Now())

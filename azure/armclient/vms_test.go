@@ -2,6 +2,9 @@ package armclient
 
 import (
 	"context"
+	"errors"
+	"net/http"
+	"net/http/httptest"
 	"testing"
 
 	"github.com/nodeguard/nodeguard/test/armemulator"
@@ -36,6 +39,42 @@ func TestVMExists(t *testing.T) {
 			t.Errorf("after the delete, VMExists(%s) = %v, %v; want false, no error", id, ok, err)
 		}
 	}
+}
+
+// Only a 404 that says the VM itself is not found counts as gone: a wrong
+// resource group or subscription in the providerID, an unknown resource type
+// or an endpoint that is not ARM (a 404 with no ARM error body) is an error,
+// whose code says which.
+func TestVMExistsOtherNotFounds(t *testing.T) {
+	vm := "/subscriptions/sub/resourceGroups/rg/providers/Microsoft.Compute/virtualMachines/vm-1"
+	c, _ := newClientWithVMs(t, vm)
+	for _, tc := range []struct {
+		name, id, wantCode string
+	}{
+		{"wrong resource group", "/subscriptions/sub/resourceGroups/other-rg/providers/Microsoft.Compute/virtualMachines/vm-1", "ResourceGroupNotFound"},
+		{"wrong subscription", "/subscriptions/other-sub/resourceGroups/rg/providers/Microsoft.Compute/virtualMachines/vm-1", "SubscriptionNotFound"},
+		{"unknown resource type", "/subscriptions/sub/resourceGroups/rg/providers/Microsoft.Compute/virtualMachinez/vm-1", "InvalidResourceType"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ok, err := c.VMExists(context.Background(), tc.id)
+			if ok || !isUnknownVM(err, tc.wantCode) {
+				t.Errorf("VMExists = %v, %v; want false and a VMUnknownError with code %s", ok, err, tc.wantCode)
+			}
+		})
+	}
+	t.Run("endpoint that is not ARM", func(t *testing.T) {
+		notARM := httptest.NewServer(http.NotFoundHandler())
+		t.Cleanup(notARM.Close)
+		ok, err := newClientAt(t, notARM.URL).VMExists(context.Background(), vm)
+		if ok || !isUnknownVM(err, "") {
+			t.Errorf("VMExists = %v, %v; want false and a VMUnknownError without an ARM error code", ok, err)
+		}
+	})
+}
+
+func isUnknownVM(err error, code string) bool {
+	var unknown *VMUnknownError
+	return errors.As(err, &unknown) && unknown.Err.ErrorCode == code
 }
 
 func newClientWithVMs(t *testing.T, vms ...string) (Client, *armemulator.Server) {

@@ -109,6 +109,8 @@ func (w *Watcher) Reconcile(ctx context.Context, req reconcile.Request) (reconci
 	if w.AdminState == nil {
 		return reconcile.Result{}, nil
 	}
+	// Whatever its state: a gone node of its name has its Down restored now.
+	w.AdminState.Observe(&node)
 	if azure.DesiredState(&node) == azure.AdminStateDown {
 		return w.holdDown(ctx, &node, rec)
 	}

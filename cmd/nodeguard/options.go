@@ -54,6 +54,7 @@ type options struct {
 	signalTaints            string
 	scaleDownHold           bool
 	webhookClientCA         string
+	trafficCutFailure       string
 	// signalTaintTable is signalTaints parsed (by validate).
 	signalTaintTable []ngv1alpha1.SignalTaint
 	azure            azure.Options
@@ -108,6 +109,10 @@ func (o *options) bind(fs *flag.FlagSet) {
 			"The node is read fresh from the API server first. 0 turns it off (only --disruption-claim-timeout applies); otherwise at least 5s (the webhook timeout) and below --disruption-claim-timeout.")
 	fs.DurationVar(&o.adminStateTimeout, "admin-state-timeout", finalizer.DefaultAdminStateTimeout,
 		"How long a drain waits for Azure to confirm the node's load-balancer AdminState Down; past it the drain continues with a Warning event, so an ARM outage never wedges it.")
+	fs.StringVar(&o.trafficCutFailure, "traffic-cut-failure", string(finalizer.TrafficCutFailureDrain),
+		"What a drain does when the node's load-balancer traffic cut failed for good (a terminal ARM error, retries exhausted, a NIC-only pool) or was not confirmed within --admin-state-timeout: "+
+			"'drain' goes on (a misconfigured Azure must not hold every node delete), saying so in the node condition nodeguard.io/TrafficCut, a Warning event and nodeguard_traffic_cuts_total; "+
+			"'wait' holds the drain until Azure confirms Down (the admin-state resync retries the write).")
 	fs.DurationVar(&o.cutoverPause, "cutover-pause", 0,
 		"Pause between the confirmed traffic cut and the first eviction, for in-flight requests to finish.")
 	fs.StringVar(&o.daemonSets, "daemonset-pods", string(drain.DaemonSetsLast),
@@ -159,6 +164,9 @@ func (o *options) validate() error {
 	}
 	if o.daemonSets != string(drain.DaemonSetsLast) && o.daemonSets != string(drain.DaemonSetsSkip) {
 		return fmt.Errorf("--daemonset-pods %q: must be 'last' or 'skip'", o.daemonSets)
+	}
+	if o.trafficCutFailure != string(finalizer.TrafficCutFailureDrain) && o.trafficCutFailure != string(finalizer.TrafficCutFailureWait) {
+		return fmt.Errorf("--traffic-cut-failure %q: must be 'drain' or 'wait'", o.trafficCutFailure)
 	}
 	if _, err := drain.ParseBlockedPDBPolicy(o.blockedPDBPolicy); err != nil {
 		return fmt.Errorf("--blocked-pdb-policy: %w", err)

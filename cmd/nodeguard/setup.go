@@ -44,6 +44,7 @@ func setupTermination(mgr ctrl.Manager, opts options, adminState *azure.Manager)
 		Opts: finalizer.Options{
 			Identity:            identity(),
 			AdminStateTimeout:   opts.adminStateTimeout,
+			TrafficCutFailure:   finalizer.TrafficCutFailurePolicy(opts.trafficCutFailure),
 			CutoverPause:        opts.cutoverPause,
 			DaemonSets:          drain.DaemonSetPolicy(opts.daemonSets),
 			DrainTimeout:        opts.drainTimeout,

@@ -125,14 +125,16 @@ type Server struct {
 	seed Seed
 	opts Options
 
-	mu       sync.Mutex
-	lbs      []string         // names in seed order
-	lbEtag   map[string]int   // key: lower(lb); ETag counter of the load balancer
-	writes   []time.Time      // accepted writes, for WriteThrottle
-	pools    map[string]*pool // key: lower(lb)/lower(pool)
-	poolKeys []string
-	nics     map[string]NetworkInterfaceSeed // key: lower(id)
-	vms      map[string]bool                 // key: vmKey(id)
+	mu        sync.Mutex
+	lbs       []string         // names in seed order
+	lbEtag    map[string]int   // key: lower(lb); ETag counter of the load balancer
+	writes    []time.Time      // accepted writes, for WriteThrottle
+	pools     map[string]*pool // key: lower(lb)/lower(pool)
+	poolKeys  []string
+	nics      map[string]NetworkInterfaceSeed // key: lower(id)
+	vms       map[string]bool                 // key: vmKey(id)
+	scaleSets map[string]bool                 // key: vmKey(id) of a VMSS with instances
+
 	faults   []*Fault
 	requests []Request
 	ops      map[string]*operation
@@ -150,9 +152,9 @@ func New(seed Seed, opts Options) *Server {
 	if seed.Location == "" {
 		seed.Location = "westeurope"
 	}
-	s := &Server{seed: seed, opts: opts, lbEtag: map[string]int{}, pools: map[string]*pool{}, nics: map[string]NetworkInterfaceSeed{}, vms: map[string]bool{}, ops: map[string]*operation{}, busy: map[string]*busyOp{}}
+	s := &Server{seed: seed, opts: opts, lbEtag: map[string]int{}, pools: map[string]*pool{}, nics: map[string]NetworkInterfaceSeed{}, vms: map[string]bool{}, scaleSets: map[string]bool{}, ops: map[string]*operation{}, busy: map[string]*busyOp{}}
 	for _, vm := range seed.VMs {
-		s.vms[vmKey(vm)] = true
+		s.addVM(vm)
 	}
 	for i, lb := range seed.LoadBalancers {
 		s.lbs = append(s.lbs, lb.Name)

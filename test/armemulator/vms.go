@@ -33,36 +33,79 @@ func (s *Server) VMExists(id string) bool {
 }
 
 // getVM serves GET .../providers/Microsoft.Compute/virtualMachines/{vm} and
-// .../virtualMachineScaleSets/{set}/virtualMachines/{instance}. A missing VM
-// is 404 ResourceNotFound; a missing VMSS instance 404 NotFound, the codes
-// Azure answers with (cloud-provider-azure treats any 404 as gone).
+// .../virtualMachineScaleSets/{set}/virtualMachines/{instance} with ARM's 404s,
+// checked in ARM's order: SubscriptionNotFound for an unknown subscription,
+// ResourceGroupNotFound for an unknown resource group (the seed's, or one that
+// holds a VM), then for the VM itself ResourceNotFound (a standalone VM, or a
+// scale set that holds no instance) or NotFound (a missing instance of a
+// known scale set, as Compute answers).
 func (s *Server) getVM(w http.ResponseWriter, path string) {
-	s.mu.Lock()
-	exists := s.vms[vmKey(path)]
-	s.mu.Unlock()
 	parts := strings.Split(strings.Trim(path, "/"), "/")
-	name := parts[len(parts)-1]
-	if !exists {
-		code := "ResourceNotFound"
-		if strings.Contains(strings.ToLower(path), "/virtualmachinescalesets/") {
-			code = "NotFound"
-		}
-		writeError(w, http.StatusNotFound, code, "The Resource '"+strings.Join(parts[4:], "/")+"' under resource group '"+parts[3]+"' was not found.")
-		return
+	sub, rg, name := parts[1], parts[3], parts[len(parts)-1]
+	s.mu.Lock()
+	subKnown, rgKnown := s.knownScope(sub, rg)
+	exists := s.vms[vmKey(path)]
+	setKnown := s.scaleSets[scaleSetOf(vmKey(path))]
+	s.mu.Unlock()
+	switch {
+	case !subKnown:
+		writeError(w, http.StatusNotFound, "SubscriptionNotFound", "The subscription '"+sub+"' could not be found.")
+	case !rgKnown:
+		writeError(w, http.StatusNotFound, "ResourceGroupNotFound", "Resource group '"+rg+"' could not be found.")
+	case !exists && setKnown:
+		writeError(w, http.StatusNotFound, "NotFound", "The entity was not found in this Azure location.")
+	case !exists:
+		writeError(w, http.StatusNotFound, "ResourceNotFound", "The Resource '"+strings.Join(parts[4:8], "/")+"' under resource group '"+rg+
+			"' was not found. For more details please go to https://aka.ms/ARMResourceNotFoundFix")
+	default:
+		writeJSON(w, http.StatusOK, map[string]any{
+			"id":       path,
+			"name":     name,
+			"location": s.seed.Location,
+			"properties": map[string]any{
+				"provisioningState": "Succeeded",
+			},
+		})
 	}
-	writeJSON(w, http.StatusOK, map[string]any{
-		"id":       path,
-		"name":     name,
-		"location": s.seed.Location,
-		"properties": map[string]any{
-			"provisioningState": "Succeeded",
-		},
-	})
+}
+
+// knownScope reports whether the subscription, and the resource group in it,
+// exist: the seed's, or those of a VM. Call with s.mu held.
+func (s *Server) knownScope(sub, rg string) (subKnown, rgKnown bool) {
+	if strings.EqualFold(sub, s.seed.Subscription) {
+		subKnown, rgKnown = true, strings.EqualFold(rg, s.seed.ResourceGroup)
+	}
+	prefix := vmKey("/subscriptions/" + sub + "/")
+	group := vmKey("/subscriptions/" + sub + "/resourceGroups/" + rg + "/")
+	for k := range s.vms {
+		subKnown = subKnown || strings.HasPrefix(k, prefix)
+		rgKnown = rgKnown || strings.HasPrefix(k, group)
+	}
+	return subKnown, rgKnown
+}
+
+// scaleSetOf returns the lookup key of a VMSS instance's scale set, or "".
+func scaleSetOf(key string) string {
+	i := strings.LastIndex(key, "/virtualmachines/")
+	if i < 0 || !strings.Contains(key[:i], "/virtualmachinescalesets/") {
+		return ""
+	}
+	return key[:i]
+}
+
+// addVM records a VM and its scale set (which outlives its instances). Call
+// with s.mu held.
+func (s *Server) addVM(id string) {
+	k := vmKey(id)
+	s.vms[k] = true
+	if set := scaleSetOf(k); set != "" {
+		s.scaleSets[set] = true
+	}
 }
 
 // AddVM adds a VM (by resource ID or providerID).
 func (s *Server) AddVM(id string) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	s.vms[vmKey(id)] = true
+	s.addVM(id)
 }

@@ -1,0 +1,203 @@
+package finalizer
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+
+	ngv1alpha1 "github.com/nodeguard/nodeguard/api/v1alpha1"
+	"github.com/nodeguard/nodeguard/azure"
+)
+
+// TrafficCutFailurePolicy is what a drain does when the node's traffic cut
+// failed for good or was not confirmed within --admin-state-timeout.
+type TrafficCutFailurePolicy string
+
+const (
+	// TrafficCutFailureDrain drains anyway (the default): a misconfigured or
+	// unreachable Azure must not hold every node delete forever. The node
+	// condition nodeguard.io/TrafficCut, a Warning event and
+	// nodeguard_traffic_cuts_total say that traffic was not cut, and why.
+	TrafficCutFailureDrain TrafficCutFailurePolicy = "drain"
+	// TrafficCutFailureWait keeps the drain waiting until Azure confirms Down
+	// (the admin-state resync retries the write).
+	TrafficCutFailureWait TrafficCutFailurePolicy = "wait"
+)
+
+// Traffic cut outcomes (values of the metric label "result").
+const (
+	cutConfirmed = "confirmed"
+	cutFailed    = "failed"
+	cutTimedOut  = "timed_out"
+)
+
+// Reasons of the TrafficCut condition.
+const (
+	conditionCut      = "AdminStateDown"
+	conditionFailed   = "AdminStateUpdateFailed"
+	conditionTimedOut = "AdminStateNotConfirmed"
+)
+
+// trafficFailedPoll is how often a drain held by --traffic-cut-failure=wait
+// looks again (an in-memory check): the admin-state resync retries the
+// write meanwhile.
+const trafficFailedPoll = 5 * time.Second
+
+// notCut is a traffic cut that did not happen: its outcome and why.
+type notCut struct {
+	result, reason, why string
+}
+
+// cutTraffic asks for AdminState Down and waits until Azure confirms it on
+// every backend pool of the node, or every pool confirmed or failed, for at
+// most AdminStateTimeout from the cordon: an ARM outage never wedges a drain
+// unless --traffic-cut-failure=wait asks for it. It records when the phase
+// ended, and then waits CutoverPause.
+func (r *Reconciler) cutTraffic(ctx context.Context, node *corev1.Node) (reconcile.Result, error) {
+	if r.AdminState == nil {
+		return reconcile.Result{}, nil
+	}
+	if cutAt, ok := ngv1alpha1.AnnotationTime(node, ngv1alpha1.TrafficCutAtAnnotation); ok {
+		if wait := cutAt.Add(r.Opts.CutoverPause).Sub(r.Clock.Now()); wait > 0 {
+			r.waitFor(node.UID, "traffic cut; pausing %s (--cutover-pause) before the drain", wait.Round(time.Second))
+			return reconcile.Result{RequeueAfter: wait}, nil
+		}
+		return reconcile.Result{}, nil
+	}
+	r.AdminState.SetDesired(node, azure.AdminStateDown)
+	failure, res, err := r.awaitCut(ctx, node)
+	if err != nil || !res.IsZero() {
+		return res, err
+	}
+	if failure != nil && r.Opts.TrafficCutFailure == TrafficCutFailureWait {
+		return r.holdUncut(ctx, node, *failure)
+	}
+	if err := r.reportCut(ctx, node, failure); err != nil {
+		return reconcile.Result{}, err
+	}
+	if err := r.annotate(ctx, node, ngv1alpha1.TrafficCutAtAnnotation); err != nil {
+		return reconcile.Result{}, err
+	}
+	if r.Opts.CutoverPause > 0 {
+		r.waitFor(node.UID, "traffic cut; pausing %s (--cutover-pause) before the drain", r.Opts.CutoverPause)
+		return reconcile.Result{RequeueAfter: r.Opts.CutoverPause}, nil
+	}
+	return reconcile.Result{}, nil
+}
+
+// awaitCut reads the manager's answer: confirmed (nil, zero), not cut (the
+// failure), or still waiting within AdminStateTimeout (a requeue).
+func (r *Reconciler) awaitCut(ctx context.Context, node *corev1.Node) (*notCut, reconcile.Result, error) {
+	waitCtx, cancel := context.WithTimeout(ctx, 200*time.Millisecond)
+	defer cancel()
+	err := r.AdminState.WaitConfirmed(waitCtx, node.UID, azure.AdminStateDown)
+	var failed *azure.UpdateFailedError
+	switch {
+	case err == nil:
+		return nil, reconcile.Result{}, nil
+	case errors.As(err, &failed):
+		return &notCut{result: cutFailed, reason: conditionFailed, why: err.Error()}, reconcile.Result{}, nil
+	case waitCtx.Err() != nil && ctx.Err() == nil:
+		deadline := terminationStarted(node).Add(r.Opts.AdminStateTimeout)
+		if left := deadline.Sub(r.Clock.Now()); left > 0 {
+			r.waitFor(node.UID, "waiting for Azure to confirm load-balancer AdminState Down on every backend pool of the node; %s in %s (--admin-state-timeout)",
+				r.pastTimeout(), left.Round(time.Second))
+			r.wakeWhenConfirmed(ctx, node, left)
+			return nil, reconcile.Result{RequeueAfter: trafficPoll}, nil
+		}
+		why := fmt.Sprintf("Azure did not confirm AdminState Down within --admin-state-timeout (%s)", r.Opts.AdminStateTimeout)
+		return &notCut{result: cutTimedOut, reason: conditionTimedOut, why: why}, reconcile.Result{}, nil
+	}
+	return nil, reconcile.Result{}, err
+}
+
+// pastTimeout says what happens past --admin-state-timeout.
+func (r *Reconciler) pastTimeout() string {
+	if r.Opts.TrafficCutFailure == TrafficCutFailureWait {
+		return "still waiting (--traffic-cut-failure=wait)"
+	}
+	return "draining anyway"
+}
+
+// reportCut says, once per node, how the traffic cut ended before the drain
+// goes on: the TrafficCut condition, an event and the metric.
+func (r *Reconciler) reportCut(ctx context.Context, node *corev1.Node, failure *notCut) error {
+	if failure == nil {
+		if r.once(node.UID, "traffic-"+cutConfirmed) {
+			trafficCuts.WithLabelValues(cutConfirmed).Inc()
+			r.event(node, corev1.EventTypeNormal, ReasonTrafficCut, "load balancer AdminState Down confirmed on every backend pool entry of the node")
+		}
+		return r.markCutConfirmed(ctx, node)
+	}
+	if r.once(node.UID, "traffic-"+failure.result) {
+		trafficCuts.WithLabelValues(failure.result).Inc()
+		r.event(node, corev1.EventTypeWarning, failure.eventReason(),
+			"traffic NOT cut: %s; draining anyway (--traffic-cut-failure=drain): the node's pods are evicted while its load-balancer backend entries still take new connections", failure.why)
+	}
+	return r.setTrafficCondition(ctx, node, corev1.ConditionFalse, failure.reason, "traffic NOT cut, drained anyway (--traffic-cut-failure=drain): "+failure.why)
+}
+
+// holdUncut keeps the drain waiting for the cut (--traffic-cut-failure=wait).
+func (r *Reconciler) holdUncut(ctx context.Context, node *corev1.Node, failure notCut) (reconcile.Result, error) {
+	if r.once(node.UID, "traffic-"+failure.result) {
+		trafficCuts.WithLabelValues(failure.result).Inc()
+		r.event(node, corev1.EventTypeWarning, failure.eventReason(),
+			"traffic NOT cut: %s; the drain waits until Azure confirms AdminState Down (--traffic-cut-failure=wait)", failure.why)
+	}
+	msg := "traffic NOT cut, the drain waits (--traffic-cut-failure=wait): " + failure.why
+	if err := r.setTrafficCondition(ctx, node, corev1.ConditionFalse, failure.reason, msg); err != nil {
+		return reconcile.Result{}, err
+	}
+	r.waitFor(node.UID, "%s", msg)
+	return reconcile.Result{RequeueAfter: trafficFailedPoll}, nil
+}
+
+// eventReason is the Warning event's reason.
+func (n notCut) eventReason() string {
+	if n.result == cutFailed {
+		return ReasonTrafficCutFailed
+	}
+	return ReasonTrafficCutTimedOut
+}
+
+// markCutConfirmed turns a TrafficCut condition that said "not cut" (a
+// drain that waited) True; a node that never had one gets none.
+func (r *Reconciler) markCutConfirmed(ctx context.Context, node *corev1.Node) error {
+	c := nodeCondition(node, ngv1alpha1.TrafficCutCondition)
+	if c == nil || c.Status == corev1.ConditionTrue {
+		return nil
+	}
+	return r.setTrafficCondition(ctx, node, corev1.ConditionTrue, conditionCut, "load balancer AdminState Down confirmed on every backend pool entry of the node")
+}
+
+func (r *Reconciler) setTrafficCondition(ctx context.Context, node *corev1.Node, status corev1.ConditionStatus, reason, message string) error {
+	if c := nodeCondition(node, ngv1alpha1.TrafficCutCondition); c != nil && c.Status == status && c.Reason == reason && c.Message == message {
+		return nil
+	}
+	if err := r.patchNodeCondition(ctx, node, corev1.NodeCondition{
+		Type: ngv1alpha1.TrafficCutCondition, Status: status, Reason: reason, Message: message,
+	}); err != nil {
+		return fmt.Errorf("writing the %s condition: %w", ngv1alpha1.TrafficCutCondition, err)
+	}
+	return nil
+}
+
+// wakeWhenConfirmed waits, once per node and in the background, for at most
+// wait, until Azure confirms the node's AdminState Down (or it fails), and
+// then wakes the node: the drain starts as soon as the cut is confirmed, not
+// a poll later.
+func (r *Reconciler) wakeWhenConfirmed(ctx context.Context, node *corev1.Node, wait time.Duration) {
+	if r.wakeups == nil || !r.once(node.UID, "traffic-wake") {
+		return
+	}
+	go func() {
+		waitCtx, cancel := context.WithTimeout(ctx, wait)
+		defer cancel()
+		_ = r.AdminState.WaitConfirmed(waitCtx, node.UID, azure.AdminStateDown) // the pass reads the outcome
+		wakeNode(ctx, r.wakeups, node.Name)
+	}()
+}
