@@ -10,6 +10,7 @@ import (
 	apiequality "k8s.io/apimachinery/pkg/api/equality"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/tools/events"
 	"k8s.io/utils/clock"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/builder"
@@ -38,6 +39,9 @@ type StatusReconciler struct {
 	// claims of the same process (see Claimer.Recompute); without it, the
 	// controller writes on its own and races them.
 	Claimer *Claimer
+	// Recorder, if set, records a Warning when the budget turns out to guard
+	// no node (warnings.go).
+	Recorder events.EventRecorder
 
 	nodes *NodeLister
 }
@@ -110,12 +114,14 @@ func (r *StatusReconciler) Reconcile(ctx context.Context, req reconcile.Request)
 	status, requeueAt := r.computeStatus(&ndb, selected, now)
 	recordBudgetMetrics(ndb.Name, status)
 	if !apiequality.Semantic.DeepEqual(status, ndb.Status) {
+		before := ndb.Status
 		ndb.Status = status
 		// Update carries the resourceVersion we read: a claim written since then
 		// makes this a conflict, and the retry counts it.
 		if err := r.Client.Status().Update(ctx, &ndb); err != nil {
 			return reconcile.Result{}, fmt.Errorf("updating NodeDisruptionBudget %s status: %w", ndb.Name, err)
 		}
+		r.warnIfGuardsNothing(&ndb, &before, &status)
 	}
 	if requeueAt.IsZero() {
 		return reconcile.Result{}, nil
@@ -136,8 +142,9 @@ func (r *StatusReconciler) recomputeWithClaims(ctx context.Context, ndb *ngv1alp
 		recordBudgetMetrics(ndb.Name, status)
 		return requeueResult(now, requeueAt), nil // nothing to write: no round
 	}
+	var wrote *ngv1alpha1.NodeDisruptionBudget // what the last run of fn wrote, if anything
 	err := r.Claimer.Recompute(ctx, ndb.Name, func(read *ngv1alpha1.NodeDisruptionBudget) bool {
-		now, requeueAt = r.Clock.Now(), time.Time{}
+		now, requeueAt, wrote = r.Clock.Now(), time.Time{}, nil
 		if read.ResourceVersion != ndb.ResourceVersion {
 			return false
 		}
@@ -147,11 +154,14 @@ func (r *StatusReconciler) recomputeWithClaims(ctx context.Context, ndb *ngv1alp
 		if apiequality.Semantic.DeepEqual(status, read.Status) {
 			return false
 		}
-		read.Status = status
+		read.Status, wrote = status, read
 		return true
 	})
 	if err != nil {
 		return reconcile.Result{}, fmt.Errorf("updating NodeDisruptionBudget %s status: %w", ndb.Name, err)
+	}
+	if wrote != nil {
+		r.warnIfGuardsNothing(wrote, &ndb.Status, &wrote.Status)
 	}
 	return requeueResult(now, requeueAt), nil
 }
@@ -166,7 +176,7 @@ func requeueResult(now, at time.Time) reconcile.Result {
 func (r *StatusReconciler) selectedNodes(ctx context.Context, ndb *ngv1alpha1.NodeDisruptionBudget) ([]*corev1.Node, error) {
 	sel, err := Selector(ndb)
 	if err != nil {
-		return nil, nil //nolint:nilerr // an invalid selector selects nothing; computeStatus reports it
+		return nil, nil //nolint:nilerr // an invalid selector selects nothing; Evaluate reports it
 	}
 	return r.nodes.List(ctx, sel) // read only, no copies
 }

@@ -116,7 +116,7 @@ func setupGuard(mgr ctrl.Manager, opts options, adminState *azure.Manager) error
 		return err
 	}
 	return (&budget.StatusReconciler{Client: mgr.GetClient(), Clock: clock.RealClock{}, ClaimTimeout: opts.claimTimeout,
-		Claimer: claimer}).SetupWithManager(mgr)
+		Claimer: claimer, Recorder: mgr.GetEventRecorder("nodeguard-budget")}).SetupWithManager(mgr)
 }
 
 // The secure metrics endpoint authenticates scrapers with TokenReviews and

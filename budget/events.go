@@ -1,0 +1,17 @@
+package budget
+
+import ngv1alpha1 "github.com/nodeguard/nodeguard/api/v1alpha1"
+
+// Event reasons of the budget status controller, on the NodeDisruptionBudget.
+// Each is recorded once, when the DisruptionAllowed condition turns to it.
+const (
+	// ReasonInvalidSelector (Warning): the selector cannot be evaluated (a
+	// budget stored before the CRD refused such selectors), so the budget
+	// selects no node and guards none.
+	ReasonInvalidSelector = ngv1alpha1.ReasonInvalidSelector
+	// ReasonNoMatchingNodes (Warning): the selector matches no node, so the
+	// budget guards none (a typo in a label, or a pool scaled to zero).
+	ReasonNoMatchingNodes = ngv1alpha1.ReasonNoMatchingNodes
+
+	actionEvaluate = "EvaluateBudget"
+)
