@@ -16,6 +16,7 @@ import (
 
 	"github.com/nodeguard/nodeguard/test/armemulator"
 	"github.com/nodeguard/nodeguard/test/harness"
+	ngwebhook "github.com/nodeguard/nodeguard/webhook"
 )
 
 func main() {
@@ -40,6 +41,8 @@ func run(binDir, dir, pods string) error {
 		Cluster: true, PodStages: pods, Dir: dir,
 		// Registered with a locally generated CA, pointing at nodeguard below.
 		WebhookManifests: []string{filepath.Join(harness.RepoRoot(), "manifests", "webhook")},
+		// The demo's budgets are created before nodeguard starts.
+		WithoutWebhooks: []string{ngwebhook.BudgetWebhookName},
 	})
 	defer func() {
 		fmt.Println("stopping the sandbox ...")
