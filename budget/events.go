@@ -12,6 +12,10 @@ const (
 	// ReasonNoMatchingNodes (Warning): the selector matches no node, so the
 	// budget guards none (a typo in a label, or a pool scaled to zero).
 	ReasonNoMatchingNodes = ngv1alpha1.ReasonNoMatchingNodes
+	// ReasonInvalidSpec (Warning): the spec cannot be evaluated (a window
+	// schedule stored before the budget webhook checked it), so every delete
+	// under the budget is refused.
+	ReasonInvalidSpec = ngv1alpha1.ReasonInvalidSpec
 
 	actionEvaluate = "EvaluateBudget"
 )

@@ -40,7 +40,7 @@ type StatusReconciler struct {
 	// controller writes on its own and races them.
 	Claimer *Claimer
 	// Recorder, if set, records a Warning when the budget turns out to guard
-	// no node (warnings.go).
+	// no node or cannot be evaluated (warnings.go).
 	Recorder events.EventRecorder
 
 	nodes *NodeLister
@@ -121,7 +121,7 @@ func (r *StatusReconciler) Reconcile(ctx context.Context, req reconcile.Request)
 		if err := r.Client.Status().Update(ctx, &ndb); err != nil {
 			return reconcile.Result{}, fmt.Errorf("updating NodeDisruptionBudget %s status: %w", ndb.Name, err)
 		}
-		r.warnIfGuardsNothing(&ndb, &before, &status)
+		r.warnOnTransition(&ndb, &before, &status)
 	}
 	if requeueAt.IsZero() {
 		return reconcile.Result{}, nil
@@ -161,7 +161,7 @@ func (r *StatusReconciler) recomputeWithClaims(ctx context.Context, ndb *ngv1alp
 		return reconcile.Result{}, fmt.Errorf("updating NodeDisruptionBudget %s status: %w", ndb.Name, err)
 	}
 	if wrote != nil {
-		r.warnIfGuardsNothing(wrote, &ndb.Status, &wrote.Status)
+		r.warnOnTransition(wrote, &ndb.Status, &wrote.Status)
 	}
 	return requeueResult(now, requeueAt), nil
 }

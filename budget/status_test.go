@@ -173,6 +173,23 @@ func TestBudgetStoredWithAnInvalidSelectorSaysSoOnce(t *testing.T) {
 	wantReasonColumn(t, ndb.Name, ngv1alpha1.ReasonInvalidSelector)
 }
 
+// A budget stored with a window schedule the deletes cannot parse (before the
+// budget webhook checked schedules; no webhook runs here) says so once.
+func TestBudgetWithAnUnparsableScheduleSaysSoOnce(t *testing.T) {
+	harness.SkipWithoutEnv(t, env)
+	r, w := startStatusController(t)
+	ndb := builder.NDB("bad-schedule", builder.NDBMaxUnavailable("1"), func(b *ngv1alpha1.NodeDisruptionBudget) {
+		b.Spec.Windows = []ngv1alpha1.DisruptionWindow{{Schedule: "99 99 * * *", Duration: metav1.Duration{Duration: time.Hour}}}
+	})
+	harness.MustCreate(t, env.Client, ndb)
+	got := waitForReason(t, ndb.Name, ngv1alpha1.ReasonInvalidSpec)
+	if c := meta.FindStatusCondition(got.Status.Conditions, ngv1alpha1.ConditionDisruptionAllowed); !strings.Contains(c.Message, `windows[0]: schedule "99 99 * * *"`) {
+		t.Errorf("condition message %q, want the schedule's error", c.Message)
+	}
+	passAgain(t, r, got, ngv1alpha1.ReasonInvalidSpec)
+	wantOneWarning(t, w, ndb.Name, ngv1alpha1.ReasonInvalidSpec)
+}
+
 // withoutSelectorRules installs the CRD without the x-kubernetes-validations
 // of spec.selector, as an older nodeguard shipped it; the returned func
 // installs the shipped CRD again (also at the test's end).

@@ -127,6 +127,10 @@ func TestBudgetWebhookIsCalledForSpecChangesOnly(t *testing.T) {
 	if err := merge(`{"metadata":{"labels":{"team":"infra"}}}`); err != nil {
 		t.Errorf("a label change with nodeguard down: %v, want it stored", err)
 	}
+	status := []byte(`{"status":{"expectedNodes":7}}`)
+	if err := env.Client.Status().Patch(ctx, builder.NDB(name), client.RawPatch(types.MergePatchType, status)); err != nil {
+		t.Errorf("a status write with nodeguard down: %v, want it stored (claims never wait for the budget webhook)", err)
+	}
 	err := merge(`{"spec":{"maxUnavailable":2}}`)
 	if err == nil || !strings.Contains(err.Error(), fmt.Sprintf("failed calling webhook %q", "nodedisruptionbudget.nodeguard.io")) {
 		t.Errorf("a spec change with nodeguard down: %v, want the webhook's failure (failurePolicy Fail)", err)
