@@ -16,7 +16,6 @@ import (
 
 	"github.com/nodeguard/nodeguard/test/armemulator"
 	"github.com/nodeguard/nodeguard/test/harness"
-	ngwebhook "github.com/nodeguard/nodeguard/webhook"
 )
 
 func main() {
@@ -41,8 +40,6 @@ func run(binDir, dir, pods string) error {
 		Cluster: true, PodStages: pods, Dir: dir,
 		// Registered with a locally generated CA, pointing at nodeguard below.
 		WebhookManifests: []string{filepath.Join(harness.RepoRoot(), "manifests", "webhook")},
-		// The demo's budgets are created before nodeguard starts.
-		WithoutWebhooks: []string{ngwebhook.BudgetWebhookName},
 	})
 	defer func() {
 		fmt.Println("stopping the sandbox ...")
@@ -67,6 +64,10 @@ func run(binDir, dir, pods string) error {
 	defer emulator.Close()
 	nodeguard, err := startNodeguard(binDir, env, emulator.URL())
 	if err != nil {
+		return err
+	}
+	if err := createDemoBudgets(ctx, env); err != nil {
+		_ = nodeguard.Stop(10 * time.Second)
 		return err
 	}
 	printWelcome(env, emulator.URL())
