@@ -154,7 +154,8 @@ func (r *StatusReconciler) recomputeWithClaims(ctx context.Context, ndb *ngv1alp
 		if apiequality.Semantic.DeepEqual(status, read.Status) {
 			return false
 		}
-		read.Status, wrote = status, read
+		read.Status = status
+		wrote = read.DeepCopy() // the round owns read
 		return true
 	})
 	if err != nil {
