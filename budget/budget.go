@@ -48,13 +48,29 @@ func Unavailable(node *corev1.Node) (bool, string) {
 }
 
 // Selector converts the budget's label selector. A nil selector selects
-// nothing; an empty one selects every node.
+// nothing; an empty one selects every node. An invalid one (stored before the
+// CRD refused it) is an *InvalidSelectorError.
 func Selector(ndb *ngv1alpha1.NodeDisruptionBudget) (labels.Selector, error) {
-	if ndb.Spec.Selector == nil {
+	return specSelector(&ndb.Spec)
+}
+
+func specSelector(spec *ngv1alpha1.NodeDisruptionBudgetSpec) (labels.Selector, error) {
+	if spec.Selector == nil {
 		return labels.Nothing(), nil
 	}
-	return metav1.LabelSelectorAsSelector(ndb.Spec.Selector)
+	sel, err := metav1.LabelSelectorAsSelector(spec.Selector)
+	if err != nil {
+		return nil, &InvalidSelectorError{Err: err}
+	}
+	return sel, nil
 }
+
+// InvalidSelectorError is a budget selector that cannot be evaluated: the
+// budget selects no node.
+type InvalidSelectorError struct{ Err error }
+
+func (e *InvalidSelectorError) Error() string { return "spec.selector: " + e.Err.Error() }
+func (e *InvalidSelectorError) Unwrap() error { return e.Err }
 
 // Selects reports whether the budget covers the node.
 func Selects(ndb *ngv1alpha1.NodeDisruptionBudget, node *corev1.Node) (bool, error) {
@@ -137,6 +153,9 @@ func FromStatus(ndb *ngv1alpha1.NodeDisruptionBudget, now time.Time) (Numbers, e
 }
 
 func (n Numbers) withDesired(spec *ngv1alpha1.NodeDisruptionBudgetSpec, now time.Time) (Numbers, error) {
+	if _, err := specSelector(spec); err != nil {
+		return n, err // it selected nothing: the numbers are not the budget's
+	}
 	desired, window, err := desiredAvailable(spec, n.Expected, now)
 	if err != nil {
 		return n, err

@@ -1,6 +1,7 @@
 package budget
 
 import (
+	"errors"
 	"fmt"
 	"time"
 
@@ -16,8 +17,14 @@ import (
 func allowedCondition(n Numbers, err error, generation int64) metav1.Condition {
 	cond := metav1.Condition{Type: ngv1alpha1.ConditionDisruptionAllowed, ObservedGeneration: generation}
 	switch {
+	case errors.As(err, new(*InvalidSelectorError)):
+		cond.Status, cond.Reason, cond.Message = metav1.ConditionFalse, ngv1alpha1.ReasonInvalidSelector,
+			err.Error()+": the budget selects no node and guards none; fix its selector"
 	case err != nil:
 		cond.Status, cond.Reason, cond.Message = metav1.ConditionFalse, ngv1alpha1.ReasonInvalidSpec, err.Error()
+	case n.Expected == 0:
+		cond.Status, cond.Reason = metav1.ConditionFalse, ngv1alpha1.ReasonNoMatchingNodes
+		cond.Message = "no node matches spec.selector: the budget guards none"
 	case n.Allowed > 0:
 		cond.Status, cond.Reason, cond.Message = metav1.ConditionTrue, ngv1alpha1.ReasonSufficientNodes, n.String()
 	case n.Window != nil:

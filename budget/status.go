@@ -43,7 +43,8 @@ type StatusReconciler struct {
 	// disruption under way (DisruptionUnderWay) that long after the claim.
 	UnconfirmedTimeout time.Duration
 	// Recorder, if set, receives a Warning event for each claim given back
-	// unconfirmed.
+	// unconfirmed, and one when the budget turns out to guard no node or
+	// cannot be evaluated (warnings.go).
 	Recorder events.EventRecorder
 	// Claimer, if set, carries the status writes in its group commit with the
 	// claims of the same process (see Claimer.Recompute); without it, the
@@ -129,6 +130,7 @@ func (r *StatusReconciler) Reconcile(ctx context.Context, req reconcile.Request)
 	status, requeueAt := r.computeStatus(&ndb, selected, claims, now)
 	recordBudgetMetrics(ndb.Name, status)
 	if !apiequality.Semantic.DeepEqual(status, ndb.Status) {
+		before := ndb.Status
 		ndb.Status = status
 		// Update carries the resourceVersion we read: a claim written since then
 		// makes this a conflict, and the retry counts it.
@@ -136,6 +138,7 @@ func (r *StatusReconciler) Reconcile(ctx context.Context, req reconcile.Request)
 			return reconcile.Result{}, fmt.Errorf("updating NodeDisruptionBudget %s status: %w", ndb.Name, err)
 		}
 		r.reportUnconfirmed(ctx, &ndb, claims.unconfirmed)
+		r.warnOnTransition(&ndb, &before, &status)
 	}
 	if requeueAt.IsZero() {
 		return reconcile.Result{}, nil
@@ -156,9 +159,10 @@ func (r *StatusReconciler) recomputeWithClaims(ctx context.Context, ndb *ngv1alp
 		recordBudgetMetrics(ndb.Name, status)
 		return requeueResult(now, requeueAt), nil // nothing to write: no round
 	}
-	var given []UnconfirmedClaim // by the last run of fn that wrote
+	var given []UnconfirmedClaim               // by the last run of fn that wrote
+	var wrote *ngv1alpha1.NodeDisruptionBudget // what the last run of fn wrote, if anything
 	err := r.Claimer.Recompute(ctx, ndb.Name, func(read *ngv1alpha1.NodeDisruptionBudget) bool {
-		now, requeueAt, given = r.Clock.Now(), time.Time{}, nil
+		now, requeueAt, given, wrote = r.Clock.Now(), time.Time{}, nil, nil
 		if read.ResourceVersion != ndb.ResourceVersion {
 			return false
 		}
@@ -169,12 +173,16 @@ func (r *StatusReconciler) recomputeWithClaims(ctx context.Context, ndb *ngv1alp
 			return false
 		}
 		read.Status, given = status, claims.unconfirmed
+		wrote = read.DeepCopy() // the round owns read
 		return true
 	})
 	if err != nil {
 		return reconcile.Result{}, fmt.Errorf("updating NodeDisruptionBudget %s status: %w", ndb.Name, err)
 	}
 	r.reportUnconfirmed(ctx, ndb, given)
+	if wrote != nil {
+		r.warnOnTransition(wrote, &ndb.Status, &wrote.Status)
+	}
 	return requeueResult(now, requeueAt), nil
 }
 
@@ -188,7 +196,7 @@ func requeueResult(now, at time.Time) reconcile.Result {
 func (r *StatusReconciler) selectedNodes(ctx context.Context, ndb *ngv1alpha1.NodeDisruptionBudget) ([]*corev1.Node, error) {
 	sel, err := Selector(ndb)
 	if err != nil {
-		return nil, nil //nolint:nilerr // an invalid selector selects nothing; computeStatus reports it
+		return nil, nil //nolint:nilerr // an invalid selector selects nothing; Evaluate reports it
 	}
 	return r.nodes.List(ctx, sel) // read only, no copies
 }

@@ -22,6 +22,13 @@ type ActiveWindow struct {
 	MaxUnavailable int32
 }
 
+// ParseSchedule parses a window's schedule: a five-field cron expression or a
+// macro such as @daily. The budget webhook refuses what it cannot parse, so
+// that every stored schedule is one the deletes can evaluate.
+func ParseSchedule(schedule string) (cron.Schedule, error) {
+	return cron.ParseStandard(schedule)
+}
+
 // activeWindow returns the open window that allows the fewest unavailable
 // nodes, or nil when none is open at now. Schedules are evaluated in UTC.
 func activeWindow(windows []ngv1alpha1.DisruptionWindow, expected int32, now time.Time) (*ActiveWindow, error) {
@@ -52,7 +59,7 @@ func activeWindow(windows []ngv1alpha1.DisruptionWindow, expected int32, now tim
 // windowEnd reports whether the window is open at now and when it closes: it is
 // open when the schedule fired within the last duration.
 func windowEnd(w ngv1alpha1.DisruptionWindow, now time.Time) (time.Time, bool, error) {
-	schedule, err := cron.ParseStandard(w.Schedule)
+	schedule, err := ParseSchedule(w.Schedule)
 	if err != nil {
 		return time.Time{}, false, fmt.Errorf("schedule %q: %w", w.Schedule, err)
 	}
@@ -82,7 +89,7 @@ func NextWindowChange(windows []ngv1alpha1.DisruptionWindow, now time.Time) time
 		}
 	}
 	for _, w := range windows {
-		schedule, err := cron.ParseStandard(w.Schedule)
+		schedule, err := ParseSchedule(w.Schedule)
 		if err != nil {
 			continue
 		}

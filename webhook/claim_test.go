@@ -34,10 +34,12 @@ func newReplica() *budget.Claimer {
 // countedBudget creates a budget over `expected` available nodes allowing
 // maxUnavailable of them, with its status written as the status controller
 // would: the claims read nothing else. No status controller runs, so nothing
-// but the claimers writes the budget.
+// but the claimers writes the budget; a webhook replica serves the budget
+// webhook for the create.
 func countedBudget(t *testing.T, name string, expected, maxUnavailable int32) {
 	t.Helper()
 	ctx := context.Background()
+	useGuards(t, startReplica(t))
 	ndb := builder.NDB(name, builder.NDBSelecting("pool", name), builder.NDBMaxUnavailable(fmt.Sprint(maxUnavailable)))
 	if err := env.Client.Create(ctx, ndb); err != nil {
 		t.Fatal(err)

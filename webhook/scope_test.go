@@ -164,6 +164,7 @@ func TestUnavailableNodeDeletionUnderIfHealthyBudget(t *testing.T) {
 
 func TestUnhealthyNodeDeletionPolicyIsValidated(t *testing.T) {
 	harness.SkipWithoutEnv(t, env)
+	useGuards(t, startReplica(t)) // serves the budget webhook
 	ndb := builder.NDB(uniqueName("bad-policy"), builder.NDBMaxUnavailable("1"), builder.NDBUnhealthyNodeDeletion("Sometimes"))
 	err := env.Client.Create(context.Background(), ndb)
 	if !apierrors.IsInvalid(err) || !strings.Contains(err.Error(), "spec.unhealthyNodeDeletionPolicy") ||

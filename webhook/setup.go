@@ -35,6 +35,7 @@ func Register(mgr ctrl.Manager, opts Options) {
 		claimer = budget.NewClaimer(mgr)
 	}
 	server.Register(FinalizerPath, &webhook.Admission{Handler: &FinalizerHandler{Managed: opts.Managed}})
+	server.Register(BudgetPath, &webhook.Admission{Handler: &BudgetValidator{}})
 	server.Register(DeletePath, &webhook.Admission{Handler: &DeleteHandler{
 		Client:   mgr.GetClient(),
 		Reader:   mgr.GetAPIReader(),

@@ -16,6 +16,7 @@ import (
 // +kubebuilder:printcolumn:name="Min Available",type=string,JSONPath=`.spec.minAvailable`
 // +kubebuilder:printcolumn:name="Max Unavailable",type=string,JSONPath=`.spec.maxUnavailable`
 // +kubebuilder:printcolumn:name="Allowed Disruptions",type=integer,JSONPath=`.status.disruptionsAllowed`
+// +kubebuilder:printcolumn:name="Reason",type=string,JSONPath=`.status.conditions[?(@.type=="DisruptionAllowed")].reason`
 // +kubebuilder:printcolumn:name="Unhealthy Node Deletion",type=string,JSONPath=`.spec.unhealthyNodeDeletionPolicy`,priority=1
 // +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`
 type NodeDisruptionBudget struct {
@@ -34,8 +35,16 @@ type NodeDisruptionBudget struct {
 // +kubebuilder:validation:XValidation:rule="has(self.minAvailable) != has(self.maxUnavailable)",message="exactly one of minAvailable or maxUnavailable must be set"
 type NodeDisruptionBudgetSpec struct {
 	// Selector selects the nodes this budget covers. An empty selector ({})
-	// selects every node, as in policy/v1 PodDisruptionBudget.
+	// selects every node, as in policy/v1 PodDisruptionBudget. Its
+	// matchExpressions are checked as a PodDisruptionBudget's are: an invalid
+	// requirement would otherwise select no node, and the budget guard none.
+	// (The messages cannot name the requirement's index: metav1.LabelSelector
+	// bounds neither its lists nor its strings, and CEL's cost estimate of a
+	// message that searches them is far over the limit.)
 	// +required
+	// +kubebuilder:validation:XValidation:rule="!has(self.matchExpressions) || self.matchExpressions.all(e, e.operator in ['In', 'NotIn', 'Exists', 'DoesNotExist'])",message="every operator must be In, NotIn, Exists or DoesNotExist",fieldPath=".matchExpressions"
+	// +kubebuilder:validation:XValidation:rule="!has(self.matchExpressions) || self.matchExpressions.all(e, !(e.operator in ['In', 'NotIn']) || (has(e.values) && size(e.values) > 0))",message="values must be specified when operator is In or NotIn",fieldPath=".matchExpressions"
+	// +kubebuilder:validation:XValidation:rule="!has(self.matchExpressions) || self.matchExpressions.all(e, !(e.operator in ['Exists', 'DoesNotExist']) || !has(e.values) || size(e.values) == 0)",message="values may not be specified when operator is Exists or DoesNotExist",fieldPath=".matchExpressions"
 	Selector *metav1.LabelSelector `json:"selector"`
 
 	// MinAvailable is the number of selected nodes, or the percentage of them
@@ -164,6 +173,12 @@ const (
 	ReasonInsufficientNodes = "InsufficientNodes"
 	ReasonWindowActive      = "DisruptionWindowActive"
 	ReasonInvalidSpec       = "InvalidSpec"
+	// ReasonInvalidSelector: the selector cannot be evaluated (a budget
+	// stored before the CRD refused such selectors), so it selects no node.
+	ReasonInvalidSelector = "InvalidSelector"
+	// ReasonNoMatchingNodes: the selector is valid but matches no node, so
+	// the budget guards nothing.
+	ReasonNoMatchingNodes = "NoMatchingNodes"
 )
 
 // NodeDisruptionBudgetList is a list of NodeDisruptionBudgets.

@@ -20,6 +20,10 @@ func TestMain(m *testing.M) { harness.Main(m, harness.Options{}, &env) }
 
 func intOrString(v string) *intstr.IntOrString { return ptr.To(intstr.Parse(v)) }
 
+func selectorOf(reqs ...metav1.LabelSelectorRequirement) *metav1.LabelSelector {
+	return &metav1.LabelSelector{MatchExpressions: reqs}
+}
+
 // TestValidation runs the CRD's schema and CEL rules in a real kube-apiserver:
 // valid budgets are stored, and each invalid one is rejected with a message that
 // tells the user what to fix.
@@ -47,6 +51,28 @@ func TestValidation(t *testing.T) {
 				{Schedule: "0 8 * * 1-5", Duration: metav1.Duration{Duration: 10 * 3600e9}},
 				{Schedule: "@daily", Duration: metav1.Duration{Duration: 90 * 60e9}, MaxUnavailable: intOrString("1")},
 			}}},
+		{name: "every selector operator", spec: ngv1alpha1.NodeDisruptionBudgetSpec{MaxUnavailable: intOrString("1"),
+			Selector: selectorOf(
+				metav1.LabelSelectorRequirement{Key: "pool", Operator: metav1.LabelSelectorOpIn, Values: []string{"a", "b"}},
+				metav1.LabelSelectorRequirement{Key: "zone", Operator: metav1.LabelSelectorOpNotIn, Values: []string{"1"}},
+				metav1.LabelSelectorRequirement{Key: "spot", Operator: metav1.LabelSelectorOpDoesNotExist},
+				metav1.LabelSelectorRequirement{Key: "kubernetes.io/os", Operator: metav1.LabelSelectorOpExists})}},
+		{name: "unknown selector operator", spec: ngv1alpha1.NodeDisruptionBudgetSpec{MaxUnavailable: intOrString("1"),
+			Selector: selectorOf(
+				metav1.LabelSelectorRequirement{Key: "pool", Operator: metav1.LabelSelectorOpIn, Values: []string{"a"}},
+				metav1.LabelSelectorRequirement{Key: "zone", Operator: "Equals", Values: []string{"1"}})},
+			wantErr: "spec.selector.matchExpressions: Invalid value: every operator must be In, NotIn, Exists or DoesNotExist"},
+		{name: "In without values", spec: ngv1alpha1.NodeDisruptionBudgetSpec{MaxUnavailable: intOrString("1"),
+			Selector: selectorOf(metav1.LabelSelectorRequirement{Key: "pool", Operator: metav1.LabelSelectorOpIn})},
+			wantErr: "spec.selector.matchExpressions: Invalid value: values must be specified when operator is In or NotIn"},
+		{name: "NotIn with empty values", spec: ngv1alpha1.NodeDisruptionBudgetSpec{MaxUnavailable: intOrString("1"),
+			Selector: selectorOf(metav1.LabelSelectorRequirement{Key: "pool", Operator: metav1.LabelSelectorOpNotIn, Values: []string{}})},
+			wantErr: "spec.selector.matchExpressions: Invalid value: values must be specified when operator is In or NotIn"},
+		{name: "Exists with values", spec: ngv1alpha1.NodeDisruptionBudgetSpec{MaxUnavailable: intOrString("1"),
+			Selector: selectorOf(
+				metav1.LabelSelectorRequirement{Key: "pool", Operator: metav1.LabelSelectorOpExists},
+				metav1.LabelSelectorRequirement{Key: "spot", Operator: metav1.LabelSelectorOpDoesNotExist, Values: []string{"true"}})},
+			wantErr: "spec.selector.matchExpressions: Invalid value: values may not be specified when operator is Exists or DoesNotExist"},
 		{name: "neither minAvailable nor maxUnavailable", spec: ngv1alpha1.NodeDisruptionBudgetSpec{Selector: everyNode},
 			wantErr: "exactly one of minAvailable or maxUnavailable must be set"},
 		{name: "both minAvailable and maxUnavailable", spec: ngv1alpha1.NodeDisruptionBudgetSpec{Selector: everyNode, MinAvailable: intOrString("1"), MaxUnavailable: intOrString("1")},

@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	"github.com/nodeguard/nodeguard/test/harness"
+	ngwebhook "github.com/nodeguard/nodeguard/webhook"
 )
 
 var env *harness.Env
@@ -16,5 +17,7 @@ func TestMain(m *testing.M) {
 	harness.Main(m, harness.Options{
 		Cluster:          true,
 		WebhookManifests: []string{filepath.Join(harness.RepoRoot(), "manifests", "webhook")},
+		// The tests create their budgets before they start nodeguard.
+		WithoutWebhooks: []string{ngwebhook.BudgetWebhookName},
 	}, &env)
 }

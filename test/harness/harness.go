@@ -61,6 +61,10 @@ type Options struct {
 	// envtest installs, pointing them at a local webhook server whose host, port
 	// and certificate directory are in Env.Webhook.
 	WebhookManifests []string
+	// WithoutWebhooks names webhooks of WebhookManifests to leave out. Tests
+	// that create NodeDisruptionBudgets before nodeguard runs leave out the
+	// budget webhook (failurePolicy Fail), which would refuse them then.
+	WithoutWebhooks []string
 	// Dir holds logs, kubeconfig and data; a temporary directory when empty.
 	Dir string
 	// AuditPolicy, when set, is an audit policy (YAML) for kube-apiserver,
@@ -177,6 +181,13 @@ func (e *Env) startAPIServer(opts Options) error {
 		apiServer.Configure().Set("audit-policy-file", policy).Set("audit-log-path", e.AuditLog).Set("audit-log-format", "json")
 	}
 	webhooks := envtest.WebhookInstallOptions{Paths: opts.WebhookManifests}
+	if len(opts.WithoutWebhooks) > 0 {
+		mutating, validating, err := webhookConfigurations(opts.WebhookManifests, opts.WithoutWebhooks)
+		if err != nil {
+			return fmt.Errorf("reading webhook configurations: %w", err)
+		}
+		webhooks = envtest.WebhookInstallOptions{MutatingWebhooks: mutating, ValidatingWebhooks: validating}
+	}
 	if len(opts.WebhookManifests) > 0 {
 		// The webhook server starts later, in a test: reserve its port.
 		port, release, err := reservePort()

@@ -249,7 +249,6 @@ func TestLeastPrivilege(t *testing.T) {
 		return err == nil && len(pods.Items) == 1 && pods.Items[0].Spec.NodeName == target && pods.Items[0].Status.Phase == corev1.PodRunning, err
 	}, "the solo pod runs on %s", target)
 	setUnschedulable(t, names[1], false)
-	harness.MustCreate(t, env.Client, builder.NDB(run, builder.NDBSelecting("pool", pool), builder.NDBMaxUnavailable("1")))
 
 	metricsPort := harness.FreePort(t)
 	ng := startNodeguard(t, az, fmt.Sprintf("--metrics-bind-address=127.0.0.1:%d", metricsPort),
@@ -265,6 +264,8 @@ func TestLeastPrivilege(t *testing.T) {
 	if err := env.Client.Get(ctx, client.ObjectKey{Name: run + "-new"}, &created); err != nil || !slices.Contains(created.Finalizers, ngv1alpha1.TerminationFinalizer) {
 		t.Errorf("the webhook did not put the finalizer on a new node: %v %v", created.Finalizers, err)
 	}
+	// The budget webhook (failurePolicy Fail) admits budgets once nodeguard serves.
+	harness.MustCreate(t, env.Client, builder.NDB(run, builder.NDBSelecting("pool", pool), builder.NDBMaxUnavailable("1")))
 	// Budget status.
 	harness.Eventually(t, 30*time.Second, func(ctx context.Context) (bool, error) {
 		var ndb ngv1alpha1.NodeDisruptionBudget

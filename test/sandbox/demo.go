@@ -6,9 +6,11 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	ngv1alpha1 "github.com/nodeguard/nodeguard/api/v1alpha1"
 	"github.com/nodeguard/nodeguard/test/armemulator"
 	"github.com/nodeguard/nodeguard/test/builder"
 	"github.com/nodeguard/nodeguard/test/harness"
@@ -50,6 +52,25 @@ func emulatorSeed() armemulator.Seed {
 	return armemulator.SeedForNodes(demoSubscription, demoResourceGroup, nodes, armemulator.Topology{NICBased: true, Internal: true})
 }
 
+// createDemoBudgets creates the demo's NodeDisruptionBudgets once nodeguard
+// serves the budget webhook (failurePolicy Fail), which refuses them before.
+func createDemoBudgets(ctx context.Context, env *harness.Env) error {
+	for _, ndb := range []*ngv1alpha1.NodeDisruptionBudget{
+		builder.NDB("system", builder.NDBSelecting(poolLabel, "system"), builder.NDBMaxUnavailable("1")),
+		builder.NDB("user", builder.NDBSelecting(poolLabel, "user"), builder.NDBMinAvailable("50%")),
+	} {
+		var last error
+		err := harness.Poll(ctx, time.Minute, func(ctx context.Context) (bool, error) {
+			last = env.Client.Create(ctx, ndb)
+			return last == nil || apierrors.IsAlreadyExists(last), nil
+		})
+		if err != nil {
+			return fmt.Errorf("creating NodeDisruptionBudget %s: %w (last: %v)", ndb.Name, err, last)
+		}
+	}
+	return nil
+}
+
 func createDemo(ctx context.Context, env *harness.Env) error {
 	c := env.Client
 	var objs []client.Object
@@ -68,8 +89,6 @@ func createDemo(ctx context.Context, env *harness.Env) error {
 		builder.Deployment(demoNamespace, "api", 4, builder.OnNodes(poolLabel, "user")),
 		builder.PDB(demoNamespace, "api", builder.MinAvailable("75%")),
 		builder.Deployment(demoNamespace, "batch", 3),
-		builder.NDB("system", builder.NDBSelecting(poolLabel, "system"), builder.NDBMaxUnavailable("1")),
-		builder.NDB("user", builder.NDBSelecting(poolLabel, "user"), builder.NDBMinAvailable("50%")),
 	)
 	for _, obj := range objs {
 		if err := c.Create(ctx, obj); err != nil {

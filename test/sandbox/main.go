@@ -66,6 +66,10 @@ func run(binDir, dir, pods string) error {
 	if err != nil {
 		return err
 	}
+	if err := createDemoBudgets(ctx, env); err != nil {
+		_ = nodeguard.Stop(10 * time.Second)
+		return err
+	}
 	printWelcome(env, emulator.URL())
 	select {
 	case <-ctx.Done():

@@ -58,7 +58,8 @@ func (o *Options) BindFlags(fs *flag.FlagSet) {
 const Usage = `nodeguard uninstall removes what keeps nodes from going once nodeguard is gone:
 
   1. deletes nodeguard's webhook configurations (node deletes are no longer
-     held to NodeDisruptionBudgets, new nodes get no finalizer);
+     held to NodeDisruptionBudgets, new nodes get no finalizer, budgets are
+     no longer checked when written);
   2. lets a running nodeguard finish the drains in progress (nodes deleting
      under the nodeguard.io/termination finalizer), for up to --drain-wait;
   3. scales nodeguard's Deployment to 0 and waits for its pods to go, so that

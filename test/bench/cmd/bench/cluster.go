@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/nodeguard/nodeguard/test/harness"
+	ngwebhook "github.com/nodeguard/nodeguard/webhook"
 )
 
 const (
@@ -32,7 +33,9 @@ func startCluster(ctx context.Context, dir, podStages string, kwokParallelism in
 	env, err := harness.Start(ctx, harness.Options{
 		Cluster: true, PodStages: podStages, Dir: dir, KwokParallelism: kwokParallelism,
 		WebhookManifests: []string{filepath.Join(harness.RepoRoot(), "manifests", "webhook")},
-		AuditPolicy:      auditPolicy,
+		// Budgets are created while the no-op webhook or no nodeguard serves.
+		WithoutWebhooks: []string{ngwebhook.BudgetWebhookName},
+		AuditPolicy:     auditPolicy,
 	})
 	if err != nil {
 		if env != nil {
