@@ -56,13 +56,21 @@ func installNodeClaimCRD(t *testing.T) {
 	}, "NodeClaims are served")
 }
 
-// createNodeClaim creates a NodeClaim whose status names node ("" for none).
-func createNodeClaim(t *testing.T, name, node string) {
+// createNodeClaim creates a NodeClaim whose status names node ("" for none),
+// with labels given as key, value pairs.
+func createNodeClaim(t *testing.T, name, node string, keyValues ...string) {
 	t.Helper()
 	ctx := context.Background()
 	nc := &unstructured.Unstructured{}
 	nc.SetGroupVersionKind(nodeClaimKind)
 	nc.SetName(name)
+	if len(keyValues) > 0 {
+		l := map[string]string{}
+		for i := 0; i+1 < len(keyValues); i += 2 {
+			l[keyValues[i]] = keyValues[i+1]
+		}
+		nc.SetLabels(l)
+	}
 	if err := unstructured.SetNestedField(nc.Object, map[string]any{"nodeClassRef": map[string]any{"name": "default"}}, "spec"); err != nil {
 		t.Fatal(err)
 	}
