@@ -70,6 +70,8 @@ type nodeClaimDecision struct {
 // maintenance Lease and every NodeDisruptionBudget selecting it allows one
 // more disruption, which it charges to each of them.
 type NodeClaimDeleteHandler struct {
+	// Client patches the denial mark onto nodes (nil: no mark).
+	Client client.Client
 	// Nodes reads nodes (the manager's cache is fine) and Budgets lists
 	// budgets (each claim re-reads its budget from the API server).
 	Nodes   client.Reader
@@ -105,6 +107,9 @@ func (h *NodeClaimDeleteHandler) Handle(ctx context.Context, req admission.Reque
 	}
 	if !dryRun && node != nil {
 		h.record(node, claim.Metadata.Name, d)
+		if !d.allowed {
+			h.markDenied(ctx, node, d.deniedBy(node))
+		}
 	}
 	if d.allowed {
 		observeNodeClaim(resultAllowed, d.reason)

@@ -98,6 +98,9 @@ func setupGuard(mgr ctrl.Manager, opts options, adminState *azure.Manager) error
 	if err := ngwebhook.SetupBackfill(mgr, managed); err != nil {
 		return err
 	}
+	if err := ngwebhook.SetupKarpenterRelease(mgr); err != nil {
+		return err
+	}
 	if err := mgr.Add(&ngwebhook.ScopeCheck{Reader: mgr.GetAPIReader(), Managed: managed,
 		Recorder: mgr.GetEventRecorder("nodeguard-webhook")}); err != nil {
 		return err
