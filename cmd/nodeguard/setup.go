@@ -78,6 +78,7 @@ func identity() string {
 }
 
 // setupGuard adds the admission webhooks, the finalizer backfill, the
+// release of nodes Karpenter left tainted after a denied NodeClaim delete, the
 // cluster-autoscaler integration (the scale-down hold and the
 // scale-down-disabled annotation) and the NodeDisruptionBudget status
 // controller.
