@@ -113,10 +113,13 @@ func (h *DeleteHandler) decide(ctx context.Context, node *corev1.Node, dryRun bo
 	if !h.Managed.Matches(labels.Set(node.Labels)) {
 		return decision{allowed: true, message: "node is not managed by nodeguard"}, nil
 	}
-	if slices.Contains(node.Finalizers, ngv1alpha1.KarpenterTerminationFinalizer) {
+	how, err := karpenterTerminates(ctx, h.Reader, h.Managed, node)
+	if err != nil {
+		return decision{}, err
+	}
+	if how != "" {
 		return decision{allowed: true, reason: reasonKarpenter, message: fmt.Sprintf(
-			"node %s is terminated by Karpenter (finalizer %s): refusing its Node delete would leave a half-disrupted node; nodeguard cuts its traffic and Karpenter drains it",
-			node.Name, ngv1alpha1.KarpenterTerminationFinalizer)}, nil
+			"node %s is terminated by Karpenter: %s; nodeguard cuts its traffic and Karpenter drains it", node.Name, how)}, nil
 	}
 	if instanceGone(ctx, h.Instances, node) {
 		return decision{allowed: true, reason: reasonInstanceGone, message: fmt.Sprintf(

@@ -20,10 +20,17 @@ const (
 	// ReasonDisruptionDenied (NodeDisruptionBudget, Warning): the budget refused one.
 	ReasonDisruptionDenied = "DisruptionDenied"
 
+	// ReasonKarpenterDisruptionAbandoned (Node, Warning): Karpenter stopped
+	// retrying the NodeClaim delete nodeguard denied and left its disrupted
+	// taint; nodeguard removed it.
+	ReasonKarpenterDisruptionAbandoned = "KarpenterDisruptionAbandoned"
+
 	// ReasonWebhookScopeMismatch (webhook configuration, Warning): a webhook's
 	// objectSelector does not select the nodes of --node-selector.
 	ReasonWebhookScopeMismatch = "WebhookScopeMismatch"
 
 	actionAdmit      = "AdmitNodeDeletion"
 	actionCheckScope = "CheckWebhookScope"
+	// actionReleaseKarpenter: removing a disrupted taint Karpenter left.
+	actionReleaseKarpenter = "ReleaseKarpenterDisruption"
 )

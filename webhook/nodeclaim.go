@@ -32,13 +32,15 @@ const NodeClaimWebhookName = "nodeclaim.nodeguard.io"
 
 // Karpenter (and AKS node auto-provisioning) disrupts a node by deleting its
 // NodeClaim; the Node's deletion follows from the NodeClaim's finalizer and is
-// admitted (the node carries karpenter.sh/termination). The NodeClaim DELETE is
-// therefore where the budgets apply. The webhook is called only for NodeClaims
-// that have a node and are not deleting yet (a NodeClaim that never registered
-// is Karpenter's to clean up, nodeguard or not). Installed where the NodeClaim
-// CRD does not exist, the configuration matches nothing and costs nothing;
-// nodeguard reads NodeClaims only from the review, so it needs neither the CRD
-// nor permissions on it.
+// admitted while that NodeClaim is deleting (karpenterTerminates). The
+// NodeClaim DELETE is therefore where the budgets apply. The webhook is called
+// only for NodeClaims that have a node and are not deleting yet (a NodeClaim
+// that never registered is Karpenter's to clean up, nodeguard or not), and,
+// with the managed-nodes scope, only for NodeClaims labelled like managed
+// nodes (its objectSelector; Karpenter copies a NodeClaim's labels onto its
+// Node). Installed where the NodeClaim CRD does not exist, the configuration
+// matches nothing and costs nothing; the handler reads NodeClaims only from
+// the review.
 // +kubebuilder:webhook:path=/validate-nodeclaim-delete,mutating=false,failurePolicy=fail,sideEffects=NoneOnDryRun,groups=karpenter.sh,resources=nodeclaims,verbs=delete,versions=v1,name=nodeclaim.nodeguard.io,admissionReviewVersions=v1,timeoutSeconds=5,patch=`{"matchConditions":[{"name":"not-deleting","expression":"!has(oldObject.metadata.deletionTimestamp)"},{"name":"has-node","expression":"has(oldObject.status) && has(oldObject.status.nodeName) && oldObject.status.nodeName != ''"}]}`
 
 // nodeClaim is the part of a karpenter.sh/v1 NodeClaim the decision reads.
@@ -70,6 +72,8 @@ type nodeClaimDecision struct {
 // maintenance Lease and every NodeDisruptionBudget selecting it allows one
 // more disruption, which it charges to each of them.
 type NodeClaimDeleteHandler struct {
+	// Client patches the denial mark onto nodes (nil: no mark).
+	Client client.Client
 	// Nodes reads nodes (the manager's cache is fine) and Budgets lists
 	// budgets (each claim re-reads its budget from the API server).
 	Nodes   client.Reader
@@ -105,6 +109,9 @@ func (h *NodeClaimDeleteHandler) Handle(ctx context.Context, req admission.Reque
 	}
 	if !dryRun && node != nil {
 		h.record(node, claim.Metadata.Name, d)
+		if !d.allowed {
+			h.markDenied(ctx, node, d.deniedBy(node))
+		}
 	}
 	if d.allowed {
 		observeNodeClaim(resultAllowed, d.reason)

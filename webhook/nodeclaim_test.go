@@ -11,9 +11,11 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/utils/clock"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/yaml"
@@ -56,13 +58,21 @@ func installNodeClaimCRD(t *testing.T) {
 	}, "NodeClaims are served")
 }
 
-// createNodeClaim creates a NodeClaim whose status names node ("" for none).
-func createNodeClaim(t *testing.T, name, node string) {
+// createNodeClaim creates a NodeClaim whose status names node ("" for none),
+// with labels given as key, value pairs.
+func createNodeClaim(t *testing.T, name, node string, keyValues ...string) {
 	t.Helper()
 	ctx := context.Background()
 	nc := &unstructured.Unstructured{}
 	nc.SetGroupVersionKind(nodeClaimKind)
 	nc.SetName(name)
+	if len(keyValues) > 0 {
+		l := map[string]string{}
+		for i := 0; i+1 < len(keyValues); i += 2 {
+			l[keyValues[i]] = keyValues[i+1]
+		}
+		nc.SetLabels(l)
+	}
 	if err := unstructured.SetNestedField(nc.Object, map[string]any{"nodeClassRef": map[string]any{"name": "default"}}, "spec"); err != nil {
 		t.Fatal(err)
 	}
@@ -137,4 +147,60 @@ func TestNodeClaimDeleteAppliesTheBudget(t *testing.T) {
 	if total, _ := answers.counts(ngwebhook.NodeClaimDeletePath); total != 3 {
 		t.Errorf("the NodeClaim webhook answered %d reviews, want 3 (none for the NodeClaim without a node)", total)
 	}
+}
+
+// TestKarpenterNodeDeleteIsAdmittedOnlyWhileItsNodeClaimIsDeleting: Karpenter
+// puts its termination finalizer on every node it registers, with its
+// NodeClaim as the node's owner. A Node DELETE of such a node is a delete like
+// any other (refused by a budget that allows nothing) until its NodeClaim is
+// being deleted: then Karpenter terminates it, the NodeClaim DELETE was
+// charged, and the Node DELETE that follows is admitted.
+func TestKarpenterNodeDeleteIsAdmittedOnlyWhileItsNodeClaimIsDeleting(t *testing.T) {
+	harness.SkipWithoutEnv(t, env)
+	ctx := context.Background()
+	mgr, addr, answers := newManager(t)
+	ngwebhook.Register(mgr, ngwebhook.Options{Managed: labels.Everything(), DeleteTimeout: ngwebhook.DefaultDeleteTimeout})
+	if err := (&budget.StatusReconciler{Client: mgr.GetClient(), Clock: clock.RealClock{}, ClaimTimeout: budget.DefaultClaimTimeout}).SetupWithManager(mgr); err != nil {
+		t.Fatal(err)
+	}
+	useGuards(t, run(t, mgr, addr, answers))
+	installNodeClaimCRD(t)
+
+	// A NodeClaim without a node is not sent to nodeguard: it is deleted
+	// directly, and its finalizer keeps it deleting.
+	createNodeClaim(t, "karp-owner-claim", "")
+	claim := &unstructured.Unstructured{}
+	claim.SetGroupVersionKind(nodeClaimKind)
+	if err := env.Client.Get(ctx, client.ObjectKey{Name: "karp-owner-claim"}, claim); err != nil {
+		t.Fatal(err)
+	}
+	claim.SetFinalizers([]string{ngv1alpha1.KarpenterTerminationFinalizer})
+	if err := env.Client.Update(ctx, claim); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_ = env.Client.Patch(ctx, claim, client.RawPatch(types.MergePatchType, []byte(`{"metadata":{"finalizers":null}}`)))
+	})
+	node := createReadyNodes(t, "karp-owner", 1, builder.WithFinalizers(ngv1alpha1.KarpenterTerminationFinalizer))[0]
+	releaseOnCleanup(t, node)
+	n := getNode(t, node)
+	patch := client.MergeFrom(n.DeepCopy())
+	n.OwnerReferences = []metav1.OwnerReference{{APIVersion: "karpenter.sh/v1", Kind: "NodeClaim", Name: claim.GetName(), UID: claim.GetUID()}}
+	if err := env.Client.Patch(ctx, n, patch); err != nil {
+		t.Fatal(err)
+	}
+	createBudget(t, "karp-owner", 0, builder.NDBMaxUnavailable("0"))
+
+	if err := deleteNode(node); err == nil || !strings.Contains(err.Error(), `NodeDisruptionBudget "karp-owner" allows no`) {
+		t.Fatalf("deleting a Karpenter node whose NodeClaim is not deleting: %v, want refused by the budget", err)
+	}
+	wantNotDeleting(t, node)
+	if out, err := deleteNodeClaim(claim.GetName()); err != nil {
+		t.Fatalf("deleting the NodeClaim: %v\n%s", err, out)
+	}
+	if err := deleteNode(node); err != nil {
+		t.Fatalf("deleting a Karpenter node whose NodeClaim is deleting: %v, want admitted", err)
+	}
+	wantDeleting(t, node)
+	harness.WaitForEvent(t, env.Client, node, ngwebhook.ReasonDeletionAdmitted)
 }

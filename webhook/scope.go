@@ -3,6 +3,7 @@ package webhook
 import (
 	"context"
 	"fmt"
+	"strings"
 
 	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	corev1 "k8s.io/api/core/v1"
@@ -21,6 +22,16 @@ const (
 
 // +kubebuilder:rbac:groups=admissionregistration.k8s.io,resources=mutatingwebhookconfigurations;validatingwebhookconfigurations,verbs=list
 
+// scoped are nodeguard's webhooks whose objectSelector must be
+// --node-selector, each with what its objectSelector selects: the NodeClaim
+// webhook's selects NodeClaims by their labels, which Karpenter copies onto
+// their nodes.
+var scoped = map[string]string{
+	FinalizerWebhookName: "nodes",
+	DeleteWebhookName:    "nodes",
+	NodeClaimWebhookName: "NodeClaims",
+}
+
 // ScopeMismatch is one of nodeguard's installed webhooks whose objectSelector
 // does not select the nodes nodeguard manages.
 type ScopeMismatch struct {
@@ -32,10 +43,11 @@ type ScopeMismatch struct {
 	Message  string
 }
 
-// CheckScope compares the objectSelector of nodeguard's installed webhooks,
-// wherever they are configured, with the nodes nodeguard manages. A webhook
-// covering more nodes makes deleting unmanaged nodes depend on nodeguard
-// being up; one covering fewer leaves managed nodes unguarded.
+// CheckScope compares the objectSelector of nodeguard's installed webhooks
+// (finalizer, DELETE, NodeClaim), wherever they are configured, with the
+// nodes nodeguard manages. A webhook covering more nodes makes deleting
+// unmanaged nodes (or their NodeClaims) depend on nodeguard being up; one
+// covering fewer leaves managed nodes unguarded.
 func CheckScope(ctx context.Context, reader client.Reader, managed labels.Selector) ([]ScopeMismatch, error) {
 	var validating admissionregistrationv1.ValidatingWebhookConfigurationList
 	if err := reader.List(ctx, &validating); err != nil {
@@ -53,22 +65,22 @@ func CheckScope(ctx context.Context, reader client.Reader, managed labels.Select
 	}
 	for i := range validating.Items {
 		for _, w := range validating.Items[i].Webhooks {
-			if w.Name == DeleteWebhookName {
-				check(&validating.Items[i], w.Name, w.ObjectSelector)
-			}
+			check(&validating.Items[i], w.Name, w.ObjectSelector)
 		}
 	}
 	for i := range mutating.Items {
 		for _, w := range mutating.Items[i].Webhooks {
-			if w.Name == FinalizerWebhookName {
-				check(&mutating.Items[i], w.Name, w.ObjectSelector)
-			}
+			check(&mutating.Items[i], w.Name, w.ObjectSelector)
 		}
 	}
 	return out, nil
 }
 
 func scopeMismatch(cfg client.Object, name string, sel *metav1.LabelSelector, managed labels.Selector) (ScopeMismatch, bool) {
+	objects, ok := scoped[name]
+	if !ok {
+		return ScopeMismatch{}, false
+	}
 	covered := labels.Everything()
 	if sel != nil {
 		s, err := metav1.LabelSelectorAsSelector(sel)
@@ -84,9 +96,9 @@ func scopeMismatch(cfg client.Object, name string, sel *metav1.LabelSelector, ma
 		return ScopeMismatch{}, false
 	}
 	return ScopeMismatch{Config: cfg, Webhook: name, Selector: covered.String(), Message: fmt.Sprintf(
-		"webhook %s in %s is called for the nodes %s while nodeguard manages the nodes %s (--node-selector): "+
-			"set its objectSelector to the same selector (Helm: nodeguard.managedNodes sets both)",
-		name, cfg.GetName(), describeSelector(covered), describeSelector(managed))}, true
+		"webhook %s in %s is called for the %s %s while nodeguard manages the nodes %s (--node-selector): "+
+			"set its objectSelector to the same selector (Helm: nodeguard.managedNodes sets them all)",
+		name, cfg.GetName(), objects, describeSelector(covered), describeSelector(managed))}, true
 }
 
 func describeSelector(s labels.Selector) string {
@@ -95,6 +107,9 @@ func describeSelector(s labels.Selector) string {
 	}
 	return fmt.Sprintf("%q", s.String())
 }
+
+// eventNoteLimit is the longest note events.k8s.io/v1 accepts.
+const eventNoteLimit = 1024
 
 // ScopeCheck reports, once at start-up, each of nodeguard's webhooks whose
 // objectSelector differs from --node-selector: an error log, a Warning event
@@ -115,12 +130,26 @@ func (c *ScopeCheck) Start(ctx context.Context) error {
 		return nil
 	}
 	scopeMismatches.Reset()
+	// One event per configuration: events of one reason about one object
+	// join one series, which keeps the first note only.
+	var configs []client.Object
+	notes := map[client.Object][]string{}
 	for _, m := range mismatches {
 		scopeMismatches.WithLabelValues(m.Webhook).Set(1)
 		log.Error(nil, "Webhook scope differs from --node-selector", "webhook", m.Webhook,
 			"configuration", m.Config.GetName(), "objectSelector", m.Selector, "nodeSelector", c.Managed.String())
-		if c.Recorder != nil {
-			c.Recorder.Eventf(m.Config, nil, corev1.EventTypeWarning, ReasonWebhookScopeMismatch, actionCheckScope, "%s", m.Message)
+		if _, seen := notes[m.Config]; !seen {
+			configs = append(configs, m.Config)
+		}
+		notes[m.Config] = append(notes[m.Config], m.Message)
+	}
+	if c.Recorder != nil {
+		for _, cfg := range configs {
+			note := strings.Join(notes[cfg], "; ")
+			if len(note) > eventNoteLimit { // the log lines above have it all
+				note = note[:eventNoteLimit-3] + "..."
+			}
+			c.Recorder.Eventf(cfg, nil, corev1.EventTypeWarning, ReasonWebhookScopeMismatch, actionCheckScope, "%s", note)
 		}
 	}
 	return nil

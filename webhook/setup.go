@@ -49,7 +49,7 @@ func Register(mgr ctrl.Manager, opts Options) {
 		Instances: opts.Instances,
 	}})
 	server.Register(NodeClaimDeletePath, &webhook.Admission{Handler: &NodeClaimDeleteHandler{
-		Nodes: mgr.GetClient(), Budgets: mgr.GetClient(), Reader: mgr.GetAPIReader(),
+		Client: mgr.GetClient(), Nodes: mgr.GetClient(), Budgets: mgr.GetClient(), Reader: mgr.GetAPIReader(),
 		Claimer: claimer,
 		Managed: opts.Managed, Recorder: recorder, Clock: clock.RealClock{}, Timeout: opts.DeleteTimeout,
 		Instances: opts.Instances,

@@ -58,6 +58,32 @@ func TestWithNodeguardDownOnlyManagedNodeDeletesAreRefused(t *testing.T) {
 	wantNotDeleting(t, managed)
 }
 
+// With nodeguard down, the shipped NodeClaim webhook with the managed-nodes
+// component (failurePolicy Fail, objectSelector mirroring --node-selector on
+// the NodeClaim's labels) lets Karpenter delete the NodeClaim of a node
+// nodeguard does not manage (spot interruption, expiry, drift), and refuses
+// the NodeClaim of a managed one with a message naming nodeguard's webhook.
+func TestWithNodeguardDownOnlyManagedNodeClaimDeletesAreRefused(t *testing.T) {
+	harness.SkipWithoutEnv(t, env)
+	useGuards(t) // nodeguard is down: nothing answers
+	installNodeClaimCRD(t)
+	installShippedWebhooks(t, "managed-nodes")
+	unmanaged := createReadyNodes(t, uniqueName("claim-outside"), 1)[0]
+	managed := createReadyNodes(t, uniqueName("claim-inside"), 1, builder.WithLabels(managedLabel, "true"))[0]
+	releaseOnCleanup(t, managed)
+	createNodeClaim(t, unmanaged, unmanaged)
+	createNodeClaim(t, managed, managed, managedLabel, "true")
+
+	if out, err := deleteNodeClaim(unmanaged); err != nil {
+		t.Errorf("with nodeguard down, deleting the NodeClaim of unmanaged node %s: %v\n%s", unmanaged, err, out)
+	}
+	out, err := deleteNodeClaim(managed)
+	if err == nil || !strings.Contains(out, `failed calling webhook "nodeclaim.nodeguard.io"`) {
+		t.Errorf("with nodeguard down, deleting the NodeClaim of managed node %s: %v, want refused naming nodeguard's webhook:\n%s", managed, err, out)
+	}
+	t.Logf("kubectl delete nodeclaim %s with nodeguard down: %s", managed, strings.TrimSpace(out))
+}
+
 // With the shipped managed-nodes scope and a nodeguard managing the same
 // nodes, the API server calls nodeguard for managed nodes only: an unmanaged
 // node is created and deleted without a single admission request.
@@ -302,7 +328,7 @@ func waitForDeleteWebhookScope(t *testing.T, probe string, covered bool) {
 // the start-up check reports them with a Warning event and a gauge.
 func TestScopeCheckFindsWebhooksThatDoNotMirrorTheNodeSelector(t *testing.T) {
 	harness.SkipWithoutEnv(t, env)
-	both := []string{ngwebhook.DeleteWebhookName, ngwebhook.FinalizerWebhookName}
+	all := []string{ngwebhook.DeleteWebhookName, ngwebhook.FinalizerWebhookName, ngwebhook.NodeClaimWebhookName}
 	check := func(t *testing.T, nodeSelector string, want []string) {
 		t.Helper()
 		managed, err := labels.Parse(nodeSelector)
@@ -324,13 +350,13 @@ func TestScopeCheckFindsWebhooksThatDoNotMirrorTheNodeSelector(t *testing.T) {
 	}
 	// manifests/webhook as installed: no objectSelector, every node.
 	check(t, "", nil)
-	check(t, managedLabel+"=true", both)
+	check(t, managedLabel+"=true", all)
 
 	useGuards(t) // down while the configuration changes
 	installShippedWebhooks(t, "managed-nodes")
 	check(t, managedLabel+"=true", nil)
-	check(t, "", both)
-	check(t, managedLabel+"=false", both)
+	check(t, "", all)
+	check(t, managedLabel+"=false", all)
 
 	scope := &ngwebhook.ScopeCheck{Reader: env.Client, Managed: labels.Everything(), Recorder: newRecorder(t)}
 	if err := scope.Start(context.Background()); err != nil {
@@ -342,8 +368,12 @@ func TestScopeCheckFindsWebhooksThatDoNotMirrorTheNodeSelector(t *testing.T) {
 	}
 	waitForEvent(t, "ValidatingWebhookConfiguration", validating.Items[0].Name, ngwebhook.ReasonWebhookScopeMismatch,
 		`webhook delete.nodeguard.io in `+validating.Items[0].Name+` is called for the nodes "`+managedLabel+`=true" while nodeguard manages the nodes (all)`)
-	if got := gaugeValue(t, "nodeguard_webhook_scope_mismatch", "webhook", ngwebhook.DeleteWebhookName); got != 1 {
-		t.Errorf("nodeguard_webhook_scope_mismatch{webhook=%q} = %v, want 1", ngwebhook.DeleteWebhookName, got)
+	waitForEvent(t, "ValidatingWebhookConfiguration", validating.Items[0].Name, ngwebhook.ReasonWebhookScopeMismatch,
+		`webhook nodeclaim.nodeguard.io in `+validating.Items[0].Name+` is called for the NodeClaims "`+managedLabel+`=true" while nodeguard manages the nodes (all)`)
+	for _, w := range all {
+		if got := gaugeValue(t, "nodeguard_webhook_scope_mismatch", "webhook", w); got != 1 {
+			t.Errorf("nodeguard_webhook_scope_mismatch{webhook=%q} = %v, want 1", w, got)
+		}
 	}
 }
 

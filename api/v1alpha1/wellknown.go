@@ -95,6 +95,17 @@ const (
 // its instance itself.
 const KarpenterTerminationFinalizer = "karpenter.sh/termination"
 
+// The mark nodeguard leaves on a node whose NodeClaim DELETE it denied,
+// refreshed while Karpenter retries: once Karpenter stops retrying and leaves
+// its disrupted taint, nodeguard removes the taint (and the mark).
+const (
+	// NodeClaimDeleteDeniedAtAnnotation (RFC 3339 time): the latest denial.
+	NodeClaimDeleteDeniedAtAnnotation = "nodeguard.io/nodeclaim-delete-denied-at"
+	// NodeClaimDeleteDeniedByAnnotation: what denied it, such as
+	// `NodeDisruptionBudget "web"`.
+	NodeClaimDeleteDeniedByAnnotation = "nodeguard.io/nodeclaim-delete-denied-by"
+)
+
 // cluster-autoscaler's node annotations.
 const (
 	// ScaleDownDisabledAnnotation = "true" keeps cluster-autoscaler from

@@ -81,6 +81,7 @@ func identity() string {
 }
 
 // setupGuard adds the admission webhooks, the finalizer backfill, the
+// release of nodes Karpenter left tainted after a denied NodeClaim delete, the
 // cluster-autoscaler integration (the scale-down hold and the
 // scale-down-disabled annotation) and the NodeDisruptionBudget status
 // controller.
@@ -99,6 +100,9 @@ func setupGuard(mgr ctrl.Manager, opts options, adminState *azure.Manager) error
 		ngwebhook.Register(mgr, wo)
 	}
 	if err := ngwebhook.SetupBackfill(mgr, managed); err != nil {
+		return err
+	}
+	if err := ngwebhook.SetupKarpenterRelease(mgr); err != nil {
 		return err
 	}
 	if err := mgr.Add(&ngwebhook.ScopeCheck{Reader: mgr.GetAPIReader(), Managed: managed,

@@ -289,7 +289,7 @@ fullnameOverride: guard
 		t.Errorf("delete webhook failurePolicy %v, want Ignore", got)
 	}
 	m := objs["MutatingWebhookConfiguration /guard-mutating-webhook-configuration"]
-	for what, wh := range map[string]any{"delete": dig(v, "webhooks", 0), "finalizer": dig(m, "webhooks", 0)} {
+	for what, wh := range map[string]any{"delete": dig(v, "webhooks", 0), "nodeclaim": dig(v, "webhooks", 1), "finalizer": dig(m, "webhooks", 0)} {
 		if got := dig(wh, "objectSelector", "matchLabels", "kubernetes.azure.com/mode"); got != "user" {
 			t.Errorf("%s webhook objectSelector %v, want the nodes of nodeguard.managedNodes", what, dig(wh, "objectSelector"))
 		}
@@ -379,7 +379,7 @@ func kustomizeWith(t *testing.T, components ...string) map[string]object {
 }
 
 // nodeguard.managedNodes renders what the kustomize component managed-nodes
-// adds: --node-selector and the objectSelector of both webhooks.
+// adds: --node-selector and the objectSelector of the three webhooks.
 func TestManagedNodesRenderTheManagedNodesComponent(t *testing.T) {
 	compare(t, render(t, `
 uninstallHook: {enabled: false}
@@ -387,8 +387,9 @@ nodeguard: {managedNodes: {matchLabels: {nodeguard.io/managed: "true"}}}
 `), kustomizeWith(t, "managed-nodes"))
 }
 
-// The chart writes nodeguard.managedNodes once as the webhooks' objectSelector
-// and once as --node-selector: both must select exactly the same nodes.
+// The chart writes nodeguard.managedNodes as the webhooks' objectSelector
+// (the NodeClaim webhook's too) and as --node-selector: they must select
+// exactly the same nodes.
 func TestManagedNodesFlagSelectsTheWebhooksNodes(t *testing.T) {
 	objs := render(t, `
 nodeguard:
@@ -411,6 +412,7 @@ nodeguard:
 	}
 	for _, wh := range []any{
 		dig(objs["ValidatingWebhookConfiguration /nodeguard-validating-webhook-configuration"], "webhooks", 0, "objectSelector"),
+		dig(objs["ValidatingWebhookConfiguration /nodeguard-validating-webhook-configuration"], "webhooks", 1, "objectSelector"),
 		dig(objs["MutatingWebhookConfiguration /nodeguard-mutating-webhook-configuration"], "webhooks", 0, "objectSelector"),
 	} {
 		b, _ := json.Marshal(wh)

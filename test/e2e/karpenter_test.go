@@ -48,24 +48,33 @@ var (
 )
 
 // karpenterPool creates a KWOKNodeClass and a NodePool that consolidates
-// (WhenEmptyOrUnderutilized, after 5 s) one node per command (its own
-// disruption budget: nodes "1"). A wider Karpenter budget makes multi-node
-// commands, and Karpenter v1.14.1 strands the candidates of such a command
-// that nodeguard denies once the first candidate's NodeClaim is gone (README,
-// Who deletes nodes). Its nodes are of one instance type and carry a taint
-// only the test's pods tolerate, so pods of other tests neither land on them
-// nor make Karpenter launch nodes.
-func karpenterPool(t *testing.T, name string) {
+// (WhenEmptyOrUnderutilized, after 5 s), by default one node per command (its
+// own disruption budget: nodes "1") and of one instance type. A wider
+// Karpenter budget makes multi-node commands, and Karpenter v1.14.1 strands
+// the candidates of such a command that nodeguard denies once the first
+// candidate's NodeClaim is gone (README, Who deletes nodes;
+// TestKarpenterStrandedCandidatesServeAgain). Its nodes carry a taint only
+// the test's pods tolerate, so pods of other tests neither land on them nor
+// make Karpenter launch nodes.
+func karpenterPool(t *testing.T, name string, opts ...func(*nodePoolSpec)) {
 	t.Helper()
+	spec := nodePoolSpec{instanceTypes: []string{karpenterInstanceType}, nodes: "1"}
+	for _, opt := range opts {
+		opt(&spec)
+	}
 	class := &unstructured.Unstructured{Object: map[string]any{"spec": map[string]any{}}}
 	class.SetGroupVersionKind(nodeClassGVK)
 	class.SetName(name)
 	harness.MustCreate(t, env.Client, class)
+	var types []any
+	for _, it := range spec.instanceTypes {
+		types = append(types, it)
+	}
 	pool := &unstructured.Unstructured{Object: map[string]any{"spec": map[string]any{
 		"template": map[string]any{"spec": map[string]any{
 			"nodeClassRef": map[string]any{"group": nodeClassGVK.Group, "kind": nodeClassGVK.Kind, "name": name},
 			"requirements": []any{
-				map[string]any{"key": corev1.LabelInstanceTypeStable, "operator": "In", "values": []any{karpenterInstanceType}},
+				map[string]any{"key": corev1.LabelInstanceTypeStable, "operator": "In", "values": types},
 				map[string]any{"key": "karpenter.sh/capacity-type", "operator": "In", "values": []any{"on-demand"}},
 			},
 			"taints": []any{map[string]any{"key": karpenterTaintKey, "value": name, "effect": "NoSchedule"}},
@@ -73,12 +82,30 @@ func karpenterPool(t *testing.T, name string) {
 		"disruption": map[string]any{
 			"consolidationPolicy": "WhenEmptyOrUnderutilized",
 			"consolidateAfter":    "5s",
-			"budgets":             []any{map[string]any{"nodes": "1"}},
+			"budgets":             []any{map[string]any{"nodes": spec.nodes}},
 		},
 	}}}
 	pool.SetGroupVersionKind(nodePoolGVK)
 	pool.SetName(name)
 	harness.MustCreate(t, env.Client, pool)
+}
+
+// nodePoolSpec is what tests vary in karpenterPool's NodePool.
+type nodePoolSpec struct {
+	instanceTypes []string
+	nodes         string // its disruption budget
+}
+
+// setKarpenterBudget sets the NodePool's own disruption budget (nodes).
+func setKarpenterBudget(t *testing.T, pool, nodes string) {
+	t.Helper()
+	np := &unstructured.Unstructured{}
+	np.SetGroupVersionKind(nodePoolGVK)
+	np.SetName(pool)
+	patch := client.RawPatch(types.MergePatchType, []byte(fmt.Sprintf(`{"spec":{"disruption":{"budgets":[{"nodes":%q}]}}}`, nodes)))
+	if err := env.Client.Patch(context.Background(), np, patch); err != nil {
+		t.Fatal(err)
+	}
 }
 
 const karpenterTaintKey = "e2e.nodeguard.io/karpenter"
@@ -354,12 +381,7 @@ func TestKarpenterConsolidationFollowsTheBudget(t *testing.T) {
 	ctx := context.Background()
 	harness.InstallKarpenterCRDs(t, env.Client)
 	pool := freshName("karpenter")
-	emu, err := armemulator.Start("127.0.0.1:0", armemulator.SeedForNodes(subscription, resourceGroup, nil, armemulator.Topology{Internal: true}),
-		armemulator.Options{Async: true, AsyncPolls: 1})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { emu.Close() })
+	emu := karpenterEmulator(t)
 	harness.MustCreate(t, env.Client, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: pool}})
 	harness.MustCreate(t, env.Client, builder.NDB(pool, builder.NDBSelecting("karpenter.sh/nodepool", pool), builder.NDBMaxUnavailable("0")))
 

@@ -27,7 +27,7 @@ fail the install instead of being silently ignored.
 {{- fail "nodeguard.nodeSelector was replaced by nodeguard.managedNodes, a label selector ({matchLabels: {...}, matchExpressions: [...]}) that scopes both nodeguard and its webhooks" }}
 {{- end }}
 {{- if (.Values.webhook).objectSelector }}
-{{- fail "webhook.objectSelector was replaced by nodeguard.managedNodes, which sets both webhooks' objectSelector and nodeguard's --node-selector" }}
+{{- fail "webhook.objectSelector was replaced by nodeguard.managedNodes, which sets the webhooks' objectSelector and nodeguard's --node-selector" }}
 {{- end }}
 {{- $sel := .Values.nodeguard.managedNodes | default dict -}}
 {{- range $k, $_ := $sel }}

@@ -1,0 +1,207 @@
+package webhook
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/client-go/tools/events"
+	"k8s.io/utils/clock"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/builder"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	logf "sigs.k8s.io/controller-runtime/pkg/log"
+	"sigs.k8s.io/controller-runtime/pkg/metrics"
+	"sigs.k8s.io/controller-runtime/pkg/predicate"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+
+	ngv1alpha1 "github.com/nodeguard/nodeguard/api/v1alpha1"
+)
+
+// nodeClaimGVK is Karpenter's NodeClaim, read (metadata only) to tell whether
+// Karpenter already terminates a node.
+var nodeClaimGVK = schema.GroupVersionKind{Group: "karpenter.sh", Version: "v1", Kind: "NodeClaim"}
+
+// +kubebuilder:rbac:groups=karpenter.sh,resources=nodeclaims,verbs=get
+
+// ownerNodeClaim returns the reference to the NodeClaim that Karpenter puts
+// on every node it registers (nil for other nodes).
+func ownerNodeClaim(node *corev1.Node) *metav1.OwnerReference {
+	for i, ref := range node.OwnerReferences {
+		gv, err := schema.ParseGroupVersion(ref.APIVersion)
+		if err == nil && gv.Group == nodeClaimGVK.Group && ref.Kind == nodeClaimGVK.Kind {
+			return &node.OwnerReferences[i]
+		}
+	}
+	return nil
+}
+
+// karpenterTerminates says how Karpenter is already terminating the node, ""
+// when it is not. Karpenter puts its termination finalizer on every node it
+// registers, so the finalizer alone says nothing; Karpenter terminates a node
+// by deleting its NodeClaim, and that DELETE is where the node's budgets
+// applied (the NodeClaim webhook). A NodeClaim outside the webhook's
+// objectSelector (the managed selector) charged nothing, and a NodeClaim that
+// is gone while its node is not deleting was removed by force: both leave the
+// Node DELETE to the budgets.
+func karpenterTerminates(ctx context.Context, reader client.Reader, managed labels.Selector, node *corev1.Node) (string, error) {
+	ref := ownerNodeClaim(node)
+	if ref == nil || !slices.Contains(node.Finalizers, ngv1alpha1.KarpenterTerminationFinalizer) {
+		return "", nil
+	}
+	claim := &metav1.PartialObjectMetadata{}
+	claim.SetGroupVersionKind(nodeClaimGVK)
+	err := reader.Get(ctx, client.ObjectKey{Name: ref.Name}, claim)
+	switch {
+	case client.IgnoreNotFound(err) == nil && err != nil, meta.IsNoMatchError(err):
+		return "", nil
+	case err != nil:
+		return "", fmt.Errorf("reading NodeClaim %s of node %s: %w", ref.Name, node.Name, err)
+	case claim.UID != ref.UID || claim.DeletionTimestamp == nil || !managed.Matches(labels.Set(claim.Labels)):
+		return "", nil
+	}
+	return fmt.Sprintf("its NodeClaim %s is being deleted, and that delete was charged to the node's budgets", ref.Name), nil
+}
+
+// karpenterDisrupted reports whether the node carries Karpenter's disrupted
+// taint.
+func karpenterDisrupted(node *corev1.Node) bool {
+	return slices.ContainsFunc(node.Spec.Taints, func(t corev1.Taint) bool { return t.Key == ngv1alpha1.KarpenterDisruptedTaintKey })
+}
+
+// Karpenter retries a NodeClaim DELETE nodeguard denied about every second
+// while the disruption command lives (its orchestration queue requeues after
+// 1 s). The denial mark is rewritten at most every deniedMarkRefresh, and a
+// mark older than karpenterGaveUpAfter means Karpenter stopped retrying.
+const (
+	deniedMarkRefresh    = 5 * time.Second
+	karpenterGaveUpAfter = 30 * time.Second
+)
+
+// markDenied records on the node that nodeguard denied its NodeClaim's
+// delete, and what denied it. It does not wait for the node to show
+// Karpenter's disrupted taint: Karpenter taints a candidate a moment before
+// it deletes the NodeClaim, and the node read from the cache may not show the
+// taint yet. A failure is logged: the next retry's denial writes the mark
+// again.
+func (h *NodeClaimDeleteHandler) markDenied(ctx context.Context, node *corev1.Node, by string) {
+	if h.Client == nil {
+		return
+	}
+	now := h.Clock.Now()
+	at, ok := ngv1alpha1.AnnotationTime(node, ngv1alpha1.NodeClaimDeleteDeniedAtAnnotation)
+	if ok && node.Annotations[ngv1alpha1.NodeClaimDeleteDeniedByAnnotation] == by && now.Before(at.Add(deniedMarkRefresh)) {
+		return
+	}
+	patch := client.MergeFrom(node.DeepCopy())
+	if node.Annotations == nil {
+		node.Annotations = map[string]string{}
+	}
+	node.Annotations[ngv1alpha1.NodeClaimDeleteDeniedAtAnnotation] = ngv1alpha1.FormatTime(now)
+	node.Annotations[ngv1alpha1.NodeClaimDeleteDeniedByAnnotation] = by
+	if err := h.Client.Patch(ctx, node, patch); client.IgnoreNotFound(err) != nil {
+		logf.FromContext(ctx).Error(err, "Marking the NodeClaim delete denied", "node", node.Name)
+	}
+}
+
+// deniedBy names what denied a NodeClaim DELETE, for the denial mark.
+func (d nodeClaimDecision) deniedBy(node *corev1.Node) string {
+	switch {
+	case d.denier != nil:
+		return fmt.Sprintf("NodeDisruptionBudget %q", d.denier.Name)
+	case d.reason == reasonMaintenanceHold:
+		return fmt.Sprintf("maintenance Lease %s/%s", ngv1alpha1.MaintenanceLeaseNamespace, node.Name)
+	}
+	return "nodeguard"
+}
+
+// KarpenterRelease gives back to service a node Karpenter left tainted
+// karpenter.sh/disrupted after nodeguard denied its NodeClaim's delete and
+// Karpenter stopped retrying it. Karpenter v1.14.1 does that with a
+// consolidation command of several nodes: its orchestration queue retries
+// the command through its first candidate's NodeClaim, and once that one is
+// admitted and gone it neither retries the other deletes nor un-taints their
+// nodes (it un-taints only nodes that are in no command; these stay in the
+// abandoned one until Karpenter restarts). Removing the taint also restores
+// the nodes' load-balancer traffic (the taint is a signal taint).
+type KarpenterRelease struct {
+	Client   client.Client
+	Recorder events.EventRecorder
+	Clock    clock.PassiveClock
+}
+
+// SetupKarpenterRelease registers the controller; it sees only nodes with a
+// denial mark.
+func SetupKarpenterRelease(mgr ctrl.Manager) error {
+	r := &KarpenterRelease{Client: mgr.GetClient(), Recorder: mgr.GetEventRecorder("nodeguard-karpenter"), Clock: clock.RealClock{}}
+	return ctrl.NewControllerManagedBy(mgr).
+		Named("karpenter-release").
+		For(&corev1.Node{}, builder.WithPredicates(predicate.NewPredicateFuncs(func(obj client.Object) bool {
+			_, marked := obj.GetAnnotations()[ngv1alpha1.NodeClaimDeleteDeniedAtAnnotation]
+			return marked
+		}))).
+		Complete(r)
+}
+
+// Reconcile waits until the denial mark is karpenterGaveUpAfter old, then
+// removes the mark and, if the node still carries it, the taint. A node being
+// deleted is left alone (it goes, mark and all); a node without the taint
+// (Karpenter gave the command up itself, restarted, or never tainted it, as
+// for an expired node) only loses the mark.
+func (r *KarpenterRelease) Reconcile(ctx context.Context, req reconcile.Request) (reconcile.Result, error) {
+	var node corev1.Node
+	if err := r.Client.Get(ctx, req.NamespacedName, &node); err != nil {
+		return reconcile.Result{}, client.IgnoreNotFound(err)
+	}
+	if _, marked := node.Annotations[ngv1alpha1.NodeClaimDeleteDeniedAtAnnotation]; !marked || node.DeletionTimestamp != nil {
+		return reconcile.Result{}, nil
+	}
+	// An unreadable mark counts as old: removing the taint of a node Karpenter
+	// still disrupts only delays it (Karpenter taints it again to drain it).
+	if at, ok := ngv1alpha1.AnnotationTime(&node, ngv1alpha1.NodeClaimDeleteDeniedAtAnnotation); ok {
+		if wait := at.Add(karpenterGaveUpAfter).Sub(r.Clock.Now()); wait > 0 {
+			return reconcile.Result{RequeueAfter: wait}, nil
+		}
+	}
+	tainted := karpenterDisrupted(&node)
+	by := node.Annotations[ngv1alpha1.NodeClaimDeleteDeniedByAnnotation]
+	patch := client.MergeFromWithOptions(node.DeepCopy(), client.MergeFromWithOptimisticLock{})
+	delete(node.Annotations, ngv1alpha1.NodeClaimDeleteDeniedAtAnnotation)
+	delete(node.Annotations, ngv1alpha1.NodeClaimDeleteDeniedByAnnotation)
+	node.Spec.Taints = slices.DeleteFunc(node.Spec.Taints, func(t corev1.Taint) bool { return t.Key == ngv1alpha1.KarpenterDisruptedTaintKey })
+	if err := r.Client.Patch(ctx, &node, patch); err != nil {
+		return reconcile.Result{}, client.IgnoreNotFound(err)
+	}
+	if tainted {
+		karpenterTaintsRemoved.Inc()
+		r.event(&node, by)
+	}
+	return reconcile.Result{}, nil
+}
+
+func (r *KarpenterRelease) event(node *corev1.Node, by string) {
+	if r.Recorder == nil {
+		return
+	}
+	claim := "its NodeClaim"
+	if ref := ownerNodeClaim(node); ref != nil {
+		claim = "NodeClaim " + ref.Name
+	}
+	r.Recorder.Eventf(node, nil, corev1.EventTypeWarning, ReasonKarpenterDisruptionAbandoned, actionReleaseKarpenter,
+		"%s denied deleting %s and Karpenter stopped retrying it for %s, leaving the node tainted %s: removed the taint so that the node takes pods and traffic again",
+		by, claim, karpenterGaveUpAfter, ngv1alpha1.KarpenterDisruptedTaintKey)
+}
+
+var karpenterTaintsRemoved = prometheus.NewCounter(prometheus.CounterOpts{
+	Name: "nodeguard_karpenter_disrupted_taints_removed_total",
+	Help: "karpenter.sh/disrupted taints nodeguard removed from nodes whose NodeClaim delete it denied and Karpenter stopped retrying.",
+})
+
+func init() { metrics.Registry.MustRegister(karpenterTaintsRemoved) }
