@@ -29,7 +29,6 @@ func TestAPIServerPassesTheWebhookClientCA(t *testing.T) {
 	ctx := context.Background()
 	const node, budget = "client-ca-node", "client-ca"
 	harness.MustCreate(t, env.Client, builder.Node(node, builder.WithLabels("pool", budget)))
-	harness.MustCreate(t, env.Client, builder.NDB(budget, builder.NDBSelecting("pool", budget), builder.NDBMaxUnavailable("0")))
 
 	apiserverCA, err := os.ReadFile(env.WebhookClientCA)
 	if err != nil {
@@ -69,6 +68,12 @@ func TestAPIServerPassesTheWebhookClientCA(t *testing.T) {
 	if err := os.Rename(caFile+".tmp", caFile); err != nil {
 		t.Fatal(err)
 	}
+	// The budget webhook (failurePolicy Fail) admits the budget once the API
+	// server's calls pass the handshake.
+	harness.Eventually(t, 30*time.Second, func(ctx context.Context) (bool, error) {
+		err := env.Client.Create(ctx, builder.NDB(budget, builder.NDBSelecting("pool", budget), builder.NDBMaxUnavailable("0")))
+		return err == nil, nil
+	}, "with the API server's CA, the budget webhook admits budget %s", budget)
 	harness.Eventually(t, 30*time.Second, func(context.Context) (bool, error) {
 		out := deleteNode()
 		return strings.Contains(out, `admission webhook "delete.nodeguard.io" denied the request`) && strings.Contains(out, budget), nil

@@ -22,6 +22,7 @@ import (
 	rbacv1 "k8s.io/api/rbac/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -304,6 +305,10 @@ func TestLeastPrivilege(t *testing.T) {
 		return len(denials) == 1 && denials[0].Series != nil && denials[0].Series.Count >= 2, err
 	}, "node %s has one %s event counting the 2 (or more) denials", names[1], ngwebhook.ReasonDeletionDenied)
 
+	// A Karpenter node's delete reads its NodeClaim: only a NodeClaim being
+	// deleted waives the budgets (a dry run charges nothing and keeps the node).
+	karpenterNodeDryRunDelete(t, run+"-karpenter")
+
 	// The taint watcher: a signal taint cuts traffic, its removal restores it.
 	signalled := names[2]
 	setTaints(t, signalled, corev1.Taint{Key: ngv1alpha1.OutOfServiceTaintKey, Value: "nodeshutdown", Effect: corev1.TaintEffectNoExecute})
@@ -388,6 +393,31 @@ func TestLeastPrivilege(t *testing.T) {
 		t.Errorf("granted but never used in the scenario (remove the rule, or exercise it): %s", u)
 	}
 	t.Logf("%d granted verbs, %d distinct requests of nodeguard audited, %d forbidden", len(granted), len(used), len(forbidden))
+}
+
+// karpenterNodeDryRunDelete creates a node registered by Karpenter (its
+// finalizer, owned by a NodeClaim that is not being deleted) and deletes it
+// with dry run: the webhook reads the NodeClaim, treats the node like any
+// other, and admits the dry run (no budget selects it).
+func karpenterNodeDryRunDelete(t *testing.T, name string) {
+	t.Helper()
+	ctx := context.Background()
+	harness.InstallKarpenterCRDs(t, env.Client)
+	claim := &unstructured.Unstructured{Object: map[string]any{
+		"apiVersion": "karpenter.sh/v1", "kind": "NodeClaim", "metadata": map[string]any{"name": name},
+		"spec": map[string]any{
+			"nodeClassRef": map[string]any{"group": "karpenter.kwok.sh", "kind": "KWOKNodeClass", "name": "default"},
+			"requirements": []any{},
+		},
+	}}
+	harness.MustCreate(t, env.Client, claim)
+	node := builder.Node(name)
+	node.Finalizers = append(node.Finalizers, ngv1alpha1.KarpenterTerminationFinalizer)
+	node.OwnerReferences = []metav1.OwnerReference{{APIVersion: "karpenter.sh/v1", Kind: "NodeClaim", Name: name, UID: claim.GetUID()}}
+	harness.MustCreate(t, env.Client, node)
+	if err := env.Client.Delete(ctx, node, client.DryRunAll); err != nil {
+		t.Errorf("dry-run delete of Karpenter node %s, selected by no budget: %v", name, err)
+	}
 }
 
 // setUnschedulable cordons or uncordons a node.
