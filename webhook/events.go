@@ -20,9 +20,9 @@ const (
 	// ReasonDisruptionDenied (NodeDisruptionBudget, Warning): the budget refused one.
 	ReasonDisruptionDenied = "DisruptionDenied"
 
-	// ReasonKarpenterDisruptionAbandoned (Node, Warning): Karpenter stopped
-	// retrying the NodeClaim delete nodeguard denied and left its disrupted
-	// taint; nodeguard removed it.
+	// ReasonKarpenterDisruptionAbandoned (Node, Warning): nodeguard had denied
+	// the node's NodeClaim delete for 30 s while Karpenter kept it tainted
+	// karpenter.sh/disrupted; nodeguard removed the taint.
 	ReasonKarpenterDisruptionAbandoned = "KarpenterDisruptionAbandoned"
 
 	// ReasonWebhookScopeMismatch (webhook configuration, Warning): a webhook's

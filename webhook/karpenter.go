@@ -76,17 +76,17 @@ func karpenterDisrupted(node *corev1.Node) bool {
 	return slices.ContainsFunc(node.Spec.Taints, func(t corev1.Taint) bool { return t.Key == ngv1alpha1.KarpenterDisruptedTaintKey })
 }
 
-// Karpenter retries a NodeClaim DELETE nodeguard denied about every second
-// while the disruption command lives (its orchestration queue requeues after
-// 1 s). The denial mark is rewritten at most every deniedMarkRefresh, and a
-// mark older than karpenterGaveUpAfter means Karpenter stopped retrying.
-const (
-	deniedMarkRefresh    = 5 * time.Second
-	karpenterGaveUpAfter = 30 * time.Second
-)
+// deniedReleaseAfter is how long after nodeguard first denied a node's
+// NodeClaim DELETE it gives the node back to service. Karpenter retries a
+// denied delete about every second while its command lives (up to its
+// 10-minute command timeout), or not at all once the command's first
+// candidate is gone; either way the node would sit tainted and cut, serving
+// nothing, while its budget refuses it.
+const deniedReleaseAfter = 30 * time.Second
 
-// markDenied records on the node that nodeguard denied its NodeClaim's
-// delete, and what denied it. It does not wait for the node to show
+// markDenied records on the node when nodeguard first denied its NodeClaim's
+// delete (kept while the denials go on), and what denied it last. It does not
+// wait for the node to show
 // Karpenter's disrupted taint: Karpenter taints a candidate a moment before
 // it deletes the NodeClaim, and the node read from the cache may not show the
 // taint yet. A failure is logged: the next retry's denial writes the mark
@@ -96,15 +96,17 @@ func (h *NodeClaimDeleteHandler) markDenied(ctx context.Context, node *corev1.No
 		return
 	}
 	now := h.Clock.Now()
-	at, ok := ngv1alpha1.AnnotationTime(node, ngv1alpha1.NodeClaimDeleteDeniedAtAnnotation)
-	if ok && node.Annotations[ngv1alpha1.NodeClaimDeleteDeniedByAnnotation] == by && now.Before(at.Add(deniedMarkRefresh)) {
+	_, marked := ngv1alpha1.AnnotationTime(node, ngv1alpha1.NodeClaimDeleteDeniedAtAnnotation)
+	if marked && node.Annotations[ngv1alpha1.NodeClaimDeleteDeniedByAnnotation] == by {
 		return
 	}
 	patch := client.MergeFrom(node.DeepCopy())
 	if node.Annotations == nil {
 		node.Annotations = map[string]string{}
 	}
-	node.Annotations[ngv1alpha1.NodeClaimDeleteDeniedAtAnnotation] = ngv1alpha1.FormatTime(now)
+	if !marked {
+		node.Annotations[ngv1alpha1.NodeClaimDeleteDeniedAtAnnotation] = ngv1alpha1.FormatTime(now)
+	}
 	node.Annotations[ngv1alpha1.NodeClaimDeleteDeniedByAnnotation] = by
 	if err := h.Client.Patch(ctx, node, patch); client.IgnoreNotFound(err) != nil {
 		logf.FromContext(ctx).Error(err, "Marking the NodeClaim delete denied", "node", node.Name)
@@ -122,15 +124,18 @@ func (d nodeClaimDecision) deniedBy(node *corev1.Node) string {
 	return "nodeguard"
 }
 
-// KarpenterRelease gives back to service a node Karpenter left tainted
-// karpenter.sh/disrupted after nodeguard denied its NodeClaim's delete and
-// Karpenter stopped retrying it. Karpenter v1.14.1 does that with a
-// consolidation command of several nodes: its orchestration queue retries
-// the command through its first candidate's NodeClaim, and once that one is
-// admitted and gone it neither retries the other deletes nor un-taints their
-// nodes (it un-taints only nodes that are in no command; these stay in the
-// abandoned one until Karpenter restarts). Removing the taint also restores
-// the nodes' load-balancer traffic (the taint is a signal taint).
+// KarpenterRelease gives back to service a node Karpenter tainted
+// karpenter.sh/disrupted for a disruption whose NodeClaim delete nodeguard
+// has denied for deniedReleaseAfter. Karpenter v1.14.1's orchestration queue
+// retries a command through its first candidate's NodeClaim: while that one
+// is denied, it retries every delete of the command every second until the
+// command times out (10 minutes at least), and only then un-taints the
+// candidates; once that one is admitted and gone, it neither retries the
+// other deletes nor un-taints their nodes until it restarts. Which candidate
+// is first is Karpenter's choice, so both happen. Removing the taint restores
+// the node's load-balancer traffic (the taint is a signal taint) and lets it
+// take pods; a delete Karpenter retries later is admitted within the budget
+// and drains the node as usual.
 type KarpenterRelease struct {
 	Client   client.Client
 	Recorder events.EventRecorder
@@ -150,7 +155,7 @@ func SetupKarpenterRelease(mgr ctrl.Manager) error {
 		Complete(r)
 }
 
-// Reconcile waits until the denial mark is karpenterGaveUpAfter old, then
+// Reconcile waits until the first denial is deniedReleaseAfter old, then
 // removes the mark and, if the node still carries it, the taint. A node being
 // deleted is left alone (it goes, mark and all); a node without the taint
 // (Karpenter gave the command up itself, restarted, or never tainted it, as
@@ -166,7 +171,7 @@ func (r *KarpenterRelease) Reconcile(ctx context.Context, req reconcile.Request)
 	// An unreadable mark counts as old: removing the taint of a node Karpenter
 	// still disrupts only delays it (Karpenter taints it again to drain it).
 	if at, ok := ngv1alpha1.AnnotationTime(&node, ngv1alpha1.NodeClaimDeleteDeniedAtAnnotation); ok {
-		if wait := at.Add(karpenterGaveUpAfter).Sub(r.Clock.Now()); wait > 0 {
+		if wait := at.Add(deniedReleaseAfter).Sub(r.Clock.Now()); wait > 0 {
 			return reconcile.Result{RequeueAfter: wait}, nil
 		}
 	}
@@ -195,13 +200,13 @@ func (r *KarpenterRelease) event(node *corev1.Node, by string) {
 		claim = "NodeClaim " + ref.Name
 	}
 	r.Recorder.Eventf(node, nil, corev1.EventTypeWarning, ReasonKarpenterDisruptionAbandoned, actionReleaseKarpenter,
-		"%s denied deleting %s and Karpenter stopped retrying it for %s, leaving the node tainted %s: removed the taint so that the node takes pods and traffic again",
-		by, claim, karpenterGaveUpAfter, ngv1alpha1.KarpenterDisruptedTaintKey)
+		"%s has denied deleting %s for %s while Karpenter kept the node tainted %s: removed the taint so that the node takes pods and traffic again (a delete Karpenter retries later is admitted within the budget)",
+		by, claim, deniedReleaseAfter, ngv1alpha1.KarpenterDisruptedTaintKey)
 }
 
 var karpenterTaintsRemoved = prometheus.NewCounter(prometheus.CounterOpts{
 	Name: "nodeguard_karpenter_disrupted_taints_removed_total",
-	Help: "karpenter.sh/disrupted taints nodeguard removed from nodes whose NodeClaim delete it denied and Karpenter stopped retrying.",
+	Help: "karpenter.sh/disrupted taints nodeguard removed from nodes whose NodeClaim delete it had denied for 30 s.",
 })
 
 func init() { metrics.Registry.MustRegister(karpenterTaintsRemoved) }

@@ -88,13 +88,15 @@ func TestKarpenterNodeDeleteFollowsTheBudget(t *testing.T) {
 
 // TestKarpenterStrandedCandidatesServeAgain: Karpenter deletes the NodeClaims
 // of three empty nodes in one command (emptiness; its own budget allows all
-// three). nodeguard admits the first candidate (the dearest node, which no
-// budget covers) and denies the other two (a budget that allows none of them).
-// Karpenter v1.14.1 retries the command only through its first candidate's
-// NodeClaim: once that one is gone it stops, and leaves the other two tainted
-// karpenter.sh/disrupted (their traffic cut) until it restarts. nodeguard then
-// removes the taint: the nodes serve again (entries None), with a Warning
-// event naming the budget that denied them.
+// three). nodeguard admits the dearest node's (no budget covers it) and denies
+// the other two (a budget that allows none of them). Karpenter v1.14.1
+// retries the command through its first candidate's NodeClaim, which it
+// chooses: if that is the admitted one, it stops retrying once it is gone and
+// leaves the other two tainted karpenter.sh/disrupted (their traffic cut)
+// until it restarts; if it is a denied one, it retries every second for 10
+// minutes. Either way nodeguard removes the taint 30 s after the first
+// denial: the nodes serve again (entries None), with a Warning event naming
+// the budget that denied them.
 func TestKarpenterStrandedCandidatesServeAgain(t *testing.T) {
 	harness.SkipWithoutEnv(t, env)
 	const small, big = karpenterInstanceType, "c-8x-amd64-linux"
