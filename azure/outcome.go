@@ -65,6 +65,9 @@ func (m *Manager) applySuccess(g group, snap snapshot, res result) []pendingEven
 	}
 	if p := m.pools[g.pool.key]; p != nil {
 		p.notBefore = time.Time{}
+		if res.wrote {
+			p.writes++
+		}
 	}
 	var events []pendingEvent
 	for uid, n := range m.nodes {
