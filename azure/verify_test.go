@@ -4,6 +4,7 @@ import (
 	"net/http"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/Azure/azure-sdk-for-go/sdk/resourcemanager/network/armnetwork/v9"
 	"github.com/prometheus/client_golang/prometheus/testutil"
@@ -126,5 +127,39 @@ func TestVerifyReadsNothingWhileNoNodeIsHeldDown(t *testing.T) {
 	}
 	if got := len(e.emu.Requests()); got != 0 {
 		t.Errorf("%d ARM requests with no node held Down, want 0", got)
+	}
+}
+
+// TestVerifyWakesTheLoop: the running manager wakes for the verification on
+// its own (no other work pending), so a revert is undone within one
+// --azure-admin-state-verify-interval of (fake) time.
+func TestVerifyWakesTheLoop(t *testing.T) {
+	e := newEnv(t, 3, false)
+	n0 := e.nodes[0]
+	stale, err := armemulator.NewCloudProvider(e.emu).Read(e.ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	go func() { _ = e.m.Start(e.ctx) }()
+	e.m.SetDesired(n0, AdminStateDown)
+	waitFor(t, func() bool { return e.state("kubernetes", "kubernetes", n0.Name) == "Down" })
+	if _, err := stale.EnsureHostsInPool(e.ctx, "kubernetes", "kubernetes", emuNodes(e, armemulator.Node{Name: "joiner", IPs: []string{"10.224.9.9"}})); err != nil {
+		t.Fatal(err)
+	}
+	repaired := func() bool {
+		deadline := time.Now().Add(300 * time.Millisecond)
+		for time.Now().Before(deadline) {
+			if e.state("kubernetes", "kubernetes", n0.Name) == "Down" {
+				return true
+			}
+			time.Sleep(5 * time.Millisecond) // polling the emulator, not waiting for time to pass
+		}
+		return false
+	}
+	for elapsed := time.Second; !repaired(); elapsed += time.Second {
+		if elapsed > e.m.cfg.VerifyInterval+time.Second {
+			t.Fatalf("the revert is still there %s after it, want it undone within %s", elapsed, e.m.cfg.VerifyInterval)
+		}
+		e.step(time.Second)
 	}
 }
