@@ -95,7 +95,8 @@ func inputsChanged() predicate.Predicate {
 
 // Reconcile records the node's signals, then sets its desired admin state:
 // Down while azure.DesiredState says so, None (restored) only where nodeguard
-// took it Down.
+// took it Down and no signal taint that nodeguard or the cloud provider
+// honours is left (ngv1alpha1.HoldsAdminState).
 func (w *Watcher) Reconcile(ctx context.Context, req reconcile.Request) (reconcile.Result, error) {
 	var node corev1.Node
 	if err := w.Client.Get(ctx, req.NamespacedName, &node); err != nil {
@@ -119,6 +120,11 @@ func (w *Watcher) Reconcile(ctx context.Context, req reconcile.Request) (reconci
 	w.AdminState.Observe(&node)
 	if azure.DesiredState(&node) == azure.AdminStateDown {
 		return w.holdDown(ctx, &node, rec)
+	}
+	if ngv1alpha1.HoldsAdminState(&node) {
+		// A signal taint that nodeguard or the cloud provider honours is
+		// still on: whatever state nodeguard asked for stays.
+		return reconcile.Result{}, nil
 	}
 	return w.restore(ctx, &node, rec)
 }
