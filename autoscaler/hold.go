@@ -349,9 +349,9 @@ func (r *HoldReconciler) awaitTrafficCut(ctx context.Context, node *corev1.Node)
 }
 
 // cutsTraffic reports whether the node's scale-down taint is a signal taint
-// (--signal-taints), which is what asks Azure for Down.
+// (--signal-taints) that nodeguard sets Down for (--signal-admin-state).
 func cutsTraffic(node *corev1.Node) bool {
-	return slices.ContainsFunc(node.Spec.Taints, func(t corev1.Taint) bool {
+	return azure.SignalsByNodeguard() && slices.ContainsFunc(node.Spec.Taints, func(t corev1.Taint) bool {
 		_, signal := ngv1alpha1.SignalOf(t)
 		return signal && t.Key == ngv1alpha1.ClusterAutoscalerTaintKey
 	})

@@ -12,6 +12,9 @@
 package azure
 
 import (
+	"fmt"
+	"sync/atomic"
+
 	corev1 "k8s.io/api/core/v1"
 
 	ngv1alpha1 "github.com/nodeguard/nodeguard/api/v1alpha1"
@@ -27,17 +30,56 @@ const (
 	AdminStateDown AdminState = "Down"
 )
 
+// SignalAdminState says who sets admin state for the signal taints
+// (--signal-admin-state).
+type SignalAdminState string
+
+const (
+	// SignalByNodeguard: nodeguard sets Down for the signal taints too.
+	SignalByNodeguard SignalAdminState = "nodeguard"
+	// SignalByCloudProvider: the cloud provider (cloud-provider-azure with
+	// admin state) sets Down for the signal taints; nodeguard keeps only the
+	// cut of the nodes it drains.
+	SignalByCloudProvider SignalAdminState = "cloud-provider"
+)
+
+var signalMode atomic.Value
+
+func init() { signalMode.Store(SignalByNodeguard) }
+
+// ParseSignalAdminState parses --signal-admin-state.
+func ParseSignalAdminState(s string) (SignalAdminState, error) {
+	switch m := SignalAdminState(s); m {
+	case SignalByNodeguard, SignalByCloudProvider:
+		return m, nil
+	}
+	return "", fmt.Errorf("%q: must be %q or %q", s, SignalByNodeguard, SignalByCloudProvider)
+}
+
+// SetSignalAdminState configures who handles the signal taints. Call it once
+// at start-up, before the controllers start (as ngv1alpha1.SetSignalTaints).
+func SetSignalAdminState(m SignalAdminState) { signalMode.Store(m) }
+
+// SignalsByNodeguard reports whether nodeguard sets Down for the signal taints
+// (--signal-admin-state=nodeguard).
+func SignalsByNodeguard() bool { return signalMode.Load().(SignalAdminState) == SignalByNodeguard }
+
 // DesiredState is the one place that decides a node's admin state: Down while
-// it carries a configured signal taint (--signal-taints: by default
+// it carries nodeguard's draining taint or is being deleted while nodeguard's
+// finalizer holds it, and (with --signal-admin-state=nodeguard) while it
+// carries a configured signal taint (--signal-taints: by default
 // out-of-service, cloud shutdown, spot eviction, cluster-autoscaler's and
-// Karpenter's scale-down taints) or nodeguard's draining taint, or is being
-// deleted while nodeguard's finalizer holds it; None otherwise.
+// Karpenter's scale-down taints); None otherwise. None is not restored while
+// ngv1alpha1.HoldsAdminState: that is the caller's rule.
 func DesiredState(node *corev1.Node) AdminState {
 	if node == nil {
 		return AdminStateNone
 	}
 	for _, t := range node.Spec.Taints {
-		if _, signal := ngv1alpha1.SignalOf(t); signal || ngv1alpha1.IsDrainingTaint(t) {
+		if ngv1alpha1.IsDrainingTaint(t) {
+			return AdminStateDown
+		}
+		if _, signal := ngv1alpha1.SignalOf(t); signal && SignalsByNodeguard() {
 			return AdminStateDown
 		}
 	}

@@ -20,6 +20,10 @@ const (
 	// ReasonRecordUnreadable (Warning, on the record Lease): a record of the
 	// entries nodeguard set Down does not parse and is skipped.
 	ReasonRecordUnreadable = "LoadBalancerAdminStateRecordUnreadable"
+	// ReasonReverted (Warning): an entry of a node held Down was found not
+	// Down (another writer put the pool back from an older copy, or added the
+	// node at None); nodeguard sets it Down again.
+	ReasonReverted = "LoadBalancerAdminStateReverted"
 
 	eventAction = "UpdateLoadBalancerAdminState"
 )
@@ -75,4 +79,9 @@ func goneRestoredEvent(n *nodeState) event {
 func unreadableEvent(u UnreadableRecord) event {
 	return event{warning: true, reason: ReasonRecordUnreadable,
 		note: fmt.Sprintf("%v. nodeguard skips this record and goes on with the others: the entries it lists as set Down are not restored to None by nodeguard (check them yourself), and the next write to its pool replaces it.", u)}
+}
+
+func revertedEvent(pool, entry string) event {
+	return event{warning: true, reason: ReasonReverted,
+		note: fmt.Sprintf("Backend pool %s: entry %s of this node, which nodeguard holds Down, was found not Down: another writer of the pool (cloud-provider-azure writes whole pools as it read them) put it back or added it at None. nodeguard sets it Down again now. Repeated events mean the two keep fighting over the pool.", pool, entry)}
 }

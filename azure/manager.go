@@ -128,6 +128,10 @@ type Manager struct {
 	// Down and for which node. nil until loaded; no writer runs before.
 	recorded   map[string]poolRecord
 	nextReview time.Time
+
+	// lastVerify and nextVerify schedule the re-reads of the pools while a
+	// node is held Down (verify.go).
+	lastVerify, nextVerify time.Time
 }
 
 // nodeState is one node's desired state and progress.
@@ -170,6 +174,9 @@ type poolState struct {
 	notBefore time.Time
 	// lastAttempt is the attempt number of the pool's last attempt.
 	lastAttempt uint64
+	// writes counts nodeguard's completed writes to the pool: a
+	// verification that read the pool before one of them ignores it.
+	writes uint64
 }
 
 // NewManager builds the manager from the flags. It returns (nil, nil) when no

@@ -61,6 +61,11 @@ var (
 		Name:      "gone_node_restores_total",
 		Help:      "Gone nodes whose recorded Down entries nodeguard restored to None, by reason: replaced (a node of the same name registered with a new UID) or gone (the grace period passed).",
 	}, []string{"reason"})
+	reverts = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: metricsNamespace,
+		Name:      "reverts_total",
+		Help:      "Entries of nodes held Down that a verification found not Down (another writer put them back to None or added them at None) and nodeguard set Down again, by pool (load balancer/pool). Each has a LoadBalancerAdminStateReverted Warning event.",
+	}, []string{labelPool})
 	confirmDuration = prometheus.NewHistogramVec(prometheus.HistogramOpts{
 		Namespace: metricsNamespace,
 		Name:      "confirmation_duration_seconds",
@@ -70,5 +75,5 @@ var (
 )
 
 func init() {
-	metrics.Registry.MustRegister(lockWait, poolUpdates, parkedTicks, noEntryDown, recordWrites, recordedEntries, unreadableRecords, goneRestored, confirmDuration)
+	metrics.Registry.MustRegister(lockWait, poolUpdates, parkedTicks, noEntryDown, recordWrites, recordedEntries, unreadableRecords, goneRestored, reverts, confirmDuration)
 }

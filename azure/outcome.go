@@ -65,6 +65,9 @@ func (m *Manager) applySuccess(g group, snap snapshot, res result) []pendingEven
 	}
 	if p := m.pools[g.pool.key]; p != nil {
 		p.notBefore = time.Time{}
+		if res.wrote {
+			p.writes++
+		}
 	}
 	var events []pendingEvent
 	for uid, n := range m.nodes {
@@ -226,13 +229,17 @@ func (m *Manager) emit(ev *tickEvents, events []pendingEvent) {
 	}
 }
 
-// nextWake is how long the loop may sleep: until the next resync, the
-// earliest parked pool, or the retry interval while work is pending.
+// nextWake is how long the loop may sleep: until the next resync or
+// verification, the earliest parked pool, or the retry interval while work
+// is pending.
 func (m *Manager) nextWake() time.Duration {
 	now := m.clock.Now()
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	d := min(m.nextResync.Sub(now), m.gonePending(now))
+	if _, next := m.verifyWanted(now); next > 0 {
+		d = min(d, next)
+	}
 	if m.discoverErr != nil {
 		d = min(d, m.cfg.RetryInterval)
 	}

@@ -77,6 +77,7 @@ func (m *Manager) round(ctx context.Context, writers *sync.WaitGroup) time.Durat
 	if err := m.discover(ctx, ev); err != nil && ctx.Err() == nil {
 		ctrl.LoggerFrom(ctx).Error(err, "Listing load balancers failed; retrying")
 	}
+	m.verify(ctx, ev)
 	m.startWriters(ctx, writers, ev)
 	return m.nextWake()
 }

@@ -38,6 +38,12 @@ var DefaultSignalTaints = []SignalTaint{
 	{Key: KarpenterDisruptedTaintKey, Signal: "karpenter_disrupted"},
 }
 
+// CloudProviderSignalTaints are the taints cloud-provider-azure's admin-state
+// design (kubernetes-sigs/cloud-provider-azure#9633, PR #9634) sets Down on,
+// restoring None once all are gone. nodeguard never restores None while one
+// is on a node, whatever --signal-taints says, so the two never disagree.
+var CloudProviderSignalTaints = DefaultSignalTaints[:3]
+
 // signalTaints is the configured table. It is set once at start-up
 // (SetSignalTaints, before any controller or webhook runs) and read on every
 // node event, hence an atomic pointer rather than a lock.
@@ -77,6 +83,23 @@ func SignalOf(t corev1.Taint) (SignalTaint, bool) {
 		}
 	}
 	return SignalTaint{}, false
+}
+
+// HoldsAdminState reports whether a node carries a signal taint that
+// nodeguard (the configured ones) or cloud-provider-azure honours: while it
+// does, nodeguard restores None on none of its entries.
+func HoldsAdminState(node *corev1.Node) bool {
+	for _, t := range node.Spec.Taints {
+		if _, ok := SignalOf(t); ok {
+			return true
+		}
+		for _, s := range CloudProviderSignalTaints {
+			if s.Matches(t) {
+				return true
+			}
+		}
+	}
+	return false
 }
 
 // ParseSignalTaints parses --signal-taints: comma-separated key or key=value

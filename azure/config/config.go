@@ -30,6 +30,9 @@ const (
 	DefaultRequestTimeout = 2 * time.Minute
 	DefaultWorkers        = 4
 	DefaultGoneNodeGrace  = 10 * time.Minute
+	// DefaultVerifyInterval: how often the pools holding Down entries are
+	// re-read while a node is leaving (one read per load balancer listed).
+	DefaultVerifyInterval = 5 * time.Second
 )
 
 // ErrNotConfigured means no Azure configuration was given at all: admin state
@@ -110,6 +113,7 @@ type Options struct {
 	RequestTimeout            time.Duration
 	Workers                   int
 	GoneNodeGrace             time.Duration
+	VerifyInterval            time.Duration
 
 	// Getenv reads the environment (os.Getenv when nil; tests).
 	Getenv func(string) string
@@ -145,6 +149,7 @@ func NewOptions() Options {
 		RequestTimeout: DefaultRequestTimeout,
 		Workers:        DefaultWorkers,
 		GoneNodeGrace:  DefaultGoneNodeGrace,
+		VerifyInterval: DefaultVerifyInterval,
 	}
 }
 
@@ -187,6 +192,10 @@ func (o *Options) BindFlags(fs *flag.FlagSet) {
 	fs.DurationVar(&o.GoneNodeGrace, "azure-admin-state-gone-node-grace", o.GoneNodeGrace,
 		"How long the backend entries nodeguard set Down stay Down after their node is gone (its VM may still be shutting down); "+
 			"then nodeguard restores None on them. A node of the same name that registers again (a new UID) restores them at once.")
+	fs.DurationVar(&o.VerifyInterval, "azure-admin-state-verify-interval", o.VerifyInterval,
+		"While any node is held Down, how often the load balancers holding its entries are re-read (one List of the resource group, or one GET per --azure-load-balancers name) "+
+			"to catch another writer (cloud-provider-azure) that put an entry back to None; such an entry is set Down again at once (Warning event LoadBalancerAdminStateReverted). "+
+			"A node joining or leaving the cluster, or a LoadBalancer Service changing, brings the next read forward to 2s later. 0 turns it off (only --azure-admin-state-resync repairs).")
 }
 
 // Config is the resolved configuration.
@@ -210,6 +219,8 @@ type Config struct {
 	RequestTimeout time.Duration
 	Workers        int
 	GoneNodeGrace  time.Duration
+	// VerifyInterval: re-reads of the pools holding Down entries; 0 is off.
+	VerifyInterval time.Duration
 }
 
 // CredentialConfig says how to authenticate.
@@ -270,6 +281,7 @@ func (o Options) Load() (*Config, error) {
 		RequestTimeout: o.RequestTimeout,
 		Workers:        o.Workers,
 		GoneNodeGrace:  o.GoneNodeGrace,
+		VerifyInterval: o.VerifyInterval,
 	}
 	if lbrg := pick(o.LoadBalancerResourceGroup, EnvLoadBalancerRGroup, f.LoadBalancerResourceGroup); lbrg != "" {
 		c.ResourceGroup = lbrg
@@ -317,6 +329,9 @@ func (o Options) Load() (*Config, error) {
 	}
 	if c.GoneNodeGrace < 0 {
 		c.GoneNodeGrace = 0
+	}
+	if c.VerifyInterval < 0 {
+		c.VerifyInterval = 0
 	}
 	if c.Workers <= 0 {
 		c.Workers = DefaultWorkers

@@ -277,8 +277,8 @@ func wantEntries(t *testing.T, emu *armemulator.Server, node, state string) {
 // puts counts the backend pool writes the emulator served.
 func puts(emu *armemulator.Server) int { return emu.Count(http.MethodPut, "/backendAddressPools/") }
 
-// listCalls counts load-balancer listings (one per admin-state discovery or
-// resync).
+// listCalls counts load-balancer listings (one per admin-state discovery,
+// resync, or verification while a node is held Down).
 func listCalls(emu *armemulator.Server) int {
 	n := 0
 	for _, r := range emu.Requests() {

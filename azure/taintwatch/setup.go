@@ -43,6 +43,11 @@ func Setup(mgr ctrl.Manager, adminState *azure.Manager, opts Options) error {
 	if err := w.SetupWithManager(mgr); err != nil {
 		return fmt.Errorf("setting up the taint watcher: %w", err)
 	}
+	if adminState != nil {
+		if err := (&serviceWatcher{adminState: adminState}).setup(mgr); err != nil {
+			return err
+		}
+	}
 	if !opts.SpotEvents {
 		return nil
 	}

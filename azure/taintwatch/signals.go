@@ -64,6 +64,8 @@ type inputs struct {
 	signals  string
 	held     bool
 	deleting bool
+	// holds: a signal taint either nodeguard or the cloud provider honours.
+	holds bool
 	// ident finds the node's backend entries (name, providerID, InternalIPs).
 	ident string
 }
@@ -79,6 +81,7 @@ func inputsOf(n *corev1.Node) inputs {
 		signals:  strings.Join(signalsOf(n), ","),
 		held:     heldDown(n),
 		deleting: n.DeletionTimestamp != nil,
+		holds:    ngv1alpha1.HoldsAdminState(n),
 		ident:    id.ProviderID + "|" + strings.Join(ips, ","),
 	}
 }

@@ -95,35 +95,49 @@ func inputsChanged() predicate.Predicate {
 
 // Reconcile records the node's signals, then sets its desired admin state:
 // Down while azure.DesiredState says so, None (restored) only where nodeguard
-// took it Down.
+// took it Down and no signal taint that nodeguard or the cloud provider
+// honours is left (ngv1alpha1.HoldsAdminState).
 func (w *Watcher) Reconcile(ctx context.Context, req reconcile.Request) (reconcile.Result, error) {
 	var node corev1.Node
 	if err := w.Client.Get(ctx, req.NamespacedName, &node); err != nil {
 		if apierrors.IsNotFound(err) {
-			w.forget(req.Name)
+			if w.forget(req.Name) && w.AdminState != nil {
+				// cloud-provider-azure rewrites the pools for a node set change.
+				w.AdminState.ClusterChanged()
+			}
 			return reconcile.Result{}, nil
 		}
 		return reconcile.Result{}, err
 	}
-	rec := w.observe(&node)
+	rec, joined := w.observe(&node)
 	if w.AdminState == nil {
 		return reconcile.Result{}, nil
+	}
+	if joined {
+		w.AdminState.ClusterChanged()
 	}
 	// Whatever its state: a gone node of its name has its Down restored now.
 	w.AdminState.Observe(&node)
 	if azure.DesiredState(&node) == azure.AdminStateDown {
 		return w.holdDown(ctx, &node, rec)
 	}
+	if ngv1alpha1.HoldsAdminState(&node) {
+		// A signal taint that nodeguard or the cloud provider honours is
+		// still on: whatever state nodeguard asked for stays.
+		return reconcile.Result{}, nil
+	}
 	return w.restore(ctx, &node, rec)
 }
 
-// observe updates the watcher's memory and the gauges. A node that replaced
+// observe updates the watcher's memory and the gauges, and reports whether
+// the node is new to it (or new under its name). A node that replaced
 // another of the same name never inherits its state: the old UID is
 // forgotten by the manager.
-func (w *Watcher) observe(n *corev1.Node) nodeRecord {
+func (w *Watcher) observe(n *corev1.Node) (nodeRecord, bool) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	rec, ok := w.nodes[n.Name]
+	joined := !ok || rec.uid != n.UID
 	if !ok {
 		rec = &nodeRecord{uid: n.UID}
 		w.nodes[n.Name] = rec
@@ -136,19 +150,22 @@ func (w *Watcher) observe(n *corev1.Node) nodeRecord {
 	w.count(rec, -1)
 	rec.signals, rec.held = signalsOf(n), heldDown(n)
 	w.count(rec, +1)
-	return *rec
+	return *rec, joined
 }
 
 // forget drops a deleted node. The manager restores the entries it recorded
 // Down for it once a node of the same name replaces it, or after the
 // gone-node grace period (its VM may still be going away).
-func (w *Watcher) forget(name string) {
+// It reports whether the watcher knew the node.
+func (w *Watcher) forget(name string) bool {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	if rec, ok := w.nodes[name]; ok {
+	rec, ok := w.nodes[name]
+	if ok {
 		w.forgetLocked(rec)
 		delete(w.nodes, name)
 	}
+	return ok
 }
 
 func (w *Watcher) forgetLocked(rec *nodeRecord) {

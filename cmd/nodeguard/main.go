@@ -44,6 +44,7 @@ func main() {
 	}
 	// Before anything that reads them starts.
 	ngv1alpha1.SetSignalTaints(opts.signalTaintTable)
+	azure.SetSignalAdminState(opts.signalMode)
 	ngv1alpha1.SetScaleDownClaims(opts.scaleDownHold)
 	if err := run(opts); err != nil {
 		ctrl.Log.Error(err, "nodeguard stopped")

@@ -57,8 +57,11 @@ type options struct {
 	trafficCutFailure       string
 	// signalTaintTable is signalTaints parsed (by validate).
 	signalTaintTable []ngv1alpha1.SignalTaint
-	azure            azure.Options
-	taintWatch       taintwatch.Options
+	signalAdminState string
+	// signalMode is signalAdminState parsed (by validate).
+	signalMode azure.SignalAdminState
+	azure      azure.Options
+	taintWatch taintwatch.Options
 }
 
 // defaultNamespace is where nodeguard runs: the pod's namespace when the
@@ -138,6 +141,10 @@ func (o *options) bind(fs *flag.FlagSet) {
 	fs.StringVar(&o.signalTaints, "signal-taints", ngv1alpha1.FormatSignalTaints(ngv1alpha1.DefaultSignalTaints),
 		"Taints that say a node is leaving (key or key=value, comma-separated; a value is the only one that counts): "+
 			"while a node carries one, its load-balancer traffic is cut and NodeDisruptionBudgets count it unavailable. Empty: none.")
+	fs.StringVar(&o.signalAdminState, "signal-admin-state", string(azure.SignalByNodeguard),
+		"Who sets load-balancer admin state for the signal taints: 'nodeguard', or 'cloud-provider' when cloud-provider-azure sets it itself "+
+			"(its design sets Down for the out-of-service, shutdown and spot-eviction taints). With 'cloud-provider' nodeguard still cuts the traffic of the nodes it drains. "+
+			"Either way nodeguard never restores None on a node that carries a signal taint either of them honours.")
 	fs.BoolVar(&o.scaleDownHold, "cluster-autoscaler-scale-down-hold", true,
 		"Charge cluster-autoscaler's scale-downs to NodeDisruptionBudgets: keep the annotation "+ngv1alpha1.DelayDeletionAnnotation+" on every managed node, "+
 			"and remove it from a node tainted "+ngv1alpha1.ClusterAutoscalerTaintKey+" once every budget of the node admitted the scale-down and its traffic cut is confirmed. "+
@@ -156,6 +163,9 @@ func (o *options) validate() error {
 		return fmt.Errorf("--signal-taints: %w", err)
 	}
 	o.signalTaintTable = table
+	if o.signalMode, err = azure.ParseSignalAdminState(o.signalAdminState); err != nil {
+		return fmt.Errorf("--signal-admin-state %w", err)
+	}
 	if _, err := labels.Parse(o.nodeSelector); err != nil {
 		return fmt.Errorf("--node-selector %q: %w", o.nodeSelector, err)
 	}

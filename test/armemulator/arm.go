@@ -65,6 +65,8 @@ func (s *Server) serveARM(w http.ResponseWriter, r *http.Request, f *Fault) {
 		s.listLoadBalancers(w)
 	case len(rest) == 2 && rest[0] == "loadbalancers" && r.Method == http.MethodGet:
 		s.getLoadBalancer(w, parts[7])
+	case isLoadBalancerPut(rest, r.Method):
+		s.putLoadBalancer(w, r, parts[7])
 	case len(rest) == 3 && rest[0] == "loadbalancers" && rest[2] == "backendaddresspools" && r.Method == http.MethodGet:
 		s.listPools(w, parts[7])
 	case len(rest) == 4 && rest[0] == "loadbalancers" && rest[2] == "backendaddresspools" && r.Method == http.MethodGet:
@@ -193,9 +195,11 @@ func (s *Server) putPool(w http.ResponseWriter, r *http.Request, lb, name string
 	if body.Properties != nil {
 		entries = writableEntries(p.data.Properties.LoadBalancerBackendAddresses, body.Properties.LoadBalancerBackendAddresses)
 	}
+	ifMatch := r.Header.Get("If-Match")
 	apply := func() {
 		p.data.Properties.LoadBalancerBackendAddresses = entries
 		s.bump(p.lb)
+		s.recordWrite(p, "pool", ifMatch)
 	}
 	if !s.opts.Async {
 		apply()

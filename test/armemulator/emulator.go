@@ -137,6 +137,7 @@ type Server struct {
 
 	faults   []*Fault
 	requests []Request
+	history  []PoolWrite
 	ops      map[string]*operation
 	opSeq    int
 	busy     map[string]*busyOp // key: lower(lb); an operation updating it
@@ -164,6 +165,7 @@ func New(seed Seed, opts Options) *Server {
 			k := key(lb.Name, p.Name)
 			s.pools[k] = &pool{lb: lb.Name, data: s.seedPool(lb.Name, p)}
 			s.poolKeys = append(s.poolKeys, k)
+			s.recordWrite(s.pools[k], "seed", "")
 		}
 	}
 	for _, n := range seed.Interfaces {

@@ -74,6 +74,7 @@ func (s *Server) MutatePool(lb, name string, mutate func(*armnetwork.BackendAddr
 	}
 	mutate(&p.data)
 	s.bump(p.lb)
+	s.recordWrite(p, "test", "")
 	return true
 }
 
@@ -138,19 +139,7 @@ func (s *Server) State() []PoolState {
 		for _, c := range p.data.Properties.BackendIPConfigurations {
 			ps.Members = append(ps.Members, deref(c.ID))
 		}
-		for _, e := range p.data.Properties.LoadBalancerBackendAddresses {
-			es := EntryState{Name: deref(e.Name), AdminState: "None"}
-			if e.Properties != nil {
-				es.IP = deref(e.Properties.IPAddress)
-				if e.Properties.NetworkInterfaceIPConfiguration != nil {
-					es.IPConfigID = deref(e.Properties.NetworkInterfaceIPConfiguration.ID)
-				}
-				if e.Properties.AdminState != nil {
-					es.AdminState = string(*e.Properties.AdminState)
-				}
-			}
-			ps.Entries = append(ps.Entries, es)
-		}
+		ps.Entries = entryStates(p.data)
 		out = append(out, ps)
 	}
 	return out

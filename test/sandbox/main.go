@@ -115,7 +115,17 @@ The ARM emulator plays Azure: see every load-balancer backend entry and its Admi
   kubectl taint node %[7]s node.kubernetes.io/out-of-service-                         # back to None
   curl -s localhost:8080/metrics | grep ^nodeguard_
 
+Play cloud-provider-azure's stale pool write (read before the cut, PUT after it, no If-Match):
+  P=%[8]s
+  curl -s $P > stale.json
+  kubectl taint node %[7]s node.kubernetes.io/out-of-service=nodeshutdown:NoExecute
+  op=$(curl -s -D - -o /dev/null -X PUT -H 'Content-Type: application/json' -d @stale.json $P | sed -n 's/\r$//;s/^Azure-AsyncOperation: //ip')
+  until curl -s "$op" | grep -q Succeeded; do sleep 0.2; done                      # the write lands: the cut is undone
+  kubectl get events -w --field-selector reason=LoadBalancerAdminStateReverted      # within ~5s: Down again
+
 Logs of every component (and nodeguard.log) are in %[4]s.
 Press Ctrl-C to stop everything.
-`, env.Kubeconfig, demoNamespace, demoNodes[0].name, env.Dir, demoNodes[1].name, armURL, demoNodes[4].name)
+`, env.Kubeconfig, demoNamespace, demoNodes[0].name, env.Dir, demoNodes[1].name, armURL, demoNodes[4].name,
+		fmt.Sprintf("%s/subscriptions/%s/resourceGroups/%s/providers/Microsoft.Network/loadBalancers/kubernetes-internal/backendAddressPools/kubernetes",
+			armURL, demoSubscription, demoResourceGroup))
 }

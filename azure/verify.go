@@ -1,0 +1,178 @@
+package azure
+
+import (
+	"context"
+	"time"
+
+	"k8s.io/apimachinery/pkg/types"
+	ctrl "sigs.k8s.io/controller-runtime"
+
+	"github.com/nodeguard/nodeguard/azure/backends"
+)
+
+// Verification: another writer of the pools (cloud-provider-azure PUTs a
+// whole pool as it read it, without If-Match) can put a leaving node's
+// entries back to None, or add one at None. While any node is held Down, the
+// manager re-reads the load balancers every --azure-admin-state-verify-interval
+// and soon after the cluster changes in a way that makes cloud-provider-azure
+// write, and gives every such entry pending work: the writers set it Down
+// again with a fresh Get and If-Match, as any other change.
+const (
+	// verifyAfterChange is how long after a node or LoadBalancer Service
+	// change the next verification runs: cloud-provider-azure writes within
+	// its reconcile of that change.
+	verifyAfterChange = 2 * time.Second
+	// minVerifyGap bounds the read rate whatever changes: verifications are
+	// at least this far apart.
+	minVerifyGap = time.Second
+)
+
+// ClusterChanged says that the cluster's node set or a LoadBalancer Service
+// changed, which is when cloud-provider-azure rewrites backend pools: the
+// next verification runs soon (verifyAfterChange), if any node is held Down.
+func (m *Manager) ClusterChanged() {
+	if m.cfg.VerifyInterval <= 0 {
+		return
+	}
+	m.mu.Lock()
+	at := m.clock.Now().Add(verifyAfterChange)
+	if gap := m.lastVerify.Add(minVerifyGap); gap.After(at) {
+		at = gap
+	}
+	if m.nextVerify.IsZero() || at.Before(m.nextVerify) {
+		m.nextVerify = at
+	}
+	m.mu.Unlock()
+	m.wake()
+}
+
+// verifyWanted reports whether a verification is due now, and when the next
+// one is when it is not. Call with m.mu held.
+func (m *Manager) verifyWanted(now time.Time) (due bool, next time.Duration) {
+	if m.cfg.VerifyInterval <= 0 || !m.discovered || !m.holdsDown() {
+		m.nextVerify = time.Time{}
+		return false, maxWait
+	}
+	if m.nextVerify.IsZero() {
+		// First hold since the last verification: its own write is the
+		// first read; verify one interval later.
+		m.nextVerify = now.Add(m.verifyInterval())
+	}
+	if now.Before(m.nextVerify) {
+		return false, m.nextVerify.Sub(now)
+	}
+	return true, 0
+}
+
+func (m *Manager) verifyInterval() time.Duration { return max(m.cfg.VerifyInterval, minVerifyGap) }
+
+// maxWait stands for "no deadline" in nextWake's minimum.
+const maxWait = time.Duration(1<<63 - 1)
+
+// holdsDown reports whether any live node's desired state is Down. Call with
+// m.mu held.
+func (m *Manager) holdsDown() bool {
+	for _, n := range m.nodes {
+		if n.gone == nil && n.desired == AdminStateDown {
+			return true
+		}
+	}
+	return false
+}
+
+// verifyTarget is what a verification compares the listed pools with: the
+// nodes held Down, and each pool's write count when the read started.
+type verifyTarget struct {
+	index  *backends.Index
+	gens   map[types.UID]uint64
+	writes map[string]uint64
+}
+
+// verify re-reads the managed load balancers when due and gives pending work
+// to every entry of a node held Down that is not Down, with a Warning event
+// and a count per pool.
+func (m *Manager) verify(ctx context.Context, ev *tickEvents) {
+	now := m.clock.Now()
+	m.mu.Lock()
+	due, _ := m.verifyWanted(now)
+	if !due {
+		m.mu.Unlock()
+		return
+	}
+	m.lastVerify, m.nextVerify = now, now.Add(m.verifyInterval())
+	target := m.verifyTargetLocked()
+	m.mu.Unlock()
+	pools, err := m.listPools(ctx)
+	if err != nil {
+		if ctx.Err() == nil {
+			ctrl.LoggerFrom(ctx).Error(err, "Verifying the admin state of held-down entries failed; trying again at the next verification")
+		}
+		return
+	}
+	var events []pendingEvent
+	for _, p := range pools {
+		keys, err := target.index.Match(ctx, p.pool, m.nics)
+		if err != nil {
+			ctrl.LoggerFrom(ctx).V(1).Info("Matching nodes to a backend pool for verification failed", "pool", p.key, "error", err.Error())
+			continue
+		}
+		events = append(events, m.reverted(p, keys, target)...)
+	}
+	m.emit(ev, events)
+}
+
+// verifyTargetLocked snapshots the nodes held Down. Call with m.mu held.
+func (m *Manager) verifyTargetLocked() verifyTarget {
+	t := verifyTarget{gens: map[types.UID]uint64{}, writes: map[string]uint64{}}
+	var idents []backends.Node
+	for uid, n := range m.nodes {
+		if n.gone == nil && n.known && n.desired == AdminStateDown {
+			idents = append(idents, n.ident)
+			t.gens[uid] = n.gen
+		}
+	}
+	for k, p := range m.pools {
+		t.writes[k] = p.writes
+	}
+	t.index = backends.NewIndex(idents)
+	return t
+}
+
+// reverted marks the entries of one listed pool that belong to a node held
+// Down and are not Down. An entry nodeguard is writing, or wrote since the
+// read began, is left to that write.
+func (m *Manager) reverted(p listedPool, keys []string, target verifyTarget) []pendingEvent {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	ps := m.pools[p.key]
+	if ps == nil || ps.writes != target.writes[p.key] {
+		return nil
+	}
+	var events []pendingEvent
+	seen := map[types.UID]bool{}
+	for i, k := range keys {
+		uid := types.UID(k)
+		e := p.pool.Properties.LoadBalancerBackendAddresses[i]
+		if k == "" || seen[uid] || e == nil || e.Properties == nil || isDown(e.Properties.AdminState) {
+			continue
+		}
+		n := m.nodes[uid]
+		if n == nil || n.gone != nil || n.desired != AdminStateDown || n.gen != target.gens[uid] {
+			continue
+		}
+		w := n.pools[p.key]
+		if w != nil && (w.pending || w.failed) {
+			// Being written, or failed for good (the resync retries it).
+			continue
+		}
+		seen[uid] = true
+		if w == nil {
+			w = &work{}
+			n.pools[p.key] = w
+		}
+		*w = work{pending: true}
+		reverts.WithLabelValues(p.key).Inc()
+		events = append(events, pendingEvent{n, revertedEvent(p.key, entryName(e))})
+	}
+	return events
+}

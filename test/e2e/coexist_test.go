@@ -1,0 +1,359 @@
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"math"
+	"net/http"
+	"slices"
+	"sort"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	ngv1alpha1 "github.com/nodeguard/nodeguard/api/v1alpha1"
+	"github.com/nodeguard/nodeguard/test/armemulator"
+	"github.com/nodeguard/nodeguard/test/builder"
+	"github.com/nodeguard/nodeguard/test/harness"
+)
+
+// revertBound is how long a leaving node's entry may be back at None after
+// another writer put it there.
+const revertBound = 15 * time.Second
+
+// coexistPools are the IP-based pools cloud-provider-azure reconciles.
+var coexistPools = [][2]string{{"kubernetes", "kubernetes"}, {"kubernetes-internal", "kubernetes"}}
+
+// cloudProviderLoop runs the cloud-provider-azure actor's reconcile every
+// second against the cluster's current nodes of a pool, with a whole-LB
+// write every fifth round (a Service re-sync), until stopped.
+type cloudProviderLoop struct {
+	actor *armemulator.CloudProvider
+	pool  string
+	stop  chan struct{}
+	done  chan struct{}
+	mu    sync.Mutex
+	errs  []string
+}
+
+func startCloudProvider(t *testing.T, emu *armemulator.Server, pool string) *cloudProviderLoop {
+	l := &cloudProviderLoop{actor: armemulator.NewCloudProvider(emu), pool: pool, stop: make(chan struct{}), done: make(chan struct{})}
+	go l.run()
+	t.Cleanup(l.halt)
+	return l
+}
+
+func (l *cloudProviderLoop) run() {
+	defer close(l.done)
+	tick := time.NewTicker(time.Second)
+	defer tick.Stop()
+	for round := 1; ; round++ {
+		select {
+		case <-l.stop:
+			return
+		case <-tick.C:
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		l.reconcile(ctx, round%5 == 0)
+		cancel()
+	}
+}
+
+func (l *cloudProviderLoop) reconcile(ctx context.Context, lbWrite bool) {
+	nodes, err := clusterNodes(ctx, l.pool)
+	if err == nil {
+		var snap *armemulator.Snapshot
+		if snap, err = l.actor.Read(ctx); err == nil {
+			for _, p := range coexistPools {
+				if _, err = snap.EnsureHostsInPool(ctx, p[0], p[1], nodes); err != nil {
+					break
+				}
+			}
+		}
+	}
+	if err == nil && lbWrite {
+		for _, p := range coexistPools {
+			// A 412 is what the real one meets after any other write; it
+			// refreshes its cache and writes again next time.
+			_ = l.actor.UpdateLoadBalancer(ctx, p[0])
+		}
+	}
+	if err != nil {
+		l.mu.Lock()
+		l.errs = append(l.errs, err.Error())
+		l.mu.Unlock()
+	}
+}
+
+func (l *cloudProviderLoop) halt() {
+	select {
+	case <-l.stop:
+	default:
+		close(l.stop)
+	}
+	<-l.done
+}
+
+// clusterNodes lists the pool's nodes as cloud-provider-azure's node set
+// sees them: every node that exists, deleting or not.
+func clusterNodes(ctx context.Context, pool string) ([]armemulator.Node, error) {
+	var list corev1.NodeList
+	if err := env.Client.List(ctx, &list, client.MatchingLabels{"pool": pool}); err != nil {
+		return nil, err
+	}
+	var out []armemulator.Node
+	for _, n := range list.Items {
+		for _, a := range n.Status.Addresses {
+			if a.Type == corev1.NodeInternalIP {
+				out = append(out, armemulator.Node{Name: n.Name, IPs: []string{a.Address}})
+			}
+		}
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
+	return out, nil
+}
+
+// revertDurations walks the emulator's history: for each leaving node's
+// entry, every time a write put it to None after it had been Down, how long
+// until a write made it Down again or removed it.
+func revertDurations(history []armemulator.PoolWrite, leaving []string) (durations []time.Duration, open []string) {
+	type entryKey struct{ pool, name string }
+	wasDown := map[entryKey]bool{}
+	since := map[entryKey]time.Time{}
+	for _, w := range history {
+		pool := w.LoadBalancer + "/" + w.Pool
+		present := map[string]string{}
+		for _, e := range w.Entries {
+			present[e.Name] = e.AdminState
+		}
+		for _, name := range leaving {
+			k := entryKey{pool, name}
+			state, ok := present[name]
+			switch {
+			case ok && state == "Down":
+				if at, reverted := since[k]; reverted {
+					durations = append(durations, w.Time.Sub(at))
+					delete(since, k)
+				}
+				wasDown[k] = true
+			case ok && wasDown[k]:
+				if _, reverted := since[k]; !reverted {
+					since[k] = w.Time
+				}
+			case !ok:
+				if at, reverted := since[k]; reverted {
+					durations = append(durations, w.Time.Sub(at))
+					delete(since, k)
+				}
+			}
+		}
+	}
+	for k := range since {
+		open = append(open, k.pool+"/"+k.name)
+	}
+	return durations, open
+}
+
+func p99(ds []time.Duration) time.Duration {
+	if len(ds) == 0 {
+		return 0
+	}
+	s := slices.Clone(ds)
+	slices.Sort(s)
+	return s[int(math.Ceil(0.99*float64(len(s))))-1]
+}
+
+// nodeguard412s returns nodeguard's pool PUTs answered 412 that no other
+// writer's change of the same load balancer explains: one applied between
+// nodeguard's GET of the pool and its PUT.
+func nodeguard412s(emu *armemulator.Server) []string {
+	reqs := emu.Requests()
+	hist := emu.History()
+	var out []string
+	for i, r := range reqs {
+		if r.Method != http.MethodPut || r.IfMatch == "" || r.Status != http.StatusPreconditionFailed || armemulator.Kind(r.Path) != "backendAddressPool" {
+			continue
+		}
+		var getAt time.Time
+		for _, g := range reqs[:i] {
+			if g.Method == http.MethodGet && strings.EqualFold(g.Path, r.Path) {
+				getAt = g.Start
+			}
+		}
+		lb := strings.Split(strings.Split(strings.ToLower(r.Path), "/loadbalancers/")[1], "/")[0]
+		explained := slices.ContainsFunc(hist, func(w armemulator.PoolWrite) bool {
+			return strings.EqualFold(w.LoadBalancer, lb) && !armemulator.ByNodeguard(w) && w.By != "seed" &&
+				!w.Time.Before(getAt) && !w.Time.After(r.Time)
+		})
+		if !explained {
+			out = append(out, fmt.Sprintf("%s at %s", r.Path, r.Time.Format(time.RFC3339Nano)))
+		}
+	}
+	return out
+}
+
+// TestTrafficCutHoldsWhileCloudProviderReconciles: three nodes drain while
+// the cloud-provider-azure actor reconciles the pools every second and two
+// replacement nodes join. Twice, a reconcile that read the load balancers
+// before the cut PUTs a pool back (no If-Match), undoing the leaving nodes'
+// Down. nodeguard notices and sets them Down again within 15 s (p99 over
+// the run), with a LoadBalancerAdminStateReverted event and the reverts
+// counter; the entries the actor added (replacements) and removed (released
+// nodes) stay as it wrote them, nodeguard's writes change admin state only,
+// and none of its writes meets a 412 that no other writer caused.
+func TestTrafficCutHoldsWhileCloudProviderReconciles(t *testing.T) {
+	harness.SkipWithoutEnv(t, env)
+	ctx := context.Background()
+	name := freshName("coexist")
+	harness.MustCreate(t, env.Client, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: name}})
+	var seedNodes []armemulator.Node
+	node := func(i int) string {
+		n := fmt.Sprintf("%s-%d", name, i)
+		ip := fmt.Sprintf("10.%d.1.%d", len(name), i+4)
+		harness.MustCreate(t, env.Client, builder.Node(n, builder.WithLabels("pool", name), builder.WithProviderID(vmssProviderID(i)), builder.WithInternalIP(ip)))
+		seedNodes = append(seedNodes, armemulator.Node{Name: n, IPs: []string{ip}, ProviderID: vmssProviderID(i)})
+		return n
+	}
+	var leaving []string
+	for i := range 5 {
+		n := node(i)
+		if i < 3 {
+			leaving = append(leaving, n)
+			// A do-not-evict pod holds the node in its drain until released.
+			harness.MustCreate(t, env.Client, &corev1.Pod{
+				ObjectMeta: metav1.ObjectMeta{Namespace: name, Name: "hold-" + n, Annotations: map[string]string{ngv1alpha1.DoNotEvictAnnotation: "true"}},
+				Spec:       corev1.PodSpec{NodeName: n, Containers: []corev1.Container{{Name: "c", Image: "example.com/hold"}}},
+			})
+		}
+	}
+	emu, err := armemulator.Start("127.0.0.1:0", armemulator.SeedForNodes(subscription, resourceGroup, seedNodes, armemulator.Topology{Internal: true}),
+		armemulator.Options{Async: true, AsyncPolls: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { emu.Close() })
+	metricsPort := harness.FreePort(t)
+	startNodeguard(t, env.Kubeconfig, emu, fmt.Sprintf("--metrics-bind-address=127.0.0.1:%d", metricsPort), "--metrics-secure=false")
+	for _, n := range leaving {
+		harness.WaitForTerminationFinalizer(t, env.Client, n)
+	}
+	loop := startCloudProvider(t, emu, name)
+	stale := armemulator.NewCloudProvider(emu)
+	before, err := stale.Read(ctx) // a reconcile that starts before the cut
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	harness.MustKubectl(t, env.Kubeconfig, "", append([]string{"delete", "node", "--wait=false"}, leaving...)...)
+	allDown := func() bool {
+		states := emu.AdminStates()
+		for _, p := range coexistPools {
+			for _, n := range leaving {
+				if states[p[0]+"/"+p[1]+"/"+n] != "Down" {
+					return false
+				}
+			}
+		}
+		return true
+	}
+	harness.Eventually(t, time.Minute, func(context.Context) (bool, error) { return allDown(), nil }, "every leaving node is Down in both pools")
+
+	// Two stale reconciles, each while a replacement node joins.
+	for i, p := range coexistPools {
+		replacement := node(5 + i)
+		nodes, err := clusterNodes(ctx, name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := before.EnsureHostsInPool(ctx, p[0], p[1], nodes); err != nil {
+			t.Fatal(err)
+		}
+		t.Logf("stale PUT of %s/%s (read before the cut) with replacement %s", p[0], p[1], replacement)
+		harness.Eventually(t, 2*revertBound, func(context.Context) (bool, error) { return allDown(), nil }, "the leaving nodes are Down again after the stale PUT of %s/%s", p[0], p[1])
+	}
+	for _, n := range leaving {
+		notes := eventNotes(ctx, t, n, "LoadBalancerAdminStateReverted")
+		if !slices.ContainsFunc(notes, func(s string) bool { return strings.Contains(s, "kubernetes/kubernetes") }) {
+			t.Errorf("%s: LoadBalancerAdminStateReverted events %q, want one naming the pool", n, notes)
+		}
+	}
+	reverted := scrapeCounter(t, metricsPort, `loadbalancer_adminstate_reverts_total{pool="kubernetes/kubernetes"}`) +
+		scrapeCounter(t, metricsPort, `loadbalancer_adminstate_reverts_total{pool="kubernetes-internal/kubernetes"}`)
+	if reverted < float64(2*len(leaving)) {
+		t.Errorf("loadbalancer_adminstate_reverts_total = %v, want at least %d (each leaving node in both pools)", reverted, 2*len(leaving))
+	}
+
+	// Released: the actor removes the nodes' entries; nodeguard leaves them out.
+	var list corev1.PodList
+	if err := env.Client.List(ctx, &list, client.InNamespace(name)); err != nil {
+		t.Fatal(err)
+	}
+	for i := range list.Items {
+		if err := env.Client.Delete(ctx, &list.Items[i]); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, n := range leaving {
+		harness.Eventually(t, time.Minute, func(ctx context.Context) (bool, error) { return harness.NodeGone(ctx, env.Client, n) }, "node %s is released", n)
+	}
+	harness.Eventually(t, 30*time.Second, func(context.Context) (bool, error) {
+		states := emu.AdminStates()
+		for _, p := range coexistPools {
+			for _, n := range leaving {
+				if _, ok := states[p[0]+"/"+p[1]+"/"+n]; ok {
+					return false, nil
+				}
+			}
+		}
+		return true, nil
+	}, "the actor removed the released nodes' entries")
+	// One more reconcile on the final node set, then stop.
+	lists := loop.actor.Stats().Lists
+	harness.Eventually(t, 10*time.Second, func(context.Context) (bool, error) { return loop.actor.Stats().Lists > lists+1, nil }, "the actor reconciles again")
+	loop.halt()
+
+	history := emu.History()
+	durations, open := revertDurations(history, leaving)
+	t.Logf("reverts undone in %v (p99 %s); actor %+v; actor errors %q", durations, p99(durations), loop.actor.Stats(), loop.errs)
+	if len(durations) < 2*len(leaving) {
+		t.Errorf("%d reverts seen in the history, want at least %d (the two stale PUTs)", len(durations), 2*len(leaving))
+	}
+	if got := p99(durations); got > revertBound {
+		t.Errorf("p99 of a revert's duration = %s, want at most %s", got, revertBound)
+	}
+	if len(open) > 0 {
+		t.Errorf("reverts never undone: %v", open)
+	}
+	if err := armemulator.OnlyAdminStateChanged(history, armemulator.ByNodeguard); err != nil {
+		t.Errorf("a nodeguard write changed membership: %v", err)
+	}
+	final, err := clusterNodes(ctx, name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	states := emu.AdminStates()
+	for _, p := range coexistPools {
+		for _, n := range final {
+			if got := states[p[0]+"/"+p[1]+"/"+n.Name]; got != "None" {
+				t.Errorf("%s/%s/%s = %q, want the entry the actor wrote, at None", p[0], p[1], n.Name, got)
+			}
+		}
+		var entries int
+		for k := range states {
+			if strings.HasPrefix(k, p[0]+"/"+p[1]+"/") {
+				entries++
+			}
+		}
+		if entries != len(final) {
+			t.Errorf("%s/%s holds %d entries, want the actor's %d", p[0], p[1], entries, len(final))
+		}
+	}
+	if bad := nodeguard412s(emu); len(bad) > 0 {
+		t.Errorf("nodeguard's writes met 412 with no other writer in between: %v", bad)
+	}
+}
