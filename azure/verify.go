@@ -88,26 +88,32 @@ type verifyTarget struct {
 	writes map[string]uint64
 }
 
+// verifyReadTimeout bounds a verification's read, so that a throttled ARM
+// read delays the loop's next round by at most this much.
+const verifyReadTimeout = 15 * time.Second
+
 // verify re-reads the managed load balancers when due and gives pending work
 // to every entry of a node held Down that is not Down, with a Warning event
-// and a count per pool.
-func (m *Manager) verify(ctx context.Context, ev *tickEvents) {
+// and a count per pool. It reports whether it read.
+func (m *Manager) verify(ctx context.Context, ev *tickEvents) bool {
 	now := m.clock.Now()
 	m.mu.Lock()
 	due, _ := m.verifyWanted(now)
 	if !due {
 		m.mu.Unlock()
-		return
+		return false
 	}
 	m.lastVerify, m.nextVerify = now, now.Add(m.verifyInterval())
 	target := m.verifyTargetLocked()
 	m.mu.Unlock()
-	pools, err := m.listPools(ctx)
+	readCtx, cancel := context.WithTimeout(ctx, verifyReadTimeout)
+	defer cancel()
+	pools, err := m.listPools(readCtx)
 	if err != nil {
 		if ctx.Err() == nil {
 			ctrl.LoggerFrom(ctx).Error(err, "Verifying the admin state of held-down entries failed; trying again at the next verification")
 		}
-		return
+		return true
 	}
 	var events []pendingEvent
 	for _, p := range pools {
@@ -119,6 +125,7 @@ func (m *Manager) verify(ctx context.Context, ev *tickEvents) {
 		events = append(events, m.reverted(p, keys, target)...)
 	}
 	m.emit(ev, events)
+	return true
 }
 
 // verifyTargetLocked snapshots the nodes held Down. Call with m.mu held.
@@ -171,6 +178,7 @@ func (m *Manager) reverted(p listedPool, keys []string, target verifyTarget) []p
 			n.pools[p.key] = w
 		}
 		*w = work{pending: true}
+		n.confirmed = false // not cut until the rewrite lands: a drain starting now waits for it
 		reverts.WithLabelValues(p.key).Inc()
 		events = append(events, pendingEvent{n, revertedEvent(p.key, entryName(e))})
 	}

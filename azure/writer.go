@@ -77,8 +77,12 @@ func (m *Manager) round(ctx context.Context, writers *sync.WaitGroup) time.Durat
 	if err := m.discover(ctx, ev); err != nil && ctx.Err() == nil {
 		ctrl.LoggerFrom(ctx).Error(err, "Listing load balancers failed; retrying")
 	}
-	m.verify(ctx, ev)
+	// Writers start before the verification's read and again after it: a
+	// slow or throttled read never holds back a cut that is already due.
 	m.startWriters(ctx, writers, ev)
+	if m.verify(ctx, ev) {
+		m.startWriters(ctx, writers, ev)
+	}
 	return m.nextWake()
 }
 
