@@ -8,6 +8,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
@@ -52,22 +53,36 @@ func ownerNodeClaim(node *corev1.Node) *metav1.OwnerReference {
 // is gone while its node is not deleting was removed by force: both leave the
 // Node DELETE to the budgets.
 func karpenterTerminates(ctx context.Context, reader client.Reader, managed labels.Selector, node *corev1.Node) (string, error) {
-	ref := ownerNodeClaim(node)
-	if ref == nil || !slices.Contains(node.Finalizers, ngv1alpha1.KarpenterTerminationFinalizer) {
+	if !slices.Contains(node.Finalizers, ngv1alpha1.KarpenterTerminationFinalizer) {
 		return "", nil
+	}
+	claim, err := owningNodeClaim(ctx, reader, node)
+	if err != nil || claim == nil || claim.DeletionTimestamp == nil || !managed.Matches(labels.Set(claim.Labels)) {
+		return "", err
+	}
+	return fmt.Sprintf("its NodeClaim %s is being deleted, and that delete was charged to the node's budgets", claim.Name), nil
+}
+
+// owningNodeClaim reads the metadata of the NodeClaim that owns the node, nil
+// when none does (no owner reference, no NodeClaim of that UID, or no
+// NodeClaim API).
+func owningNodeClaim(ctx context.Context, reader client.Reader, node *corev1.Node) (*metav1.PartialObjectMetadata, error) {
+	ref := ownerNodeClaim(node)
+	if ref == nil {
+		return nil, nil
 	}
 	claim := &metav1.PartialObjectMetadata{}
 	claim.SetGroupVersionKind(nodeClaimGVK)
 	err := reader.Get(ctx, client.ObjectKey{Name: ref.Name}, claim)
 	switch {
-	case client.IgnoreNotFound(err) == nil && err != nil, meta.IsNoMatchError(err):
-		return "", nil
+	case apierrors.IsNotFound(err), meta.IsNoMatchError(err):
+		return nil, nil
 	case err != nil:
-		return "", fmt.Errorf("reading NodeClaim %s of node %s: %w", ref.Name, node.Name, err)
-	case claim.UID != ref.UID || claim.DeletionTimestamp == nil || !managed.Matches(labels.Set(claim.Labels)):
-		return "", nil
+		return nil, fmt.Errorf("reading NodeClaim %s of node %s: %w", ref.Name, node.Name, err)
+	case claim.UID != ref.UID:
+		return nil, nil
 	}
-	return fmt.Sprintf("its NodeClaim %s is being deleted, and that delete was charged to the node's budgets", ref.Name), nil
+	return claim, nil
 }
 
 // karpenterDisrupted reports whether the node carries Karpenter's disrupted
@@ -137,7 +152,9 @@ func (d nodeClaimDecision) deniedBy(node *corev1.Node) string {
 // take pods; a delete Karpenter retries later is admitted within the budget
 // and drains the node as usual.
 type KarpenterRelease struct {
-	Client   client.Client
+	Client client.Client
+	// Reader reads NodeClaims fresh from the API server.
+	Reader   client.Reader
 	Recorder events.EventRecorder
 	Clock    clock.PassiveClock
 }
@@ -145,7 +162,7 @@ type KarpenterRelease struct {
 // SetupKarpenterRelease registers the controller; it sees only nodes with a
 // denial mark.
 func SetupKarpenterRelease(mgr ctrl.Manager) error {
-	r := &KarpenterRelease{Client: mgr.GetClient(), Recorder: mgr.GetEventRecorder("nodeguard-karpenter"), Clock: clock.RealClock{}}
+	r := &KarpenterRelease{Client: mgr.GetClient(), Reader: mgr.GetAPIReader(), Recorder: mgr.GetEventRecorder("nodeguard-karpenter"), Clock: clock.RealClock{}}
 	return ctrl.NewControllerManagedBy(mgr).
 		Named("karpenter-release").
 		For(&corev1.Node{}, builder.WithPredicates(predicate.NewPredicateFuncs(func(obj client.Object) bool {
@@ -157,9 +174,10 @@ func SetupKarpenterRelease(mgr ctrl.Manager) error {
 
 // Reconcile waits until the first denial is deniedReleaseAfter old, then
 // removes the mark and, if the node still carries it, the taint. A node being
-// deleted is left alone (it goes, mark and all); a node without the taint
-// (Karpenter gave the command up itself, restarted, or never tainted it, as
-// for an expired node) only loses the mark.
+// deleted is left alone (it goes, mark and all); a node whose NodeClaim is
+// being deleted (a retried delete was admitted, the Node DELETE is to come)
+// and a node without the taint (Karpenter gave the command up itself,
+// restarted, or never tainted it, as for an expired node) only lose the mark.
 func (r *KarpenterRelease) Reconcile(ctx context.Context, req reconcile.Request) (reconcile.Result, error) {
 	var node corev1.Node
 	if err := r.Client.Get(ctx, req.NamespacedName, &node); err != nil {
@@ -175,12 +193,19 @@ func (r *KarpenterRelease) Reconcile(ctx context.Context, req reconcile.Request)
 			return reconcile.Result{RequeueAfter: wait}, nil
 		}
 	}
-	tainted := karpenterDisrupted(&node)
+	claim, err := owningNodeClaim(ctx, r.Reader, &node)
+	if err != nil {
+		return reconcile.Result{}, err
+	}
+	terminating := claim != nil && claim.DeletionTimestamp != nil
+	tainted := karpenterDisrupted(&node) && !terminating
 	by := node.Annotations[ngv1alpha1.NodeClaimDeleteDeniedByAnnotation]
 	patch := client.MergeFromWithOptions(node.DeepCopy(), client.MergeFromWithOptimisticLock{})
 	delete(node.Annotations, ngv1alpha1.NodeClaimDeleteDeniedAtAnnotation)
 	delete(node.Annotations, ngv1alpha1.NodeClaimDeleteDeniedByAnnotation)
-	node.Spec.Taints = slices.DeleteFunc(node.Spec.Taints, func(t corev1.Taint) bool { return t.Key == ngv1alpha1.KarpenterDisruptedTaintKey })
+	if tainted {
+		node.Spec.Taints = slices.DeleteFunc(node.Spec.Taints, func(t corev1.Taint) bool { return t.Key == ngv1alpha1.KarpenterDisruptedTaintKey })
+	}
 	if err := r.Client.Patch(ctx, &node, patch); err != nil {
 		return reconcile.Result{}, client.IgnoreNotFound(err)
 	}

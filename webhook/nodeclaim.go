@@ -39,8 +39,9 @@ const NodeClaimWebhookName = "nodeclaim.nodeguard.io"
 // with the managed-nodes scope, only for NodeClaims labelled like managed
 // nodes (its objectSelector; Karpenter copies a NodeClaim's labels onto its
 // Node). Installed where the NodeClaim CRD does not exist, the configuration
-// matches nothing and costs nothing; the handler reads NodeClaims only from
-// the review.
+// matches nothing and costs nothing; the handler reads the NodeClaim only
+// from the review (the Node DELETE webhook reads a Karpenter node's NodeClaim
+// from the API server, karpenterTerminates).
 // +kubebuilder:webhook:path=/validate-nodeclaim-delete,mutating=false,failurePolicy=fail,sideEffects=NoneOnDryRun,groups=karpenter.sh,resources=nodeclaims,verbs=delete,versions=v1,name=nodeclaim.nodeguard.io,admissionReviewVersions=v1,timeoutSeconds=5,patch=`{"matchConditions":[{"name":"not-deleting","expression":"!has(oldObject.metadata.deletionTimestamp)"},{"name":"has-node","expression":"has(oldObject.status) && has(oldObject.status.nodeName) && oldObject.status.nodeName != ''"}]}`
 
 // nodeClaim is the part of a karpenter.sh/v1 NodeClaim the decision reads.

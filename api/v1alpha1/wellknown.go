@@ -95,11 +95,11 @@ const (
 // its instance itself.
 const KarpenterTerminationFinalizer = "karpenter.sh/termination"
 
-// The mark nodeguard leaves on a node whose NodeClaim DELETE it denied,
-// refreshed while Karpenter retries: once Karpenter stops retrying and leaves
-// its disrupted taint, nodeguard removes the taint (and the mark).
+// The mark nodeguard leaves on a node whose NodeClaim DELETE it denied: 30 s
+// after the first denial, nodeguard removes Karpenter's disrupted taint (and
+// the mark), so that a node Karpenter cannot remove serves again.
 const (
-	// NodeClaimDeleteDeniedAtAnnotation (RFC 3339 time): the latest denial.
+	// NodeClaimDeleteDeniedAtAnnotation (RFC 3339 time): the first denial.
 	NodeClaimDeleteDeniedAtAnnotation = "nodeguard.io/nodeclaim-delete-denied-at"
 	// NodeClaimDeleteDeniedByAnnotation: what denied it, such as
 	// `NodeDisruptionBudget "web"`.
