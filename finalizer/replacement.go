@@ -440,7 +440,7 @@ func (p *replacePass) restart(ctx context.Context, g *drain.Group, pod *corev1.P
 	case apierrors.IsConflict(err):
 		p.conflicted[d.UID] = true
 		return fmt.Sprintf("blocked by design (%s); restarting Deployment %s", budgetNumbers(g), name), nil
-	case apierrors.IsForbidden(err):
+	case notGranted(err):
 		// Installed without the replace grant (the default), with the policy
 		// replace from an annotation: wait, as under the policy wait.
 		return p.wait(g, pod, fmt.Sprintf("blocked-pdb-policy replace (%s), but nodeguard may not patch Deployment %s: "+
@@ -603,4 +603,10 @@ func podReady(pod *corev1.Pod) bool {
 		}
 	}
 	return false
+}
+
+// notGranted tells RBAC's refusal of a patch from other 403s (an admission
+// webhook or a policy denying this one patch), which are errors to report.
+func notGranted(err error) bool {
+	return apierrors.IsForbidden(err) && strings.Contains(err.Error(), "cannot patch resource")
 }

@@ -42,7 +42,7 @@ var DefaultSignalTaints = []SignalTaint{
 // design (kubernetes-sigs/cloud-provider-azure#9633, PR #9634) sets Down on,
 // restoring None once all are gone. nodeguard never restores None while one
 // is on a node, whatever --signal-taints says, so the two never disagree.
-var CloudProviderSignalTaints = DefaultSignalTaints[:3]
+var CloudProviderSignalTaints = DefaultSignalTaints[:3:3]
 
 // signalTaints is the configured table. It is set once at start-up
 // (SetSignalTaints, before any controller or webhook runs) and read on every
