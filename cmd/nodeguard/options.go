@@ -109,7 +109,7 @@ func (o *options) bind(fs *flag.FlagSet) {
 	fs.DurationVar(&o.unconfirmedClaimTimeout, "unconfirmed-claim-timeout", budget.DefaultUnconfirmedClaimTimeout,
 		"How long after its admission a disruption claim may wait for its node to show the disruption under way (deleting, draining, or scaled down) before it is given back (Warning event DisruptionClaimUnconfirmed): "+
 			"an admitted delete sets the node's deletionTimestamp within milliseconds, so such a claim is a delete a later admission step denied, or a forged admission review. "+
-			"The node is read fresh from the API server first. 0 turns it off (only --disruption-claim-timeout applies); otherwise at least 5s (the webhook timeout) and below --disruption-claim-timeout.")
+			"The node is read fresh from the API server first. 0 turns it off (only --disruption-claim-timeout applies); otherwise at least 5s (the webhook timeout) and below --disruption-claim-timeout, and raised to three times --delete-admission-timeout when lower (an admission that charged a budget is over by then).")
 	fs.DurationVar(&o.adminStateTimeout, "admin-state-timeout", finalizer.DefaultAdminStateTimeout,
 		"How long a drain waits for Azure to confirm the node's load-balancer AdminState Down; past it the drain continues with a Warning event, so an ARM outage never wedges it.")
 	fs.StringVar(&o.trafficCutFailure, "traffic-cut-failure", string(finalizer.TrafficCutFailureDrain),
@@ -157,6 +157,10 @@ func (o *options) bind(fs *flag.FlagSet) {
 		"How long to wait on SIGTERM for in-flight work to finish before exiting.")
 }
 
+// unconfirmedFloor is the shortest --unconfirmed-claim-timeout: three times
+// --delete-admission-timeout.
+func (o *options) unconfirmedFloor() time.Duration { return 3 * o.deleteTimeout }
+
 func (o *options) validate() error {
 	table, err := ngv1alpha1.ParseSignalTaints(o.signalTaints)
 	if err != nil {
@@ -192,6 +196,12 @@ func (o *options) validate() error {
 	}
 	if o.claimTimeout <= 0 {
 		return fmt.Errorf("--disruption-claim-timeout (%s) must be positive", o.claimTimeout)
+	}
+	if u := o.unconfirmedClaimTimeout; u != 0 && u < o.unconfirmedFloor() {
+		// An admission that charged a budget may still be running (and be run
+		// again by the API server) until then: a give-back before it could let
+		// the budget admit one more.
+		o.unconfirmedClaimTimeout = o.unconfirmedFloor()
 	}
 	if u := o.unconfirmedClaimTimeout; u != 0 && (u < 5*time.Second || u >= o.claimTimeout) {
 		return fmt.Errorf("--unconfirmed-claim-timeout (%s) must be 0 (off), or at least 5s (the webhook timeout) and below --disruption-claim-timeout (%s)", u, o.claimTimeout)
