@@ -93,13 +93,24 @@ func (r *StatusReconciler) newClaimReview(ndb *ngv1alpha1.NodeDisruptionBudget, 
 	return &claimReview{r: r, sel: sel, cached: cached, fresh: map[string]*corev1.Node{}}
 }
 
+// listFreshAbove is how many nodes readFresh reads one by one; for more (the
+// claims of a fleet deletion whose nodes are gone), one List of the budget's
+// selected nodes answers them all in one round trip.
+const listFreshAbove = 8
+
 // readFresh reads from the API server every claimed node whose claim the
 // cache alone cannot drop at now.
 func (c *claimReview) readFresh(ctx context.Context, claims map[string]metav1.Time, now time.Time) error {
+	var names []string
 	for name, at := range claims {
-		if _, _, ask := c.judge(name, at.Time, now); !ask {
-			continue
+		if _, _, ask := c.judge(name, at.Time, now); ask {
+			names = append(names, name)
 		}
+	}
+	if len(names) > listFreshAbove {
+		return c.listFresh(ctx, names)
+	}
+	for _, name := range names {
 		var node corev1.Node
 		err := c.r.Reader.Get(ctx, client.ObjectKey{Name: name}, &node)
 		switch {
@@ -110,6 +121,24 @@ func (c *claimReview) readFresh(ctx context.Context, claims map[string]metav1.Ti
 		default:
 			c.fresh[name] = &node
 		}
+	}
+	return nil
+}
+
+// listFresh answers the reads of names with one List of the nodes the
+// budget selects: a node not in it is gone or no longer selected, which
+// judge treats alike.
+func (c *claimReview) listFresh(ctx context.Context, names []string) error {
+	var list corev1.NodeList
+	if err := c.r.Reader.List(ctx, &list, client.MatchingLabelsSelector{Selector: c.sel}); err != nil {
+		return fmt.Errorf("listing the budget's nodes to confirm %d claims: %w", len(names), err)
+	}
+	listed := make(map[string]*corev1.Node, len(list.Items))
+	for i := range list.Items {
+		listed[list.Items[i].Name] = &list.Items[i]
+	}
+	for _, name := range names {
+		c.fresh[name] = listed[name]
 	}
 	return nil
 }
