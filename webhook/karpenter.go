@@ -225,7 +225,7 @@ func (r *KarpenterRelease) event(node *corev1.Node, by string) {
 		claim = "NodeClaim " + ref.Name
 	}
 	r.Recorder.Eventf(node, nil, corev1.EventTypeWarning, ReasonKarpenterDisruptionAbandoned, actionReleaseKarpenter,
-		"%s has denied deleting %s for %s while Karpenter kept the node tainted %s: removed the taint so that the node takes pods and traffic again (a delete Karpenter retries later is admitted within the budget)",
+		"%s denied deleting %s for %s while Karpenter kept the node tainted %s: removed the taint so that the node takes pods and traffic again (a delete Karpenter retries later is admitted within the budget)",
 		by, claim, deniedReleaseAfter, ngv1alpha1.KarpenterDisruptedTaintKey)
 }
 
