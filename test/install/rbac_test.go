@@ -190,7 +190,7 @@ var knownUnused = func() map[permission]string {
 	for _, p := range []permission{
 		{"", "events", "list", ""}, {"coordination.k8s.io", "leases", "list", namespace},
 		{"nodeguard.io", "nodedisruptionbudgets", "list", ""}, {"", "nodes", "list", ""}, {"policy", "poddisruptionbudgets", "list", ""},
-		{"storage.k8s.io", "volumeattachments", "list", ""},
+		{"storage.k8s.io", "volumeattachments", "list", ""}, {"", "services", "list", ""},
 	} {
 		m[p] = watchList
 	}
