@@ -179,6 +179,7 @@ func (r *Reconciler) SetupWithManager(mgr ctrl.Manager) error {
 	}
 	r.wakeups = make(chan event.GenericEvent, 1024)
 	r.pods = newNodePods(cs, r.wakeups)
+	r.pods.emptied = r.podsGone
 	if err := mgr.Add(r.pods); err != nil {
 		return err
 	}
@@ -393,15 +394,7 @@ func (r *Reconciler) drainBeganHere(node *corev1.Node) bool {
 
 // forgetName drops the state of a node that is gone, found by name.
 func (r *Reconciler) forgetName(ctx context.Context, name string) {
-	r.phases.mu.Lock()
-	var gone []types.UID
-	for uid, n := range r.phases.names {
-		if n == name {
-			gone = append(gone, uid)
-		}
-	}
-	r.phases.mu.Unlock()
-	for _, uid := range gone {
+	for _, uid := range r.phases.uids(name) {
 		r.forget(ctx, uid)
 	}
 }

@@ -14,6 +14,8 @@ import (
 	toolscache "k8s.io/client-go/tools/cache"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/event"
+
+	"github.com/nodeguard/nodeguard/finalizer/drain"
 )
 
 // nodePods watches the pods of each node being drained, one watch per node
@@ -26,6 +28,9 @@ type nodePods struct {
 	listWatch func(node string) toolscache.ListerWatcher
 	// wake takes the nodes to reconcile (the controller's wake-up channel).
 	wake chan<- event.GenericEvent
+	// emptied, if set, is told at once when a node's last pod that a drain
+	// waits for goes (a pod deleted or finished), before the coalesced pass.
+	emptied func(ctx context.Context, node string)
 
 	mu      sync.Mutex
 	stopped bool
@@ -82,9 +87,13 @@ func (w *nodePods) watch(node string) {
 		UpdateFunc: func(old, cur any) {
 			if matters(old, cur) {
 				w.notify(ctx, node)
+				w.checkEmpty(ctx, node, inf)
 			}
 		},
-		DeleteFunc: func(any) { w.notify(ctx, node) },
+		DeleteFunc: func(any) {
+			w.notify(ctx, node)
+			w.checkEmpty(ctx, node, inf)
+		},
 	})
 	go inf.RunWithContext(ctx)
 }
@@ -123,6 +132,21 @@ func (w *nodePods) cached(node string) ([]corev1.Pod, bool) {
 		}
 	}
 	return pods, true
+}
+
+// checkEmpty tells emptied when the watch holds no pod a drain waits for:
+// only mirror pods and finished pods, which no drain evicts. A lagging
+// watch only ever shows more pods than are left, never fewer.
+func (w *nodePods) checkEmpty(ctx context.Context, node string, inf toolscache.SharedIndexInformer) {
+	if w.emptied == nil {
+		return
+	}
+	for _, o := range inf.GetStore().List() {
+		if p, ok := o.(*corev1.Pod); !ok || !drain.NeverWaitedFor(p) {
+			return
+		}
+	}
+	w.emptied(ctx, node)
 }
 
 // Start implements manager.Runnable: it stops every watch on shutdown (the
