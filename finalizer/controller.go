@@ -208,7 +208,8 @@ func (r *Reconciler) workers() int {
 	return 2 * max(r.Opts.MaxConcurrentNodes, 1)
 }
 
-// pdbHandler wakes what waits on a PDB. A status change that allows a
+// pdbHandler wakes what waits on a PDB, and shows the Evictor every status
+// (drain.Evictor.Seen). A status change that allows a
 // disruption sends the next evictions of the queues parked under it at once
 // (drain.Evictor.Wake); the pods' going then wakes their nodes. Any other
 // change wakes the nodes whose queues include the PDB, except a change that
@@ -221,11 +222,18 @@ func (r *Reconciler) pdbHandler() handler.EventHandler {
 	}
 	return handler.Funcs{
 		CreateFunc: func(ctx context.Context, e event.CreateEvent, q workqueue.TypedRateLimitingInterface[reconcile.Request]) {
+			if pdb, ok := e.Object.(*policyv1.PodDisruptionBudget); ok {
+				r.Evictor.Seen(pdb)
+			}
 			enqueue(ctx, e.Object, q)
 		},
 		UpdateFunc: func(ctx context.Context, e event.UpdateEvent, q workqueue.TypedRateLimitingInterface[reconcile.Request]) {
 			old, ok1 := e.ObjectOld.(*policyv1.PodDisruptionBudget)
 			pdb, ok2 := e.ObjectNew.(*policyv1.PodDisruptionBudget)
+			if ok2 {
+				// Every status, in order: which of nodeguard's grants it shows.
+				r.Evictor.Seen(pdb)
+			}
 			switch {
 			case !ok1 || !ok2:
 				enqueue(ctx, e.ObjectNew, q)
