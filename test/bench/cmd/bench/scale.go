@@ -164,10 +164,16 @@ func runScale(ctx context.Context, c config, env *harness.Env) (*scaleResult, er
 		return nil, err
 	}
 	defer kubectlAPI.close()
-	ng, err := startNodeguard(c.nodeguard, env, ngAPI.Kubeconfig, emu.URL(), filepath.Join(env.Dir, "nodeguard-scale.log"))
+	metricsAddr, err := freeAddr()
 	if err != nil {
 		return nil, err
 	}
+	ng, err := startNodeguard(c.nodeguard, env, ngAPI.Kubeconfig, emu.URL(), filepath.Join(env.Dir, "nodeguard-scale.log"),
+		"--metrics-bind-address="+metricsAddr, "--metrics-secure=false")
+	if err != nil {
+		return nil, err
+	}
+	metricsURL := "http://" + metricsAddr + "/metrics"
 	defer ng.stop()
 	s := &sampler{pids: map[string]int{"nodeguard": ng.pid()}, peak: map[string]int64{}}
 	for _, p := range scaleProcs[1:] {
@@ -264,7 +270,7 @@ func runScale(ctx context.Context, c config, env *harness.Env) (*scaleResult, er
 	logf("scale: deleting %d nodes at once under nodeguard (NDB maxUnavailable %s)", len(ngSet), scaleNDB)
 	if err := phase(fmt.Sprintf("deleting %d nodes (nodeguard)", len(ngSet)), func() error {
 		var err error
-		r.Nodeguard, err = deleteWithNodeguard(ctx, cl, ngAPI, ngSet)
+		r.Nodeguard, err = deleteWithNodeguard(ctx, cl, ngAPI, metricsURL, ngSet)
 		return err
 	}); err != nil {
 		return r, err
@@ -449,7 +455,17 @@ type fleetDeletion struct {
 	// watches, lists, lease renewals and status writes included; kubectl's
 	// discovery included).
 	API requestCount `json:"api"`
+	// Handoff and Wakeup are nodeguard's own histograms over the window:
+	// nodeguard_drain_slot_handoff_seconds, nodeguard_drain_wakeup_delay_seconds.
+	Handoff histogram `json:"slotHandoff,omitzero"`
+	Wakeup  histogram `json:"wakeupDelay,omitzero"`
 }
+
+// The histograms of nodeguard's the fleet deletion reports.
+const (
+	handoffMetric = "nodeguard_drain_slot_handoff_seconds"
+	wakeupMetric  = "nodeguard_drain_wakeup_delay_seconds"
+)
 
 func (f *fleetDeletion) perPod() float64 { return float64(f.API.total()) / float64(max(f.Pods, 1)) }
 
@@ -457,7 +473,7 @@ func (f *fleetDeletion) perPod() float64 { return float64(f.API.total()) / float
 // autoscaler does), through nodeguard's request counter (the deletes count as
 // nodeguard's), retrying the ones the webhook denies, and waits until every
 // node is gone.
-func deleteWithNodeguard(ctx context.Context, cl client.Client, api *requestCounter, nodes []string) (*fleetDeletion, error) {
+func deleteWithNodeguard(ctx context.Context, cl client.Client, api *requestCounter, metricsURL string, nodes []string) (*fleetDeletion, error) {
 	pods, err := podsOn(ctx, cl, nodes)
 	if err != nil {
 		return nil, err
@@ -472,6 +488,10 @@ func deleteWithNodeguard(ctx context.Context, cl client.Client, api *requestCoun
 	if err != nil {
 		return nil, err
 	}
+	metricsBefore, err := scrapeHistograms(ctx, metricsURL, handoffMetric, wakeupMetric)
+	if err != nil {
+		return nil, err
+	}
 	before := api.snapshot()
 	start := time.Now()
 	if f.Retries, err = deleteRetrying(ctx, deleter, nodes); err != nil {
@@ -479,6 +499,12 @@ func deleteWithNodeguard(ctx context.Context, cl client.Client, api *requestCoun
 	}
 	gone, err := waitGone(ctx, cl, "nodeguard", start, len(nodes))
 	f.API = api.snapshot().since(before)
+	if after, serr := scrapeHistograms(ctx, metricsURL, handoffMetric, wakeupMetric); serr == nil {
+		f.Handoff = after[handoffMetric].since(metricsBefore[handoffMetric])
+		f.Wakeup = after[wakeupMetric].since(metricsBefore[wakeupMetric])
+	} else {
+		logf("scale: reading nodeguard's metrics: %v", serr)
+	}
 	f.Released, f.Median = gone[len(gone)-1], gone[len(gone)/2]
 	return f, err
 }
@@ -625,6 +651,8 @@ func fleetTable(r *scaleResult) *bench.Table {
 	row(fmt.Sprintf("`kubectl drain --force` + `kubectl delete node`, %d at a time", r.Parallel), r.Kubectl)
 	t.Note("How to read it: lower is better in every column; the two rows drain sets of the same size and layout in the same cluster, one after the other (the kubectl set is cordoned while nodeguard works, so neither set receives the other's evicted pods). nodeguard drains %d nodes at a time by default, and the kubectl loop runs at the same parallelism.", r.Parallel)
 	t.Note("Times run from the first delete (nodeguard) or the first kubectl drain until the node object is gone, by a 250 ms poll. API requests are every request each drainer sent through its own counting proxy in that window: for nodeguard its watches, lists, evictions, status writes and Lease renewals, and the node deletes (one request per node, a denied or unanswered one retried every %s: %d denied with 429, %d not answered by the webhook within kube-apiserver's 5 s webhook timeout); for kubectl every drain and delete process, discovery included. Refused (429) are evictions a PDB did not allow yet.", rollingRetry, r.Nodeguard.Retries.Denied, r.Nodeguard.Retries.WebhookFailed)
+	t.Note("nodeguard's own view (its metrics over the deletion, bucket bounds): drain slot handoff, from a node's last pod gone to the first eviction of the node that takes its slot (%s): %s; PDB wake-up, from a status that allows a disruption again to the eviction sent for it (%s): %s.",
+		handoffMetric, r.Nodeguard.Handoff.summary(), wakeupMetric, r.Nodeguard.Wakeup.summary())
 	if r.Nodeguard != nil && r.Kubectl != nil {
 		t.Note("nodeguard's requests by kind: %s. kubectl's: %s.", topRequests(r.Nodeguard.API, 8), topRequests(r.Kubectl.API, 8))
 	}
