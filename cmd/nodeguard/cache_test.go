@@ -10,8 +10,9 @@ import (
 )
 
 // TestCachedNodesKeepWhatNodeguardReads: the node cache's transform drops the
-// managed fields and the kubelet's inventory, and keeps the metadata, the
-// spec, the conditions and the addresses.
+// managed fields, the kubelet's inventory and its pressure conditions, and
+// keeps the metadata, the spec, the Ready condition and nodeguard's own, and
+// the addresses.
 func TestCachedNodesKeepWhatNodeguardReads(t *testing.T) {
 	node := &corev1.Node{
 		ObjectMeta: metav1.ObjectMeta{Name: "n", Labels: map[string]string{"pool": "a"}, Finalizers: []string{"f"},
@@ -19,16 +20,20 @@ func TestCachedNodesKeepWhatNodeguardReads(t *testing.T) {
 		Spec: corev1.NodeSpec{ProviderID: "azure:///x", Unschedulable: true,
 			Taints: []corev1.Taint{{Key: "k", Effect: corev1.TaintEffectNoSchedule}}},
 		Status: corev1.NodeStatus{
-			Conditions: []corev1.NodeCondition{{Type: corev1.NodeReady, Status: corev1.ConditionTrue}},
-			Addresses:  []corev1.NodeAddress{{Type: corev1.NodeInternalIP, Address: "10.0.0.1"}},
-			Capacity:   corev1.ResourceList{corev1.ResourceCPU: resource.MustParse("4")},
-			NodeInfo:   corev1.NodeSystemInfo{KubeletVersion: "v1.36.3"},
-			Images:     []corev1.ContainerImage{{Names: []string{"pause"}}},
+			Conditions: []corev1.NodeCondition{
+				{Type: corev1.NodeMemoryPressure, Status: corev1.ConditionFalse},
+				{Type: corev1.NodeReady, Status: corev1.ConditionTrue},
+				{Type: "nodeguard.io/TrafficCut", Status: corev1.ConditionTrue},
+			},
+			Addresses: []corev1.NodeAddress{{Type: corev1.NodeInternalIP, Address: "10.0.0.1"}},
+			Capacity:  corev1.ResourceList{corev1.ResourceCPU: resource.MustParse("4")},
+			NodeInfo:  corev1.NodeSystemInfo{KubeletVersion: "v1.36.3"},
+			Images:    []corev1.ContainerImage{{Names: []string{"pause"}}},
 		},
 	}
 	want := node.DeepCopy()
 	want.ManagedFields = nil
-	want.Status = corev1.NodeStatus{Conditions: node.Status.Conditions, Addresses: node.Status.Addresses}
+	want.Status = corev1.NodeStatus{Conditions: want.Status.Conditions[1:], Addresses: want.Status.Addresses}
 
 	got, err := trimNode(node)
 	if err != nil {
