@@ -5,6 +5,7 @@ import (
 	"maps"
 	"reflect"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -44,6 +45,9 @@ type nodePods struct {
 type podWatch struct {
 	cancel   context.CancelFunc
 	informer toolscache.SharedIndexInformer
+	// draining: the node drains, and its pods' changes wake it. A node
+	// waiting for a drain slot only keeps the cache warm (prepare).
+	draining atomic.Bool
 }
 
 // podEventsCoalesce gathers the pod events of one node into one drain pass:
@@ -66,36 +70,53 @@ func newNodePods(cs kubernetes.Interface, wake chan<- event.GenericEvent) *nodeP
 	}
 }
 
-// watch starts watching the node's pods, once.
+// watch starts watching the node's pods, once, and has their changes wake
+// the node's drain.
 func (w *nodePods) watch(node string) {
+	if pw := w.prepare(node); pw != nil {
+		pw.draining.Store(true)
+	}
+}
+
+// prepare starts watching the node's pods, once, without waking the node:
+// the pass its drain slot wakes then plans from a synced cache.
+func (w *nodePods) prepare(node string) *podWatch {
 	if w == nil {
-		return
+		return nil
 	}
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	if _, ok := w.watches[node]; ok || w.stopped {
-		return
+	if pw, ok := w.watches[node]; ok || w.stopped {
+		return pw
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	inf := toolscache.NewSharedIndexInformer(w.listWatch(node), &corev1.Pod{}, 0, toolscache.Indexers{})
-	w.watches[node] = &podWatch{cancel: cancel, informer: inf}
+	pw := &podWatch{cancel: cancel, informer: inf}
+	w.watches[node] = pw
 	_ = inf.SetTransform(cache.TransformStripManagedFields())
-	_, _ = inf.AddEventHandler(toolscache.ResourceEventHandlerDetailedFuncs{
-		// The initial list wakes the node too: a change between the drain
-		// pass's own list and this one is not missed.
-		AddFunc: func(any, bool) { w.notify(ctx, node) },
-		UpdateFunc: func(old, cur any) {
-			if matters(old, cur) {
-				w.notify(ctx, node)
-				w.checkEmpty(ctx, node, inf)
-			}
-		},
-		DeleteFunc: func(any) {
+	changed := func() {
+		if pw.draining.Load() {
 			w.notify(ctx, node)
 			w.checkEmpty(ctx, node, inf)
+		}
+	}
+	_, _ = inf.AddEventHandler(toolscache.ResourceEventHandlerDetailedFuncs{
+		// The initial list wakes a draining node too: a change between the
+		// drain pass's own list and this one is not missed.
+		AddFunc: func(any, bool) {
+			if pw.draining.Load() {
+				w.notify(ctx, node)
+			}
 		},
+		UpdateFunc: func(old, cur any) {
+			if matters(old, cur) {
+				changed()
+			}
+		},
+		DeleteFunc: func(any) { changed() },
 	})
 	go inf.RunWithContext(ctx)
+	return pw
 }
 
 // unwatch stops watching the node's pods.

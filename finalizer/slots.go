@@ -234,7 +234,7 @@ func (r *Reconciler) waitForDrainSlot(ctx context.Context, node *corev1.Node) (r
 	if ahead < limit {
 		// Next in line: watch its pods now, so that the pass a freed slot
 		// wakes plans from a warm cache and evicts at once.
-		r.pods.watch(node.Name)
+		r.pods.prepare(node.Name)
 	}
 	// The condition's message stays the same while the line moves: a new
 	// one would be written, and the node passed again, for each move.
