@@ -14,15 +14,17 @@ import (
 )
 
 // histogram is one Prometheus histogram as nodeguard's /metrics shows it:
-// cumulative counts by upper bound.
+// cumulative counts by finite upper bound, and the count of every
+// observation (the +Inf bucket, which JSON cannot hold as a bound).
 type histogram struct {
 	Bounds []float64 `json:"bounds"`
-	Counts []float64 `json:"counts"` // cumulative, by bound; the last is +Inf
+	Counts []float64 `json:"counts"` // cumulative, by bound
+	Total  float64   `json:"count"`
 }
 
 // since is the histogram of the observations made after before.
 func (h histogram) since(before histogram) histogram {
-	out := histogram{Bounds: h.Bounds, Counts: slices.Clone(h.Counts)}
+	out := histogram{Bounds: h.Bounds, Counts: slices.Clone(h.Counts), Total: h.Total - before.Total}
 	if len(before.Counts) == len(h.Counts) {
 		for i := range out.Counts {
 			out.Counts[i] -= before.Counts[i]
@@ -31,17 +33,12 @@ func (h histogram) since(before histogram) histogram {
 	return out
 }
 
-func (h histogram) count() int {
-	if len(h.Counts) == 0 {
-		return 0
-	}
-	return int(h.Counts[len(h.Counts)-1])
-}
+func (h histogram) count() int { return int(h.Total) }
 
 // quantile is the upper bound of the bucket that holds the q-quantile: the
 // q-quantile is at most that (+Inf past the last bound).
 func (h histogram) quantile(q float64) float64 {
-	n := float64(h.count())
+	n := h.Total
 	for i, c := range h.Counts {
 		if n > 0 && c >= q*n {
 			return h.Bounds[i]
@@ -101,7 +98,11 @@ func scrapeHistograms(ctx context.Context, url string, names ...string) (map[str
 				return nil, fmt.Errorf("reading %q: %v %v", line, err1, err2)
 			}
 			h := out[name]
-			h.Bounds, h.Counts = append(h.Bounds, bound), append(h.Counts, count)
+			if math.IsInf(bound, 1) {
+				h.Total = count
+			} else {
+				h.Bounds, h.Counts = append(h.Bounds, bound), append(h.Counts, count)
+			}
 			out[name] = h
 		}
 	}

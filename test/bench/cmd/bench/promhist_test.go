@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"net/http"
 	"net/http/httptest"
@@ -10,7 +11,8 @@ import (
 
 // TestHistogramsFromMetrics: the buckets of a histogram are read from the
 // Prometheus text format, a later scrape less an earlier one is the
-// observations in between, and a quantile is the bound of its bucket.
+// observations in between, a quantile is the bound of its bucket, and the
+// histogram goes into results.json (no +Inf bound).
 func TestHistogramsFromMetrics(t *testing.T) {
 	counts := [][4]int{{1, 1, 1, 1}, {1, 5, 9, 11}}
 	scrape := 0
@@ -34,5 +36,8 @@ func TestHistogramsFromMetrics(t *testing.T) {
 	}
 	if got := h.summary(); got != "p50 ≤ 4 ms, p99 ≤ more than the last bucket (n 10)" {
 		t.Errorf("summary %q", got)
+	}
+	if _, err := json.Marshal(h); err != nil {
+		t.Errorf("the histogram does not go into results.json: %v", err)
 	}
 }
