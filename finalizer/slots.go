@@ -205,6 +205,13 @@ func (s *drainSlots) firstInLine(n int) []string {
 	return names
 }
 
+// line names the first n nodes waiting for a slot.
+func (s *drainSlots) line(n int) []string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.firstInLine(n)
+}
+
 // count says how many nodes hold a slot and how many wait.
 func (s *drainSlots) count() (held, waiting int) {
 	s.mu.Lock()
@@ -292,6 +299,14 @@ func (r *Reconciler) wakeInLine(ctx context.Context, names []string) {
 	for _, name := range names {
 		if r.wakeups != nil {
 			wakeNode(ctx, r.wakeups, name)
+		}
+	}
+	if len(names) > 0 {
+		// The line moved: the nodes that take the next slots, not only
+		// those woken now, keep their pods' cache warm (a waiting node has
+		// no pass while the line moves).
+		for _, name := range r.slots.line(2 * max(r.Opts.MaxConcurrentNodes, 1)) {
+			r.pods.prepare(name)
 		}
 	}
 }

@@ -345,38 +345,49 @@ func TestHandedOffSlotCarriesItsStamp(t *testing.T) {
 // TestFreedSlotGoesToAWarmNode: with one drain slot, the node waiting next in
 // line watches its pods while it waits; the first node's last pod going
 // hands the slot over, and the second node evicts from its watch's pods
-// without listing them again, counted as one slot handoff. The second node's
-// pod is never evicted while the first node still has one.
+// without listing them again, counted as one slot handoff. The line having
+// moved, the third node watches its pods too, and takes the slot the same
+// way. No node's pod is evicted while the node before it still has one.
 func TestFreedSlotGoesToAWarmNode(t *testing.T) {
 	f := newFixture(t, "handoff")
-	first, second := f.ns+"-a", f.ns+"-b"
-	f.node(t, first)
-	f.node(t, second)
-	f.pod(t, "pod-a", first)
-	f.pod(t, "pod-b", second)
+	first, second, third := f.ns+"-a", f.ns+"-b", f.ns+"-c"
+	for _, n := range []string{first, second, third} {
+		f.node(t, n)
+		f.pod(t, "pod-"+n[len(n)-1:], n)
+	}
 	log := f.startController(t, Options{MaxConcurrentNodes: 1})
-	f.deleteNode(t, first)
-	f.deleteNode(t, second)
+	for _, n := range []string{first, second, third} {
+		f.deleteNode(t, n)
+	}
 	harness.Eventually(t, time.Minute, func(context.Context) (bool, error) {
 		return f.podState(t, "pod-a") == "terminating" && log.count("watch pods spec.nodeName="+second) > 0, nil
 	}, "the first node evicts its pod, and the second, waiting for the slot, watches its pods")
 	if got := f.podState(t, "pod-b"); got != "running" {
 		t.Fatalf("pod-b is %s while the only slot is the first node's", got)
 	}
-	lists, before := log.count("list pods spec.nodeName="+second), handoffs(t)
 
-	f.finish(t, "pod-a")
-	harness.Eventually(t, time.Minute, func(context.Context) (bool, error) {
-		return f.podState(t, "pod-b") == "terminating", nil
-	}, "the first node's last pod going hands the slot to the second node, which evicts")
-	if got := log.count("list pods spec.nodeName=" + second); got != lists {
-		t.Errorf("the second node's pods were listed %d more times after the handoff, want 0 (planned from its watch)", got-lists)
+	for i, n := range []string{second, third} {
+		pod, before := "pod-"+n[len(n)-1:], "pod-"+string(rune('a'+i))
+		harness.Eventually(t, time.Minute, func(context.Context) (bool, error) {
+			return log.count("watch pods spec.nodeName="+n) > 0, nil
+		}, "node %s, next in line, watches its pods", n)
+		lists, handedOff := log.count("list pods spec.nodeName="+n), handoffs(t)
+		f.finish(t, before)
+		harness.Eventually(t, time.Minute, func(context.Context) (bool, error) {
+			return f.podState(t, pod) == "terminating", nil
+		}, "%s going hands the slot to node %s, which evicts", before, n)
+		if got := log.count("list pods spec.nodeName=" + n); got != lists {
+			t.Errorf("node %s's pods were listed %d more times after the handoff, want 0 (planned from its watch)", n, got-lists)
+		}
+		if got := handoffs(t) - handedOff; got != 1 {
+			t.Errorf("nodeguard_drain_slot_handoff_seconds counted %d handoffs to %s, want 1", got, n)
+		}
+		if i == 0 && f.podState(t, "pod-c") != "running" {
+			t.Fatal("pod-c was evicted while the second node held the only slot")
+		}
 	}
-	if got := handoffs(t) - before; got != 1 {
-		t.Errorf("nodeguard_drain_slot_handoff_seconds counted %d handoffs, want 1", got)
-	}
-	f.finish(t, "pod-b")
-	for _, n := range []string{first, second} {
+	f.finish(t, "pod-c")
+	for _, n := range []string{first, second, third} {
 		harness.Eventually(t, time.Minute, func(ctx context.Context) (bool, error) {
 			return harness.NodeGone(ctx, env.Client, n)
 		}, "node %s is released", n)
