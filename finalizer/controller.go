@@ -179,6 +179,7 @@ func (r *Reconciler) SetupWithManager(mgr ctrl.Manager) error {
 	}
 	r.wakeups = make(chan event.GenericEvent, 1024)
 	r.pods = newNodePods(cs, r.wakeups)
+	r.pods.emptied = r.podsGone
 	if err := mgr.Add(r.pods); err != nil {
 		return err
 	}
@@ -207,7 +208,8 @@ func (r *Reconciler) workers() int {
 	return 2 * max(r.Opts.MaxConcurrentNodes, 1)
 }
 
-// pdbHandler wakes what waits on a PDB. A status change that allows a
+// pdbHandler wakes what waits on a PDB, and shows the Evictor every status
+// (drain.Evictor.Seen). A status change that allows a
 // disruption sends the next evictions of the queues parked under it at once
 // (drain.Evictor.Wake); the pods' going then wakes their nodes. Any other
 // change wakes the nodes whose queues include the PDB, except a change that
@@ -220,11 +222,18 @@ func (r *Reconciler) pdbHandler() handler.EventHandler {
 	}
 	return handler.Funcs{
 		CreateFunc: func(ctx context.Context, e event.CreateEvent, q workqueue.TypedRateLimitingInterface[reconcile.Request]) {
+			if pdb, ok := e.Object.(*policyv1.PodDisruptionBudget); ok {
+				r.Evictor.Seen(pdb)
+			}
 			enqueue(ctx, e.Object, q)
 		},
 		UpdateFunc: func(ctx context.Context, e event.UpdateEvent, q workqueue.TypedRateLimitingInterface[reconcile.Request]) {
 			old, ok1 := e.ObjectOld.(*policyv1.PodDisruptionBudget)
 			pdb, ok2 := e.ObjectNew.(*policyv1.PodDisruptionBudget)
+			if ok2 {
+				// Every status, in order: which of nodeguard's grants it shows.
+				r.Evictor.Seen(pdb)
+			}
 			switch {
 			case !ok1 || !ok2:
 				enqueue(ctx, e.ObjectNew, q)
@@ -393,15 +402,7 @@ func (r *Reconciler) drainBeganHere(node *corev1.Node) bool {
 
 // forgetName drops the state of a node that is gone, found by name.
 func (r *Reconciler) forgetName(ctx context.Context, name string) {
-	r.phases.mu.Lock()
-	var gone []types.UID
-	for uid, n := range r.phases.names {
-		if n == name {
-			gone = append(gone, uid)
-		}
-	}
-	r.phases.mu.Unlock()
-	for _, uid := range gone {
+	for _, uid := range r.phases.uids(name) {
 		r.forget(ctx, uid)
 	}
 }

@@ -66,6 +66,9 @@ func (r *Reconciler) drain(ctx context.Context, node *corev1.Node) (reconcile.Re
 	} else {
 		r.wakeInLine(ctx, r.slots.leaveLine(r.Opts.MaxConcurrentNodes, node.UID))
 	}
+	if sendable(plan) {
+		r.observeHandoff(node.UID)
+	}
 	r.warnBeforeEvicting(node, plan)
 	out := r.Evictor.Evict(ctx, node.Name, plan)
 	if waitsOnlyOnBudgets(plan, out) {

@@ -60,6 +60,11 @@ var (
 		Help:    "Time from a PodDisruptionBudget status change that allows a disruption, as nodeguard's watch delivers it, to the eviction request it sends for a queue that waited on that PDB.",
 		Buckets: prometheus.ExponentialBuckets(0.0005, 2, 14),
 	})
+	slotHandoff = prometheus.NewHistogram(prometheus.HistogramOpts{
+		Name:    "nodeguard_drain_slot_handoff_seconds",
+		Help:    "Time from a draining node's last pod gone, as nodeguard's watch of its pods delivers it, to the first eviction request of the node waiting in line that takes its drain slot (--max-concurrent-drains).",
+		Buckets: prometheus.ExponentialBuckets(0.0005, 2, 14),
+	})
 	trafficCuts = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "nodeguard_traffic_cuts_total",
 		Help: "Load-balancer traffic cuts of terminating nodes by outcome, once per node and outcome: confirmed (AdminState Down on every backend entry), failed (a pool's write failed for good: traffic NOT cut there) or timed_out (not confirmed within --admin-state-timeout). With --traffic-cut-failure=drain the drain goes on after failed and timed_out.",
@@ -72,7 +77,7 @@ var (
 )
 
 func init() {
-	metrics.Registry.MustRegister(nodesInPhase, evictions, podsGivenUp, replacementRestarts, drainDuration, wakeupDelay, trafficCuts, terminationDuration)
+	metrics.Registry.MustRegister(nodesInPhase, evictions, podsGivenUp, replacementRestarts, drainDuration, wakeupDelay, slotHandoff, trafficCuts, terminationDuration)
 	for _, c := range []string{drain.GiveUpStuck, drain.GiveUpUnreachable, drain.GiveUpDeadline} {
 		podsGivenUp.WithLabelValues(c)
 	}
@@ -121,6 +126,20 @@ func (p *phases) nodeNames() []string {
 		names = append(names, n)
 	}
 	return names
+}
+
+// uids are the terminating nodes of the name (one, unless a node of that
+// name was recreated).
+func (p *phases) uids(name string) []types.UID {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	var uids []types.UID
+	for uid, n := range p.names {
+		if n == name {
+			uids = append(uids, uid)
+		}
+	}
+	return uids
 }
 
 func (p *phases) forget(uid types.UID) {

@@ -5,6 +5,7 @@ import (
 	"maps"
 	"reflect"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -14,6 +15,8 @@ import (
 	toolscache "k8s.io/client-go/tools/cache"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/event"
+
+	"github.com/nodeguard/nodeguard/finalizer/drain"
 )
 
 // nodePods watches the pods of each node being drained, one watch per node
@@ -26,6 +29,9 @@ type nodePods struct {
 	listWatch func(node string) toolscache.ListerWatcher
 	// wake takes the nodes to reconcile (the controller's wake-up channel).
 	wake chan<- event.GenericEvent
+	// emptied, if set, is told at once when a node's last pod that a drain
+	// waits for goes (a pod deleted or finished), before the coalesced pass.
+	emptied func(ctx context.Context, node string)
 
 	mu      sync.Mutex
 	stopped bool
@@ -39,6 +45,9 @@ type nodePods struct {
 type podWatch struct {
 	cancel   context.CancelFunc
 	informer toolscache.SharedIndexInformer
+	// draining: the node drains, and its pods' changes wake it. A node
+	// waiting for a drain slot only keeps the cache warm (prepare).
+	draining atomic.Bool
 }
 
 // podEventsCoalesce gathers the pod events of one node into one drain pass:
@@ -61,32 +70,53 @@ func newNodePods(cs kubernetes.Interface, wake chan<- event.GenericEvent) *nodeP
 	}
 }
 
-// watch starts watching the node's pods, once.
+// watch starts watching the node's pods, once, and has their changes wake
+// the node's drain.
 func (w *nodePods) watch(node string) {
+	if pw := w.prepare(node); pw != nil {
+		pw.draining.Store(true)
+	}
+}
+
+// prepare starts watching the node's pods, once, without waking the node:
+// the pass its drain slot wakes then plans from a synced cache.
+func (w *nodePods) prepare(node string) *podWatch {
 	if w == nil {
-		return
+		return nil
 	}
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	if _, ok := w.watches[node]; ok || w.stopped {
-		return
+	if pw, ok := w.watches[node]; ok || w.stopped {
+		return pw
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	inf := toolscache.NewSharedIndexInformer(w.listWatch(node), &corev1.Pod{}, 0, toolscache.Indexers{})
-	w.watches[node] = &podWatch{cancel: cancel, informer: inf}
+	pw := &podWatch{cancel: cancel, informer: inf}
+	w.watches[node] = pw
 	_ = inf.SetTransform(cache.TransformStripManagedFields())
+	changed := func() {
+		if pw.draining.Load() {
+			w.notify(ctx, node)
+			w.checkEmpty(ctx, node, inf)
+		}
+	}
 	_, _ = inf.AddEventHandler(toolscache.ResourceEventHandlerDetailedFuncs{
-		// The initial list wakes the node too: a change between the drain
-		// pass's own list and this one is not missed.
-		AddFunc: func(any, bool) { w.notify(ctx, node) },
-		UpdateFunc: func(old, cur any) {
-			if matters(old, cur) {
+		// The initial list wakes a draining node too: a change between the
+		// drain pass's own list and this one is not missed.
+		AddFunc: func(any, bool) {
+			if pw.draining.Load() {
 				w.notify(ctx, node)
 			}
 		},
-		DeleteFunc: func(any) { w.notify(ctx, node) },
+		UpdateFunc: func(old, cur any) {
+			if matters(old, cur) {
+				changed()
+			}
+		},
+		DeleteFunc: func(any) { changed() },
 	})
 	go inf.RunWithContext(ctx)
+	return pw
 }
 
 // unwatch stops watching the node's pods.
@@ -123,6 +153,21 @@ func (w *nodePods) cached(node string) ([]corev1.Pod, bool) {
 		}
 	}
 	return pods, true
+}
+
+// checkEmpty tells emptied when the watch holds no pod a drain waits for:
+// only mirror pods and finished pods, which no drain evicts. A lagging
+// watch only ever shows more pods than are left, never fewer.
+func (w *nodePods) checkEmpty(ctx context.Context, node string, inf toolscache.SharedIndexInformer) {
+	if w.emptied == nil {
+		return
+	}
+	for _, o := range inf.GetStore().List() {
+		if p, ok := o.(*corev1.Pod); !ok || !drain.NeverWaitedFor(p) {
+			return
+		}
+	}
+	w.emptied(ctx, node)
 }
 
 // Start implements manager.Runnable: it stops every watch on shutdown (the

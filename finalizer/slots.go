@@ -43,6 +43,11 @@ type drainSlots struct {
 	// begun are the nodes that held a slot: their drain passes run without
 	// one, and only their evictions wait for one.
 	begun map[types.UID]bool
+	// freed are when the free slots were handed off (a drained node's last
+	// pod gone while others waited), oldest first; handoff is the one a
+	// holder took, until its first eviction: nodeguard_drain_slot_handoff_seconds.
+	freed   []time.Time
+	handoff map[types.UID]time.Time
 }
 
 type slotHolder struct {
@@ -67,6 +72,7 @@ func (s *drainSlots) take(limit int, uid types.UID, h slotHolder) (ok bool, ahea
 	defer s.mu.Unlock()
 	if s.held == nil {
 		s.held, s.waiting, s.begun = map[types.UID]slotHolder{}, map[types.UID]slotHolder{}, map[types.UID]bool{}
+		s.handoff = map[types.UID]time.Time{}
 	}
 	s.expire(h.asked)
 	if _, ok := s.held[uid]; ok || limit <= 0 {
@@ -81,6 +87,9 @@ func (s *drainSlots) take(limit int, uid types.UID, h slotHolder) (ok bool, ahea
 	if ahead < limit-len(s.held) {
 		delete(s.waiting, uid)
 		s.held[uid], s.begun[uid] = h, true
+		if len(s.freed) > 0 {
+			s.handoff[uid], s.freed = s.freed[0], s.freed[1:]
+		}
 		return true, 0
 	}
 	s.waiting[uid] = h
@@ -91,6 +100,19 @@ func (s *drainSlots) take(limit int, uid types.UID, h slotHolder) (ok bool, ahea
 // nodes that may now take the free slots, to be woken. A node that steps
 // aside stays begun; one that is done is forgotten.
 func (s *drainSlots) give(limit int, uid types.UID, done bool) (next []string) {
+	return s.free(limit, uid, done, time.Time{})
+}
+
+// emptied frees the slot of a node whose last pod the drain waits for went
+// at the moment at: a handoff, if nodes wait for the slot. The node stays
+// begun: a pod that turns up later takes a slot again.
+func (s *drainSlots) emptied(limit int, uid types.UID, at time.Time) (next []string) {
+	return s.free(limit, uid, false, at)
+}
+
+// free gives the node's slot back; a handoff stamp (at, else the one the
+// node took and did not use) goes with it to the next node in line.
+func (s *drainSlots) free(limit int, uid types.UID, done bool, at time.Time) (next []string) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	_, held := s.held[uid]
@@ -102,7 +124,28 @@ func (s *drainSlots) give(limit int, uid types.UID, done bool) (next []string) {
 	if !held {
 		return nil
 	}
-	return s.firstInLine(limit - len(s.held))
+	if unused, ok := s.handoff[uid]; ok && at.IsZero() {
+		at = unused
+	}
+	delete(s.handoff, uid)
+	next = s.firstInLine(limit - len(s.held))
+	if !at.IsZero() && len(next) > 0 {
+		s.freed = append(s.freed, at)
+		slices.SortFunc(s.freed, time.Time.Compare)
+		// Never more stamps than free slots: a stamp nobody takes is stale.
+		s.freed = s.freed[max(0, len(s.freed)-(limit-len(s.held))):]
+	}
+	return next
+}
+
+// handedOff returns, once, when the slot the node holds was handed off to
+// it: its first eviction ends the handoff.
+func (s *drainSlots) handedOff(uid types.UID) (at time.Time, ok bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	at, ok = s.handoff[uid]
+	delete(s.handoff, uid)
+	return at, ok
 }
 
 // leaveLine takes a node that no longer waits for a slot out of the line,
@@ -138,9 +181,11 @@ func (s *drainSlots) expire(now time.Time) {
 		for uid, h := range m {
 			if now.Sub(h.asked) > slotExpiry {
 				delete(m, uid)
+				delete(s.handoff, uid)
 			}
 		}
 	}
+	s.freed = slices.DeleteFunc(s.freed, func(at time.Time) bool { return now.Sub(at) > slotExpiry })
 }
 
 // firstInLine names the first n waiting nodes.
@@ -158,6 +203,13 @@ func (s *drainSlots) firstInLine(n int) []string {
 		names = append(names, w.name)
 	}
 	return names
+}
+
+// line names the first n nodes waiting for a slot.
+func (s *drainSlots) line(n int) []string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.firstInLine(n)
 }
 
 // count says how many nodes hold a slot and how many wait.
@@ -186,6 +238,11 @@ func (r *Reconciler) waitForDrainSlot(ctx context.Context, node *corev1.Node) (r
 	if ok {
 		return reconcile.Result{}, nil
 	}
+	if ahead < limit {
+		// Next in line: watch its pods now, so that the pass a freed slot
+		// wakes plans from a warm cache and evicts at once.
+		r.pods.prepare(node.Name)
+	}
 	// The condition's message stays the same while the line moves: a new
 	// one would be written, and the node passed again, for each move.
 	msg := fmt.Sprintf("waiting for a drain slot: %d nodes drain at once (--max-concurrent-drains); those whose termination began earlier go first", limit)
@@ -212,6 +269,26 @@ func (r *Reconciler) giveDrainSlot(ctx context.Context, uid types.UID) {
 	r.wakeInLine(ctx, r.slots.give(r.Opts.MaxConcurrentNodes, uid, true))
 }
 
+// podsGone is told by the node's pod watch that no pod the drain waits for
+// is left: its slot goes to the next node in line at once, not after the
+// node's own pass has listed its pods again and marked it drained.
+func (r *Reconciler) podsGone(ctx context.Context, name string) {
+	for _, uid := range r.phases.uids(name) {
+		if r.slots.holds(uid) {
+			r.Evictor.Forget(name) // its parked pods are gone
+			r.wakeInLine(ctx, r.slots.emptied(r.Opts.MaxConcurrentNodes, uid, r.Clock.Now()))
+		}
+	}
+}
+
+// observeHandoff records, at a node's first eviction in a slot handed off to
+// it, how long the slot stood free.
+func (r *Reconciler) observeHandoff(uid types.UID) {
+	if at, ok := r.slots.handedOff(uid); ok {
+		slotHandoff.Observe(r.Clock.Since(at).Seconds())
+	}
+}
+
 // stepAside frees the slot of a node whose drain waits only on budgets; the
 // node keeps its place in line for its next evictions.
 func (r *Reconciler) stepAside(ctx context.Context, uid types.UID) {
@@ -222,6 +299,14 @@ func (r *Reconciler) wakeInLine(ctx context.Context, names []string) {
 	for _, name := range names {
 		if r.wakeups != nil {
 			wakeNode(ctx, r.wakeups, name)
+		}
+	}
+	if len(names) > 0 {
+		// The line moved: the nodes that take the next slots, not only
+		// those woken now, keep their pods' cache warm (a waiting node has
+		// no pass while the line moves).
+		for _, name := range r.slots.line(2 * max(r.Opts.MaxConcurrentNodes, 1)) {
+			r.pods.prepare(name)
 		}
 	}
 }

@@ -299,3 +299,103 @@ func TestNodeWaitingOnlyOnABudgetStepsAside(t *testing.T) {
 		t.Errorf("web-a's eviction was sent %d times, want at most 2 (the PDB's status said 0)", n)
 	}
 }
+
+// TestHandedOffSlotCarriesItsStamp: a slot freed by an emptied node while
+// others wait carries when it was freed to the node that takes it, until
+// that node's first eviction; a slot freed with nobody waiting carries none;
+// and a node that gives the slot up unused passes the stamp on.
+func TestHandedOffSlotCarriesItsStamp(t *testing.T) {
+	var s drainSlots
+	now := time.Now()
+	holder := func(name string, began int) slotHolder {
+		return slotHolder{name: name, since: now.Add(time.Duration(began) * time.Second), asked: now}
+	}
+	a, b, c := holder("a", 0), holder("b", 1), holder("c", 2)
+	s.take(1, "a", a)
+	if next := s.emptied(1, "a", now); len(next) != 0 {
+		t.Fatalf("a's slot, with nobody waiting, wakes %v", next)
+	}
+	s.take(1, "b", b)
+	if _, ok := s.handedOff("b"); ok {
+		t.Fatal("b took a slot nobody waited for, yet counts a handoff")
+	}
+	if ok, _ := s.take(1, "c", c); ok {
+		t.Fatal("c took the only slot, which b holds")
+	}
+	freed := now.Add(time.Second)
+	if next := s.emptied(1, "b", freed); !slices.Equal(next, []string{"c"}) {
+		t.Fatalf("b's emptied slot wakes %v, want [c]", next)
+	}
+	if ok, _ := s.take(1, "c", c); !ok {
+		t.Fatal("c did not take the freed slot")
+	}
+	s.take(1, "a", a) // a waits again (a pod turned up): c steps aside unused
+	if next := s.give(1, "c", false); !slices.Equal(next, []string{"a"}) {
+		t.Fatalf("c stepping aside wakes %v, want [a]", next)
+	}
+	s.take(1, "a", a)
+	if at, ok := s.handedOff("a"); !ok || !at.Equal(freed) {
+		t.Fatalf("a's handoff began %v (%v), want %v: c did not use the slot", at, ok, freed)
+	}
+	if _, ok := s.handedOff("a"); ok {
+		t.Fatal("a handoff counted twice")
+	}
+}
+
+// TestFreedSlotGoesToAWarmNode: with one drain slot, the node waiting next in
+// line watches its pods while it waits; the first node's last pod going
+// hands the slot over, and the second node evicts from its watch's pods
+// without listing them again, counted as one slot handoff. The line having
+// moved, the third node watches its pods too, and takes the slot the same
+// way. No node's pod is evicted while the node before it still has one.
+func TestFreedSlotGoesToAWarmNode(t *testing.T) {
+	f := newFixture(t, "handoff")
+	first, second, third := f.ns+"-a", f.ns+"-b", f.ns+"-c"
+	for _, n := range []string{first, second, third} {
+		f.node(t, n)
+		f.pod(t, "pod-"+n[len(n)-1:], n)
+	}
+	log := f.startController(t, Options{MaxConcurrentNodes: 1})
+	for _, n := range []string{first, second, third} {
+		f.deleteNode(t, n)
+	}
+	harness.Eventually(t, time.Minute, func(context.Context) (bool, error) {
+		return f.podState(t, "pod-a") == "terminating" && log.count("watch pods spec.nodeName="+second) > 0, nil
+	}, "the first node evicts its pod, and the second, waiting for the slot, watches its pods")
+	if got := f.podState(t, "pod-b"); got != "running" {
+		t.Fatalf("pod-b is %s while the only slot is the first node's", got)
+	}
+
+	for i, n := range []string{second, third} {
+		pod, before := "pod-"+n[len(n)-1:], "pod-"+string(rune('a'+i))
+		harness.Eventually(t, time.Minute, func(context.Context) (bool, error) {
+			return log.count("watch pods spec.nodeName="+n) > 0, nil
+		}, "node %s, next in line, watches its pods", n)
+		lists, handedOff := log.count("list pods spec.nodeName="+n), handoffs(t)
+		f.finish(t, before)
+		harness.Eventually(t, time.Minute, func(context.Context) (bool, error) {
+			return f.podState(t, pod) == "terminating", nil
+		}, "%s going hands the slot to node %s, which evicts", before, n)
+		if got := log.count("list pods spec.nodeName=" + n); got != lists {
+			t.Errorf("node %s's pods were listed %d more times after the handoff, want 0 (planned from its watch)", n, got-lists)
+		}
+		if got := handoffs(t) - handedOff; got != 1 {
+			t.Errorf("nodeguard_drain_slot_handoff_seconds counted %d handoffs to %s, want 1", got, n)
+		}
+		if i == 0 && f.podState(t, "pod-c") != "running" {
+			t.Fatal("pod-c was evicted while the second node held the only slot")
+		}
+	}
+	f.finish(t, "pod-c")
+	for _, n := range []string{first, second, third} {
+		harness.Eventually(t, time.Minute, func(ctx context.Context) (bool, error) {
+			return harness.NodeGone(ctx, env.Client, n)
+		}, "node %s is released", n)
+	}
+}
+
+// handoffs is the sample count of nodeguard_drain_slot_handoff_seconds.
+func handoffs(t *testing.T) uint64 {
+	t.Helper()
+	return sampleCount(t, "nodeguard_drain_slot_handoff_seconds")
+}

@@ -154,16 +154,22 @@ func (f *fixture) evictionsWith(result string) int {
 // wakeups is the sample count of nodeguard_drain_wakeup_delay_seconds.
 func wakeups(t *testing.T) uint64 {
 	t.Helper()
+	return sampleCount(t, "nodeguard_drain_wakeup_delay_seconds")
+}
+
+// sampleCount is the sample count of a histogram on the metrics registry.
+func sampleCount(t *testing.T, name string) uint64 {
+	t.Helper()
 	families, err := metrics.Registry.Gather()
 	if err != nil {
 		t.Fatal(err)
 	}
 	for _, mf := range families {
-		if mf.GetName() == "nodeguard_drain_wakeup_delay_seconds" {
+		if mf.GetName() == name {
 			return mf.GetMetric()[0].GetHistogram().GetSampleCount()
 		}
 	}
-	t.Fatal("nodeguard_drain_wakeup_delay_seconds is not registered")
+	t.Fatalf("%s is not registered", name)
 	return 0
 }
 

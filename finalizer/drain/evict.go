@@ -48,9 +48,9 @@ type Evictor struct {
 	// wakeSeq numbers the Wake calls; lastWake is the last of each PDB.
 	wakeSeq  uint64
 	lastWake map[types.UID]wake
-	// grants count, per PDB, the evictions granted under one of its
-	// statuses (charge, remember).
-	grants map[types.UID]granted
+	// grants are, per PDB and pod name, the evictions nodeguard was granted
+	// and the statuses that showed them (charge, remember, Seen).
+	grants map[types.UID]map[string]grant
 }
 
 // Outcome is what one pass of evictions did.
@@ -131,7 +131,7 @@ func (e *Evictor) Evict(ctx context.Context, node string, plan *Plan) Outcome {
 				mark := e.Mark()
 				err := e.evictOnce(ctx, node, pod)
 				if err == nil && b.spend(pod) {
-					e.remember(g.UID, b)
+					e.remember(g.UID, pod)
 				}
 				if ctx.Err() != nil || record(pod, &g.PDB, err) {
 					e.parkAfter(ctx, g.UID, node, g.Pods[i:], mark)

@@ -232,11 +232,17 @@ func byName(pods []corev1.Pod) []*corev1.Pod {
 	return out
 }
 
+// NeverWaitedFor reports whether no drain waits for the pod, whatever the
+// options: a mirror pod or a finished pod.
+func NeverWaitedFor(pod *corev1.Pod) bool {
+	return pod.Annotations[mirrorPodAnnotation] != "" || isFinished(pod)
+}
+
 // ignored are the pods a drain never touches: mirror pods, finished pods,
 // DaemonSet pods under DaemonSetsSkip, and replacements of returning pods.
 func ignored(pod *corev1.Pod, o PlanOptions) bool {
 	switch {
-	case pod.Annotations[mirrorPodAnnotation] != "", isFinished(pod):
+	case NeverWaitedFor(pod):
 		return true
 	case isDaemonSetPod(pod) && o.DaemonSets == DaemonSetsSkip:
 		return true

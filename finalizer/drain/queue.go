@@ -8,7 +8,9 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	policyv1 "k8s.io/api/policy/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/resourceversion"
 )
 
 // A PDB queue that a 429 (or a PDB allowing no disruption) stopped parks its
@@ -95,7 +97,7 @@ func (e *Evictor) Wake(ctx context.Context, pdb *policyv1.PodDisruptionBudget, s
 	if sending != nil {
 		sending = sync.OnceFunc(sending) // one status change, one wake-up: whichever run sends first
 	}
-	status := budget{left: pdb.Status.DisruptionsAllowed, limited: true, version: pdb.ResourceVersion}
+	status := statusBudget(pdb)
 	e.mu.Lock()
 	if e.lastWake == nil {
 		e.lastWake = map[types.UID]wake{}
@@ -146,15 +148,18 @@ type wake struct {
 }
 
 // budget is what a queue may still send before its PDB's next status: the
-// disruptions the status allowed, each Ready pod evicted spending one. A pod
-// not Ready is always tried (the Eviction API may let it go at 0); with no
-// status computed for the PDB's current spec, nothing is counted. A queue
-// that spent it parks without a request that could only be refused (429).
+// disruptions the status allowed, less nodeguard's own grants it does not
+// show yet, each Ready pod evicted spending one. A pod not Ready is always
+// tried (the Eviction API may let it go at 0); with no status computed for
+// the PDB's current spec, nothing is counted. A queue that spent it parks
+// without a request that could only be refused (429).
 type budget struct {
 	left    int32
 	limited bool
-	// version is the resourceVersion of the PDB the status was read from.
-	version string
+	// version and disrupted are the resourceVersion and DisruptedPods of the
+	// PDB the status was read from.
+	version   string
+	disrupted map[string]metav1.Time
 }
 
 func (b *budget) allows(pod *corev1.Pod) bool { return !b.limited || !podReady(pod) || b.left > 0 }
@@ -171,60 +176,137 @@ func (b *budget) spend(pod *corev1.Pod) bool {
 
 // budgetOf is the budget of a planned queue, from the PDB as the plan read it.
 func budgetOf(g *Group) budget {
-	b := budget{left: g.Allowed, limited: g.Budget != nil && g.Budget.Status.ObservedGeneration >= g.Budget.Generation}
-	if g.Budget != nil {
-		b.version = g.Budget.ResourceVersion
+	if g.Budget == nil {
+		return budget{left: g.Allowed}
 	}
+	b := statusBudget(g.Budget)
+	b.left, b.limited = g.Allowed, g.Budget.Status.ObservedGeneration >= g.Budget.Generation
 	return b
 }
 
-// grantMemory is how long an eviction granted under a PDB's status is taken
-// off that status's budget. The eviction's own write of the PDB (one fewer
-// disruption allowed) replaces the status within milliseconds; a PDB cache
-// that has not shown it yet would otherwise allow the same disruption twice,
-// and the second request could only be refused (429). Bounded, so that an
-// echo the cache missed never holds a queue.
-const grantMemory = 5 * time.Second
-
-// granted counts the evictions granted under one status of a PDB.
-type granted struct {
-	version string
-	n       int32
-	last    time.Time
+// statusBudget is the budget the PDB's status allows.
+func statusBudget(pdb *policyv1.PodDisruptionBudget) budget {
+	return budget{left: pdb.Status.DisruptionsAllowed, limited: true, version: pdb.ResourceVersion, disrupted: pdb.Status.DisruptedPods}
 }
 
-// charge takes the disruptions granted since the status b was read from off
-// its budget: another node's queue, or a wake-up, may have spent them.
+// grantBackstop bounds how long an eviction granted by the API server is
+// taken off statuses that do not show it. The eviction's own write of the PDB
+// lists the pod in DisruptedPods and allows one disruption fewer; a status
+// read before that write arrived (a cache that lags, or the disruption
+// controller's write in between, with a newer resourceVersion) would allow
+// the same disruption twice, and the second request could only be refused
+// (429). The bound only matters when no status ever shows the grant (the API
+// server let a pod it saw not Ready go without charging the PDB).
+const grantBackstop = 30 * time.Second
+
+// grant is one pod's eviction under a PDB, as nodeguard granted it or a
+// status showed it.
+type grant struct {
+	// at is when the API server granted it (zero: not nodeguard's, or not yet).
+	at time.Time
+	// shownIn is the first resourceVersion of the PDB whose DisruptedPods
+	// listed the pod: that status and every later one count the grant (the
+	// disruption controller drops the pod from DisruptedPods only once it
+	// sees it deleting, and then no longer counts it healthy).
+	shownIn string
+	// seen is when shownIn was recorded.
+	seen time.Time
+}
+
+// Seen records which pods the PDB's status shows as disrupted. The PDB watch
+// hands over every status in order: a grant shown once stays counted in later
+// statuses that no longer list it.
+func (e *Evictor) Seen(pdb *policyv1.PodDisruptionBudget) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	e.seenLocked(pdb.UID, pdb.ResourceVersion, pdb.Status.DisruptedPods)
+}
+
+func (e *Evictor) seenLocked(pdb types.UID, version string, disrupted map[string]metav1.Time) {
+	if len(disrupted) == 0 || version == "" {
+		return
+	}
+	if e.grants == nil {
+		e.grants = map[types.UID]map[string]grant{}
+	}
+	if e.grants[pdb] == nil {
+		e.grants[pdb] = map[string]grant{}
+	}
+	e.prune(e.grants[pdb], time.Now())
+	for pod := range disrupted {
+		g := e.grants[pdb][pod]
+		if g.shownIn == "" || olderVersion(version, g.shownIn) {
+			g.shownIn, g.seen = version, time.Now()
+			e.grants[pdb][pod] = g
+		}
+	}
+}
+
+// charge takes nodeguard's grants under the PDB that the status b was read
+// from does not show off its budget: another node's queue, or a wake-up, may
+// have spent them.
 func (e *Evictor) charge(pdb types.UID, b budget) budget {
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	if g, ok := e.grants[pdb]; ok && b.limited && g.version == b.version && time.Since(g.last) < grantMemory {
-		b.left -= g.n
+	e.seenLocked(pdb, b.version, b.disrupted)
+	if !b.limited {
+		return b
+	}
+	now := time.Now()
+	for pod, g := range e.grants[pdb] {
+		if !g.at.IsZero() && now.Sub(g.at) < grantBackstop && !shows(b, pod, g) {
+			b.left--
+		}
 	}
 	return b
 }
 
-// remember records a granted eviction that spent a disruption of the status b
-// was read from.
-func (e *Evictor) remember(pdb types.UID, b budget) {
+// shows reports whether the status counts the grant of the pod: it lists the
+// pod, or it is no older than a status that did.
+func shows(b budget, pod string, g grant) bool {
+	if _, ok := b.disrupted[pod]; ok {
+		return true
+	}
+	return g.shownIn != "" && b.version != "" && !olderVersion(b.version, g.shownIn)
+}
+
+// olderVersion reports whether resourceVersion a of a PDB is older than b; a
+// version that is not a number (never from kube-apiserver) is never older.
+func olderVersion(a, b string) bool {
+	c, err := resourceversion.CompareResourceVersion(a, b)
+	return err == nil && c < 0
+}
+
+// remember records that the API server granted the eviction of a Ready pod
+// under the PDB, and forgets grants past grantBackstop.
+func (e *Evictor) remember(pdb types.UID, pod *corev1.Pod) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	now := time.Now()
 	if e.grants == nil {
-		e.grants = map[types.UID]granted{}
+		e.grants = map[types.UID]map[string]grant{}
 	}
-	for uid, g := range e.grants {
-		if now.Sub(g.last) >= grantMemory {
+	for uid, pods := range e.grants {
+		if e.prune(pods, now); len(pods) == 0 {
 			delete(e.grants, uid)
 		}
 	}
-	g := e.grants[pdb]
-	if g.version != b.version {
-		g = granted{version: b.version}
+	if e.grants[pdb] == nil {
+		e.grants[pdb] = map[string]grant{}
 	}
-	g.n++
-	g.last = now
-	e.grants[pdb] = g
+	g := e.grants[pdb][pod.Name]
+	g.at = now
+	e.grants[pdb][pod.Name] = g
+}
+
+// prune forgets the grants and shown disruptions of one PDB older than
+// grantBackstop.
+func (e *Evictor) prune(pods map[string]grant, now time.Time) {
+	for name, g := range pods {
+		if now.Sub(g.at) >= grantBackstop && now.Sub(g.seen) >= grantBackstop {
+			delete(pods, name)
+		}
+	}
 }
 
 // runParked evicts the parked pods of the PDB, node by node in name order,
@@ -261,7 +343,7 @@ func (e *Evictor) runParked(ctx context.Context, pdb types.UID, b budget, sendin
 			switch err := e.evictOnce(ctx, node, pods[i]); classify(err) {
 			case ResultEvicted:
 				if b.spend(pods[i]) {
-					e.remember(pdb, b)
+					e.remember(pdb, pods[i])
 				}
 				pods[i] = nil
 			case ResultGone, ResultMultiplePDBs:

@@ -9,6 +9,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	policyv1 "k8s.io/api/policy/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/client/fake"
@@ -86,7 +87,7 @@ func TestParkedQueueGoesOnWithEachStatus(t *testing.T) {
 
 	wakeups := 0
 	sending := func() { wakeups++ }
-	if !e.Wake(context.Background(), statusOf(pdb, "2", 2), sending) {
+	if !e.Wake(context.Background(), statusOf(pdb, "2", 2, "web-1"), sending) {
 		t.Fatal("Wake found no parked queue")
 	}
 	// web-2 goes, web-3 is refused: web-3 and web-4 park, in order.
@@ -94,7 +95,7 @@ func TestParkedQueueGoesOnWithEachStatus(t *testing.T) {
 		t.Fatalf("after the first wake-up: %v", got)
 	}
 	waitParked(t, e, pdb.UID)
-	if !e.Wake(context.Background(), statusOf(pdb, "3", 1), sending) {
+	if !e.Wake(context.Background(), statusOf(pdb, "3", 1, "web-1", "web-2"), sending) {
 		t.Fatal("Wake found no parked queue after the 429")
 	}
 	if got := api.waitFor(t, 4); !slices.Equal(got[3:], []string{"web-3 200"}) {
@@ -112,19 +113,27 @@ func TestParkedQueueGoesOnWithEachStatus(t *testing.T) {
 }
 
 // statusOf is the PDB at a later resourceVersion whose status allows the
-// disruptions.
-func statusOf(pdb *policyv1.PodDisruptionBudget, version string, allowed int32) *policyv1.PodDisruptionBudget {
+// disruptions and lists the disrupted pods (the evictions it counts).
+func statusOf(pdb *policyv1.PodDisruptionBudget, version string, allowed int32, disrupted ...string) *policyv1.PodDisruptionBudget {
 	p := pdb.DeepCopy()
 	p.ResourceVersion, p.Status.DisruptionsAllowed = version, allowed
+	p.Status.DisruptedPods = map[string]metav1.Time{}
+	for _, name := range disrupted {
+		p.Status.DisruptedPods[name] = metav1.Now()
+	}
 	return p
 }
 
-// TestGrantedEvictionsSpendTheStatusTheyWereGrantedUnder: two nodes drain pods
-// under one PDB that allows one disruption. The first node's pass evicts; the
-// second node's pass, planned from a PDB cache that does not show that
-// eviction yet (same resourceVersion), sends nothing (it would be refused with
-// 429) and parks. Once the cache shows a new status, the queue goes on.
-func TestGrantedEvictionsSpendTheStatusTheyWereGrantedUnder(t *testing.T) {
+// TestGrantedEvictionsCountUntilAStatusShowsThem: two nodes drain pods under
+// one PDB that allows one disruption. The first node's pass evicts web-a. The
+// second node's passes send nothing (each would be refused with 429) while
+// the PDB cache shows statuses that do not count that grant: the same status
+// the grant spent, and a newer one that the disruption controller wrote from
+// before the eviction (allowing one, not listing web-a). The eviction's own
+// status (web-a disrupted, none allowed) is seen; a later status that allows
+// one again and no longer lists web-a (the controller saw it go) counts it
+// too, and web-b goes.
+func TestGrantedEvictionsCountUntilAStatusShowsThem(t *testing.T) {
 	api := &evictionAPI{}
 	e := &Evictor{Client: api.client()}
 	pdb := &policyv1.PodDisruptionBudget{}
@@ -144,8 +153,13 @@ func TestGrantedEvictionsSpendTheStatusTheyWereGrantedUnder(t *testing.T) {
 		t.Fatal("node-b's queue did not park")
 	}
 	e.Evict(context.Background(), "node-b", planOf(statusOf(pdb, "2", 1), "web-b"))
+	if got := api.log(); !slices.Equal(got, []string{"web-a 200"}) {
+		t.Fatalf("evictions %v: web-b was sent under a newer status that does not count web-a's grant", got)
+	}
+	e.Seen(statusOf(pdb, "3", 0, "web-a"))
+	e.Evict(context.Background(), "node-b", planOf(statusOf(pdb, "4", 1), "web-b"))
 	if got := api.log(); !slices.Equal(got, []string{"web-a 200", "web-b 200"}) {
-		t.Fatalf("evictions %v, want web-b once a new status allows it", got)
+		t.Fatalf("evictions %v, want web-b once a status after the one showing web-a allows it", got)
 	}
 }
 

@@ -45,6 +45,28 @@ type scaleResult struct {
 	Nodeguard *fleetDeletion `json:"nodeguard,omitempty"`
 	Kubectl   *fleetDeletion `json:"kubectl,omitempty"`
 	Phases    []scalePhase   `json:"phases"`
+	// Idle is nodeguard's idle RSS with a tenth of the nodes and pods, then
+	// with all: the growth per node between them.
+	Idle []idlePoint `json:"idle"`
+}
+
+// idlePoint is nodeguard's peak RSS in an idle window of the cluster.
+type idlePoint struct {
+	Nodes, Pods int
+	RSS         int64 `json:"peakRSSBytes"`
+}
+
+// rssPerThousandNodes is how much nodeguard's idle RSS grew per 1,000 nodes
+// (and their pods) between the first and the last idle point.
+func (r *scaleResult) rssPerThousandNodes() (float64, bool) {
+	if len(r.Idle) < 2 {
+		return 0, false
+	}
+	a, b := r.Idle[0], r.Idle[len(r.Idle)-1]
+	if b.Nodes <= a.Nodes {
+		return 0, false
+	}
+	return float64(b.RSS-a.RSS) / float64(b.Nodes-a.Nodes) * 1000, true
 }
 
 // scalePhase is one window: per process, peak RSS and average CPU.
@@ -142,10 +164,16 @@ func runScale(ctx context.Context, c config, env *harness.Env) (*scaleResult, er
 		return nil, err
 	}
 	defer kubectlAPI.close()
-	ng, err := startNodeguard(c.nodeguard, env, ngAPI.Kubeconfig, emu.URL(), filepath.Join(env.Dir, "nodeguard-scale.log"))
+	metricsAddr, err := freeAddr()
 	if err != nil {
 		return nil, err
 	}
+	ng, err := startNodeguard(c.nodeguard, env, ngAPI.Kubeconfig, emu.URL(), filepath.Join(env.Dir, "nodeguard-scale.log"),
+		"--metrics-bind-address="+metricsAddr, "--metrics-secure=false")
+	if err != nil {
+		return nil, err
+	}
+	metricsURL := "http://" + metricsAddr + "/metrics"
 	defer ng.stop()
 	s := &sampler{pids: map[string]int{"nodeguard": ng.pid()}, peak: map[string]int64{}}
 	for _, p := range scaleProcs[1:] {
@@ -174,25 +202,58 @@ func runScale(ctx context.Context, c config, env *harness.Env) (*scaleResult, er
 	if err := idle("empty cluster, idle"); err != nil {
 		return r, err
 	}
-	logf("scale: creating %d nodes", c.scaleNodes)
-	if err := phase(fmt.Sprintf("creating %d nodes", c.scaleNodes), func() error { return createScaleNodes(ctx, cl, names, ngSet, kubectlSet) }); err != nil {
-		return r, err
-	}
-
-	logf("scale: creating %d pods", c.scalePods)
 	if err := create(ctx, cl, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: scaleNS}}); err != nil {
 		return r, err
 	}
 	deployments := max(c.scalePods/10/100, 1)
 	r.DeploymentPods = deployments * 100
-	if err := phase(fmt.Sprintf("creating %d pods", c.scalePods), func() error {
+	bare := c.scalePods - r.DeploymentPods
+	// A tenth of the nodes with their bare pods first, idle, then the rest
+	// and the Deployments: nodeguard's idle RSS at both sizes gives its
+	// growth per node. The Deployments come last, so that their pods spread
+	// over every node as before.
+	first := c.scaleNodes / 10
+	idlePoint := func(nodes, pods int) error {
+		name := fmt.Sprintf("%d nodes, %d pods, idle", nodes, pods)
+		if err := idle(name); err != nil {
+			return err
+		}
+		r.Idle = append(r.Idle, idlePoint{Nodes: nodes, Pods: pods, RSS: r.Phases[len(r.Phases)-1].RSS["nodeguard"]})
+		return nil
+	}
+	if first > 0 {
+		firstPods := barePodsOn(bare, len(names), func(n int) bool { return n < first })
+		logf("scale: creating %d nodes and %d pods", first, len(firstPods))
+		if err := phase(fmt.Sprintf("creating %d nodes", first), func() error { return createScaleNodes(ctx, cl, names[:first], ngSet, kubectlSet) }); err != nil {
+			return r, err
+		}
+		if err := phase(fmt.Sprintf("creating %d pods", len(firstPods)), func() error {
+			if err := createBarePods(ctx, cl, names, firstPods); err != nil {
+				return err
+			}
+			_, err := waitRunning(ctx, cl, scaleNS, 0, len(firstPods))
+			return err
+		}); err != nil {
+			return r, err
+		}
+		if err := idlePoint(first, len(firstPods)); err != nil {
+			return r, err
+		}
+	}
+	logf("scale: creating %d nodes", c.scaleNodes-first)
+	if err := phase(fmt.Sprintf("creating %d more nodes", c.scaleNodes-first), func() error { return createScaleNodes(ctx, cl, names, ngSet, kubectlSet) }); err != nil {
+		return r, err
+	}
+	rest := barePodsOn(bare, len(names), func(n int) bool { return n >= first })
+	logf("scale: creating %d pods", len(rest)+r.DeploymentPods)
+	if err := phase(fmt.Sprintf("creating %d more pods", len(rest)+r.DeploymentPods), func() error {
 		var err error
-		r.Stragglers, err = createScalePods(ctx, cl, names, deployments, c.scalePods-r.DeploymentPods)
+		r.Stragglers, err = createScalePods(ctx, cl, names, deployments, rest, bare)
 		return err
 	}); err != nil {
 		return r, err
 	}
-	if err := idle(fmt.Sprintf("%d nodes, %d pods, idle", c.scaleNodes, c.scalePods)); err != nil {
+	if err := idlePoint(c.scaleNodes, c.scalePods); err != nil {
 		return r, err
 	}
 	if err := create(ctx, cl, builder.NDB("scale", builder.NDBSelecting(managedLabel, "true"), builder.NDBMaxUnavailable(scaleNDB))); err != nil {
@@ -209,7 +270,7 @@ func runScale(ctx context.Context, c config, env *harness.Env) (*scaleResult, er
 	logf("scale: deleting %d nodes at once under nodeguard (NDB maxUnavailable %s)", len(ngSet), scaleNDB)
 	if err := phase(fmt.Sprintf("deleting %d nodes (nodeguard)", len(ngSet)), func() error {
 		var err error
-		r.Nodeguard, err = deleteWithNodeguard(ctx, cl, ngAPI, ngSet)
+		r.Nodeguard, err = deleteWithNodeguard(ctx, cl, ngAPI, metricsURL, ngSet)
 		return err
 	}); err != nil {
 		return r, err
@@ -249,6 +310,8 @@ func scaleNodeNames(c config) (names, ngSet, kubectlSet []string) {
 	return names, names[:c.scaleDelete], names[c.scaleDelete : 2*c.scaleDelete]
 }
 
+// createScaleNodes creates the nodes of names that do not exist yet and
+// waits until all of them are Ready.
 func createScaleNodes(ctx context.Context, cl client.Client, names, ngSet, kubectlSet []string) error {
 	set := map[string]string{}
 	for _, n := range ngSet {
@@ -266,7 +329,7 @@ func createScaleNodes(ctx context.Context, cl client.Client, names, ngSet, kubec
 		if set[n] != "" {
 			opts = append(opts, builder.WithLabels(scaleSetLabel, set[n]))
 		}
-		return cl.Create(ctx, builder.Node(n, opts...))
+		return client.IgnoreAlreadyExists(cl.Create(ctx, builder.Node(n, opts...)))
 	}); err != nil {
 		return err
 	}
@@ -285,11 +348,35 @@ func createScaleNodes(ctx context.Context, cl client.Client, names, ngSet, kubec
 	})
 }
 
+// barePodsOn numbers the bare pods (of bare in all, pod i on node i mod
+// nodes) that go on the nodes onNode picks.
+func barePodsOn(bare, nodes int, onNode func(int) bool) []int {
+	var pods []int
+	for i := range bare {
+		if onNode(i % nodes) {
+			pods = append(pods, i)
+		}
+	}
+	return pods
+}
+
+// createBarePods creates the numbered bare pods, pod i on node i mod nodes.
+func createBarePods(ctx context.Context, cl client.Client, names []string, pods []int) error {
+	podNames := make([]string, 0, len(pods))
+	for _, i := range pods {
+		podNames = append(podNames, strconv.Itoa(i))
+	}
+	return forEach(ctx, podNames, 32, func(ctx context.Context, s string) error {
+		i, _ := strconv.Atoi(s)
+		return cl.Create(ctx, barePod(scaleNS, "filler-"+s, names[i%len(names)]))
+	})
+}
+
 // createScalePods creates the Deployments (100 replicas each, under
-// maxUnavailable 10% PDBs) and the bare pods, and waits until they run. It
-// returns how many never got there (stragglers: kwok at fleet load leaves a
-// few behind).
-func createScalePods(ctx context.Context, cl client.Client, names []string, deployments, bare int) (int, error) {
+// maxUnavailable 10% PDBs) and the numbered bare pods, and waits until
+// those and the bare pods made before (bare in all) run. It returns how many
+// never got there (stragglers: kwok at fleet load leaves a few behind).
+func createScalePods(ctx context.Context, cl client.Client, names []string, deployments int, pods []int, bare int) (int, error) {
 	for i := range deployments {
 		app := fmt.Sprintf("web-%d", i)
 		if err := create(ctx, cl, builder.Deployment(scaleNS, app, 100)); err != nil {
@@ -299,14 +386,7 @@ func createScalePods(ctx context.Context, cl client.Client, names []string, depl
 			return 0, err
 		}
 	}
-	var podNames []string
-	for i := range bare {
-		podNames = append(podNames, strconv.Itoa(i))
-	}
-	if err := forEach(ctx, podNames, 32, func(ctx context.Context, s string) error {
-		i, _ := strconv.Atoi(s)
-		return cl.Create(ctx, barePod(scaleNS, "filler-"+s, names[i%len(names)]))
-	}); err != nil {
+	if err := createBarePods(ctx, cl, names, pods); err != nil {
 		return 0, err
 	}
 	return waitRunning(ctx, cl, scaleNS, deployments*100, bare)
@@ -375,7 +455,17 @@ type fleetDeletion struct {
 	// watches, lists, lease renewals and status writes included; kubectl's
 	// discovery included).
 	API requestCount `json:"api"`
+	// Handoff and Wakeup are nodeguard's own histograms over the window:
+	// nodeguard_drain_slot_handoff_seconds, nodeguard_drain_wakeup_delay_seconds.
+	Handoff histogram `json:"slotHandoff,omitzero"`
+	Wakeup  histogram `json:"wakeupDelay,omitzero"`
 }
+
+// The histograms of nodeguard's the fleet deletion reports.
+const (
+	handoffMetric = "nodeguard_drain_slot_handoff_seconds"
+	wakeupMetric  = "nodeguard_drain_wakeup_delay_seconds"
+)
 
 func (f *fleetDeletion) perPod() float64 { return float64(f.API.total()) / float64(max(f.Pods, 1)) }
 
@@ -383,7 +473,7 @@ func (f *fleetDeletion) perPod() float64 { return float64(f.API.total()) / float
 // autoscaler does), through nodeguard's request counter (the deletes count as
 // nodeguard's), retrying the ones the webhook denies, and waits until every
 // node is gone.
-func deleteWithNodeguard(ctx context.Context, cl client.Client, api *requestCounter, nodes []string) (*fleetDeletion, error) {
+func deleteWithNodeguard(ctx context.Context, cl client.Client, api *requestCounter, metricsURL string, nodes []string) (*fleetDeletion, error) {
 	pods, err := podsOn(ctx, cl, nodes)
 	if err != nil {
 		return nil, err
@@ -398,6 +488,10 @@ func deleteWithNodeguard(ctx context.Context, cl client.Client, api *requestCoun
 	if err != nil {
 		return nil, err
 	}
+	metricsBefore, err := scrapeHistograms(ctx, metricsURL, handoffMetric, wakeupMetric)
+	if err != nil {
+		return nil, err
+	}
 	before := api.snapshot()
 	start := time.Now()
 	if f.Retries, err = deleteRetrying(ctx, deleter, nodes); err != nil {
@@ -405,6 +499,12 @@ func deleteWithNodeguard(ctx context.Context, cl client.Client, api *requestCoun
 	}
 	gone, err := waitGone(ctx, cl, "nodeguard", start, len(nodes))
 	f.API = api.snapshot().since(before)
+	if after, serr := scrapeHistograms(ctx, metricsURL, handoffMetric, wakeupMetric); serr == nil {
+		f.Handoff = after[handoffMetric].since(metricsBefore[handoffMetric])
+		f.Wakeup = after[wakeupMetric].since(metricsBefore[wakeupMetric])
+	} else {
+		logf("scale: reading nodeguard's metrics: %v", serr)
+	}
 	f.Released, f.Median = gone[len(gone)-1], gone[len(gone)/2]
 	return f, err
 }
@@ -517,6 +617,14 @@ func scaleTable(r *scaleResult) *bench.Table {
 		t.AddRow(row...)
 	}
 	t.Note("How to read it: the target is nodeguard's peak RSS under 150 MiB and under half of kube-controller-manager's (last column ≤ 0.50×) once the cluster holds its pods; the empty cluster shows each process's base footprint. RSS is the peak of 1-second samples of /proc/<pid>/status in the phase; CPU is user+system time over the phase ÷ its wall time. kube-controller-manager and kube-scheduler cache every pod; nodeguard lists a draining node's pods on demand.")
+	if slope, ok := r.rssPerThousandNodes(); ok {
+		last := r.Idle[len(r.Idle)-1]
+		const target = 5000
+		at := float64(last.RSS) + slope*float64(target-last.Nodes)/1000
+		t.Note("nodeguard's idle RSS grows %s per 1,000 nodes (with %d pods each): %s at %d nodes and %d pods, %s at %d and %d; extrapolated to %d nodes and %d pods: **%s** (≤ 150 MiB wanted), before a deletion's peak.",
+			mib(int64(slope)), last.Pods/max(last.Nodes, 1), mib(r.Idle[0].RSS), r.Idle[0].Nodes, r.Idle[0].Pods, mib(last.RSS), last.Nodes, last.Pods,
+			target, target*last.Pods/max(last.Nodes, 1), mib(int64(at)))
+	}
 	t.Note("%d of the pods belong to %d Deployments under maxUnavailable 10%% PDBs; the rest are created bound to their nodes (no controller). The run goes on once every pod is Running (phase, not the Ready condition, which kwok leaves stale on a few pods at fleet load), or once at most %d are not and that number has not dropped for %s: %d pods were not running.",
 		r.DeploymentPods, r.DeploymentPods/100, maxStragglers(r.Pods), stragglerStall, r.Stragglers)
 	return t
@@ -543,6 +651,8 @@ func fleetTable(r *scaleResult) *bench.Table {
 	row(fmt.Sprintf("`kubectl drain --force` + `kubectl delete node`, %d at a time", r.Parallel), r.Kubectl)
 	t.Note("How to read it: lower is better in every column; the two rows drain sets of the same size and layout in the same cluster, one after the other (the kubectl set is cordoned while nodeguard works, so neither set receives the other's evicted pods). nodeguard drains %d nodes at a time by default, and the kubectl loop runs at the same parallelism.", r.Parallel)
 	t.Note("Times run from the first delete (nodeguard) or the first kubectl drain until the node object is gone, by a 250 ms poll. API requests are every request each drainer sent through its own counting proxy in that window: for nodeguard its watches, lists, evictions, status writes and Lease renewals, and the node deletes (one request per node, a denied or unanswered one retried every %s: %d denied with 429, %d not answered by the webhook within kube-apiserver's 5 s webhook timeout); for kubectl every drain and delete process, discovery included. Refused (429) are evictions a PDB did not allow yet.", rollingRetry, r.Nodeguard.Retries.Denied, r.Nodeguard.Retries.WebhookFailed)
+	t.Note("nodeguard's own view (its metrics over the deletion, bucket bounds): drain slot handoff, from a node's last pod gone to the first eviction of the node that takes its slot (%s): %s; PDB wake-up, from a status that allows a disruption again to the eviction sent for it (%s): %s.",
+		handoffMetric, r.Nodeguard.Handoff.summary(), wakeupMetric, r.Nodeguard.Wakeup.summary())
 	if r.Nodeguard != nil && r.Kubectl != nil {
 		t.Note("nodeguard's requests by kind: %s. kubectl's: %s.", topRequests(r.Nodeguard.API, 8), topRequests(r.Kubectl.API, 8))
 	}
