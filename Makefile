@@ -118,6 +118,10 @@ manifests: tools-codegen ## Generate the CRD, RBAC and webhook manifests from ma
 	awk '/^---$$/ {n++} {print > (n < 2 ? "manifests/rbac/role.yaml.tmp" : "manifests/maintenance/role.yaml")}' manifests/rbac/role.yaml
 	mv manifests/rbac/role.yaml.tmp manifests/rbac/role.yaml
 
+.PHONY: docs
+docs: ## Regenerate docs/configuration.md's flag reference from nodeguard --help.
+	$(GO) test -short -count=1 -run '^TestConfigurationReferenceIsHelp$$' ./cmd/nodeguard -args -update-docs
+
 ##@ Release
 
 .PHONY: chart
