@@ -107,6 +107,10 @@ func up(ctx context.Context, env *harness.Env, cfg config) (*sandbox, error) {
 		sb.stop()
 		return nil, err
 	}
+	if err := waitGuarded(ctx, env); err != nil {
+		sb.stop()
+		return nil, err
+	}
 	if err := writeEnvFile(env, emulator.URL(), cfg.metricsAddr); err != nil {
 		sb.stop()
 		return nil, err
