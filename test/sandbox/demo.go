@@ -73,12 +73,23 @@ func createDemoBudgets(ctx context.Context, env *harness.Env) error {
 }
 
 // waitGuarded waits until nodeguard's backfill has put its finalizer on every
-// demo node and taken its finalizer-added-at mark off again: before, a delete
-// is refused with "retry the delete", after, it takes the guarded path.
+// demo node and taken its finalizer-added-at mark off again, and has
+// evaluated every budget: before, a delete is refused with "retry", after, it
+// takes the guarded path.
 func waitGuarded(ctx context.Context, env *harness.Env) error {
 	fmt.Println("waiting for nodeguard to guard every node ...")
 	var last string
 	err := harness.Poll(ctx, time.Minute, func(ctx context.Context) (bool, error) {
+		var budgets ngv1alpha1.NodeDisruptionBudgetList
+		if err := env.Client.List(ctx, &budgets); err != nil {
+			return false, err
+		}
+		for _, b := range budgets.Items {
+			if b.Status.ObservedGeneration < b.Generation {
+				last = "NodeDisruptionBudget " + b.Name + " not evaluated"
+				return false, nil
+			}
+		}
 		var nodes corev1.NodeList
 		if err := env.Client.List(ctx, &nodes); err != nil {
 			return false, err
@@ -86,14 +97,14 @@ func waitGuarded(ctx context.Context, env *harness.Env) error {
 		for _, n := range nodes.Items {
 			_, marked := n.Annotations[ngv1alpha1.FinalizerAddedAtAnnotation]
 			if marked || !slices.Contains(n.Finalizers, ngv1alpha1.TerminationFinalizer) {
-				last = n.Name
+				last = "node " + n.Name + " without the finalizer"
 				return false, nil
 			}
 		}
 		return len(nodes.Items) == len(demoNodes), nil
 	})
 	if err != nil {
-		return fmt.Errorf("waiting for the finalizer on every node (last unguarded: %s): %w", last, err)
+		return fmt.Errorf("waiting for nodeguard to guard every node (last: %s): %w", last, err)
 	}
 	return nil
 }
