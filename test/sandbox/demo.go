@@ -121,24 +121,13 @@ func createDemo(ctx context.Context, env *harness.Env) error {
 			builder.WithProviderID(providerID(n, i)),
 			builder.WithInternalIP(n.ip)))
 	}
-	for _, obj := range objs {
-		if err := c.Create(ctx, obj); err != nil {
-			return fmt.Errorf("creating %T %s: %w", obj, obj.GetName(), err)
-		}
-	}
-	// Workloads only once every node is Ready, so that the scheduler spreads
-	// them over the pools instead of packing them onto the first node kwok
-	// reports.
-	if err := waitNodesReady(ctx, c); err != nil {
-		return err
-	}
-	objs = []client.Object{
+	objs = append(objs,
 		builder.Deployment(demoNamespace, "web", 6, builder.OnNodes(poolLabel, "user")),
 		builder.PDB(demoNamespace, "web", builder.MaxUnavailable("1")),
 		builder.Deployment(demoNamespace, "api", 4, builder.OnNodes(poolLabel, "user")),
 		builder.PDB(demoNamespace, "api", builder.MinAvailable("75%")),
 		builder.Deployment(demoNamespace, "batch", 3),
-	}
+	)
 	for _, obj := range objs {
 		if err := c.Create(ctx, obj); err != nil {
 			return fmt.Errorf("creating %T %s: %w", obj, obj.GetName(), err)
@@ -157,23 +146,5 @@ func createDemo(ctx context.Context, env *harness.Env) error {
 			}
 		}
 		return running == 13, nil
-	})
-}
-
-func waitNodesReady(ctx context.Context, c client.Client) error {
-	return harness.Poll(ctx, time.Minute, func(ctx context.Context) (bool, error) {
-		var nodes corev1.NodeList
-		if err := c.List(ctx, &nodes); err != nil {
-			return false, err
-		}
-		ready := 0
-		for _, n := range nodes.Items {
-			for _, cond := range n.Status.Conditions {
-				if cond.Type == corev1.NodeReady && cond.Status == corev1.ConditionTrue {
-					ready++
-				}
-			}
-		}
-		return ready == len(demoNodes), nil
 	})
 }
