@@ -66,12 +66,12 @@ build_codegen() {
 
 build_etcd() {
 	if up_to_date etcd etcd; then echo "etcd: up to date"; return; fi
-	build etcd "about 1 minute" "$bin/etcd" go.etcd.io/etcd/server/v3
+	build etcd "about 30 seconds" "$bin/etcd" go.etcd.io/etcd/server/v3
 }
 
 build_kwok() {
 	if up_to_date kwok kwok kwok-stages/pod-fast.yaml; then echo "kwok: up to date"; return; fi
-	build kwok "about 2 minutes" "$bin/kwok" sigs.k8s.io/kwok/cmd/kwok
+	build kwok "about 1 minute" "$bin/kwok" sigs.k8s.io/kwok/cmd/kwok
 	# The stock stages ship inside the kwok module; copy them out so the test
 	# harness and the sandbox can hand them to kwok with --config.
 	stages=$(cd "$here/kwok" && go list -m -f '{{.Dir}}' sigs.k8s.io/kwok)/kustomize/stage
@@ -88,7 +88,7 @@ build_kwok() {
 
 build_kube() {
 	if up_to_date kube kube-apiserver kube-controller-manager kube-scheduler; then echo "kube-apiserver, kube-controller-manager, kube-scheduler: up to date"; return; fi
-	build kube "about 5 minutes" "$bin/" k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kube-controller-manager k8s.io/kubernetes/cmd/kube-scheduler
+	build kube "about 3 minutes" "$bin/" k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kube-controller-manager k8s.io/kubernetes/cmd/kube-scheduler
 }
 
 build_certmanager() {
