@@ -23,7 +23,7 @@ export NODEGUARD_BIN_DIR  := $(BIN)
 ##@ Use
 
 .PHONY: run
-run: build tools ## Start the local sandbox cluster with nodeguard (make run KUBECONFIG=... runs against an existing cluster).
+run: build tools-sandbox ## Start the local sandbox cluster with nodeguard (make run KUBECONFIG=... runs against an existing cluster).
 ifeq ($(origin KUBECONFIG),command line)
 	$(BIN)/nodeguard --kubeconfig=$(KUBECONFIG) $(ARGS)
 else
@@ -38,7 +38,7 @@ build: ## Build bin/nodeguard.
 ##@ Test
 
 .PHONY: test
-test: tools ## Run unit, integration and e2e tests (builds the control-plane tools first when missing).
+test: tools-test ## Run unit, integration and e2e tests (builds the control-plane tools, cert-manager and Karpenter first when missing).
 	$(GO) test -p $(TEST_P) -timeout 40m $(TEST_FLAGS) ./...
 	cd test/chart && $(GO) test $(TEST_FLAGS) ./...
 	cd hack/release && $(GO) test -timeout 20m $(TEST_FLAGS) ./...
@@ -48,14 +48,14 @@ test-unit: ## Run only the tests that need no control plane.
 	$(GO) test -short $(TEST_FLAGS) ./...
 
 .PHONY: test-race
-test-race: tools ## Run under the race detector: every package's tests that need no control plane (-short), then the webhook package against its control plane.
+test-race: tools-sandbox ## Run under the race detector: every package's tests that need no control plane (-short), then the webhook package against its control plane.
 	$(GO) test -race -short $(TEST_FLAGS) ./...
 	$(GO) test -race -timeout 20m $(TEST_FLAGS) ./webhook
 
 SOAK ?= 20m
 
 .PHONY: soak
-soak: tools ## Chaos soak for SOAK (default 20m): two replicas, leader SIGKILLed 20+ times, ARM faults, rounds of 6 node deletions; prints its figures (make test runs a short version).
+soak: tools-sandbox ## Chaos soak for SOAK (default 20m): two replicas, leader SIGKILLed 20+ times, ARM faults, rounds of 6 node deletions; prints its figures (make test runs a short version).
 	NODEGUARD_SOAK=$(SOAK) $(GO) test -count=1 -run '^TestChaosSoak$$' -v -timeout 90m $(TEST_FLAGS) ./test/e2e
 
 FUZZTIME ?= 5m
@@ -75,11 +75,11 @@ test-chart: ## Render the Helm chart and compare it with the kustomize manifests
 	cd test/chart && $(GO) test $(TEST_FLAGS) ./...
 
 .PHONY: test-install
-test-install: tools ## Dry-run the kustomize base, run nodeguard under its exact RBAC, and test nodeguard uninstall on the local cluster.
+test-install: tools-sandbox tools-certmanager ## Dry-run the kustomize base, run nodeguard under its exact RBAC, and test nodeguard uninstall on the local cluster.
 	$(GO) test $(TEST_FLAGS) ./test/install
 
 .PHONY: verify
-verify: tools ## Fail when generated files are stale, go.mod is untidy or code is unformatted.
+verify: tools-codegen ## Fail when generated files are stale, go.mod is untidy or code is unformatted.
 	$(MAKE) generate manifests chart
 	$(GO) mod tidy
 	@test -z "$$(gofmt -l $$(git ls-files '*.go'))" || { gofmt -l $$(git ls-files '*.go'); echo "gofmt needed"; exit 1; }
@@ -95,7 +95,7 @@ BENCH_OUT  ?= $(CURDIR)/_output/bench
 BENCH_ARGS ?=
 
 .PHONY: bench
-bench: tools ## Benchmark nodeguard against kubectl drain, naive ARM updates and a no-op webhook (about 18 min on 2 cores; BENCH_ARGS=--quick for a smoke run, --scale for 2,000 nodes and 40,000 pods).
+bench: tools-sandbox ## Benchmark nodeguard against kubectl drain, naive ARM updates and a no-op webhook (about 18 min on 2 cores; BENCH_ARGS=--quick for a smoke run, --scale for 2,000 nodes and 40,000 pods).
 	@mkdir -p $(BENCH_OUT)
 	$(GO) build -o $(BENCH_OUT)/nodeguard ./cmd/nodeguard
 	$(GO) build -o $(BENCH_OUT)/bench ./test/bench/cmd/bench
@@ -104,11 +104,11 @@ bench: tools ## Benchmark nodeguard against kubectl drain, naive ARM updates and
 ##@ Generate
 
 .PHONY: generate
-generate: tools ## Generate deepcopy code for the API types.
+generate: tools-codegen ## Generate deepcopy code for the API types.
 	$(CONTROLLER_GEN) object paths=./api/...
 
 .PHONY: manifests
-manifests: tools ## Generate the CRD, RBAC and webhook manifests from markers.
+manifests: tools-codegen ## Generate the CRD, RBAC and webhook manifests from markers.
 	$(CONTROLLER_GEN) crd rbac:roleName=nodeguard webhook paths=./... \
 		output:crd:dir=manifests/crd output:rbac:dir=manifests/rbac output:webhook:dir=manifests/webhook
 	@# controller-gen writes the Role of the markers with
@@ -117,6 +117,10 @@ manifests: tools ## Generate the CRD, RBAC and webhook manifests from markers.
 	@# namespace field, which would move it to nodeguard-system.
 	awk '/^---$$/ {n++} {print > (n < 2 ? "manifests/rbac/role.yaml.tmp" : "manifests/maintenance/role.yaml")}' manifests/rbac/role.yaml
 	mv manifests/rbac/role.yaml.tmp manifests/rbac/role.yaml
+
+.PHONY: docs
+docs: ## Regenerate docs/configuration.md's flag reference from nodeguard --help.
+	$(GO) test -short -count=1 -run '^TestConfigurationReferenceIsHelp$$' ./cmd/nodeguard -args -update-docs
 
 ##@ Release
 
@@ -140,7 +144,18 @@ test-release: ## Build the image as make image does and check it (config, both p
 
 .PHONY: tools
 tools: ## Build controller-gen, etcd, kube-apiserver, kube-controller-manager, kube-scheduler, kwok, cert-manager and Karpenter (kwok provider) into bin/ (skips what is built).
-	@hack/tools/build.sh
+	@BIN=$(BIN) hack/tools/build.sh all
+
+# The groups of hack/tools/build.sh, for the targets that need only some.
+.PHONY: tools-sandbox tools-codegen tools-certmanager tools-test
+tools-sandbox: ## Build only what make run starts: etcd, kube-apiserver, kube-controller-manager, kube-scheduler, kwok.
+	@BIN=$(BIN) hack/tools/build.sh sandbox
+tools-codegen:
+	@BIN=$(BIN) hack/tools/build.sh codegen
+tools-certmanager:
+	@BIN=$(BIN) hack/tools/build.sh certmanager
+tools-test:
+	@BIN=$(BIN) hack/tools/build.sh test
 
 .PHONY: clean
 clean: ## Remove bin/ and sandbox state.
@@ -148,4 +163,4 @@ clean: ## Remove bin/ and sandbox state.
 
 .PHONY: help
 help: ## List every target.
-	@awk 'BEGIN {FS = ":.*##"; printf "Usage: make <target>\n"} /^[a-zA-Z_-]+:.*?##/ { printf "  %-12s %s\n", $$1, $$2 } /^##@/ { printf "\n%s\n", substr($$0, 5) }' $(MAKEFILE_LIST)
+	@awk 'BEGIN {FS = ":.*##"; printf "Usage: make <target>\n"} /^[a-zA-Z_-]+:.*?##/ { printf "  %-14s %s\n", $$1, $$2 } /^##@/ { printf "\n%s\n", substr($$0, 5) }' $(MAKEFILE_LIST)

@@ -1,13 +1,15 @@
 #!/usr/bin/env bash
 # Builds the tools the tests and the sandbox need into bin/ (or $BIN), from the
-# Go module proxy, skipping whatever is already built for the pinned versions:
-#   kube-apiserver, kube-controller-manager, kube-scheduler  (hack/tools/kube)
-#   etcd                                                     (hack/tools/etcd)
-#   kwok and its stock stage configurations                  (hack/tools/kwok)
-#   controller-gen                                           (hack/tools/codegen)
-#   cert-manager (controller, cainjector) and its CRDs        (hack/tools/certmanager)
-#   Karpenter with its kwok cloud provider, and its CRDs       (hack/tools/karpenter)
-# A cold build takes about 15 minutes on 2 cores; progress is printed as it goes.
+# Go module proxy, skipping whatever is already built for the pinned versions.
+# Its arguments name groups (none: all of them):
+#   sandbox      etcd, kwok, kube-apiserver, kube-controller-manager,
+#                kube-scheduler: what make run and most tests start
+#   codegen      controller-gen (make generate, manifests, verify)
+#   certmanager  cert-manager (controller, cainjector) and its CRDs
+#   karpenter    Karpenter with its kwok cloud provider, and its CRDs
+#   test         sandbox, certmanager and karpenter: everything make test runs
+# Each tool prints a line with its expected cold build time before it starts,
+# and a progress line every 100 compiled packages.
 set -euo pipefail
 
 here=$(cd "$(dirname "$0")" && pwd)
@@ -45,11 +47,11 @@ progress() {
 	echo "  $module: done, $n packages compiled ($((SECONDS - start))s)"
 }
 
-# build MODULE OUT PACKAGE... builds packages of a tools module to OUT (a file,
-# or bin/ for several).
+# build MODULE EXPECTED OUT PACKAGE... builds packages of a tools module to OUT
+# (a file, or bin/ for several); EXPECTED is its cold build time on 2 cores.
 build() {
-	local module=$1 out=$2; shift 2
-	echo "building $module tools: $* (cold builds take minutes)"
+	local module=$1 expected=$2 out=$3; shift 3
+	echo "building $module: $* ($expected cold on 2 cores; later runs skip it)"
 	if ! (cd "$here/$module" && go build -v -o "$out" "$@" 2>&1) | progress "$module"; then
 		echo "building $module tools failed" >&2
 		exit 1
@@ -57,16 +59,19 @@ build() {
 	stamp_of "$module" >"$bin/.stamp-$module"
 }
 
-if up_to_date codegen controller-gen; then echo "controller-gen: up to date"; else
-	build codegen "$bin/controller-gen" sigs.k8s.io/controller-tools/cmd/controller-gen
-fi
+build_codegen() {
+	if up_to_date codegen controller-gen; then echo "controller-gen: up to date"; return; fi
+	build codegen "about 1 minute" "$bin/controller-gen" sigs.k8s.io/controller-tools/cmd/controller-gen
+}
 
-if up_to_date etcd etcd; then echo "etcd: up to date"; else
-	build etcd "$bin/etcd" go.etcd.io/etcd/server/v3
-fi
+build_etcd() {
+	if up_to_date etcd etcd; then echo "etcd: up to date"; return; fi
+	build etcd "about 30 seconds" "$bin/etcd" go.etcd.io/etcd/server/v3
+}
 
-if up_to_date kwok kwok kwok-stages/pod-fast.yaml; then echo "kwok: up to date"; else
-	build kwok "$bin/kwok" sigs.k8s.io/kwok/cmd/kwok
+build_kwok() {
+	if up_to_date kwok kwok kwok-stages/pod-fast.yaml; then echo "kwok: up to date"; return; fi
+	build kwok "about 1 minute" "$bin/kwok" sigs.k8s.io/kwok/cmd/kwok
 	# The stock stages ship inside the kwok module; copy them out so the test
 	# harness and the sandbox can hand them to kwok with --config.
 	stages=$(cd "$here/kwok" && go list -m -f '{{.Dir}}' sigs.k8s.io/kwok)/kustomize/stage
@@ -79,23 +84,26 @@ if up_to_date kwok kwok kwok-stages/pod-fast.yaml; then echo "kwok: up to date";
 			{ echo "---"; cat "$f"; } >>"$out"
 		done
 	done
-fi
+}
 
-if up_to_date kube kube-apiserver kube-controller-manager kube-scheduler; then echo "kube-apiserver, kube-controller-manager, kube-scheduler: up to date"; else
-	build kube "$bin/" k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kube-controller-manager k8s.io/kubernetes/cmd/kube-scheduler
-fi
+build_kube() {
+	if up_to_date kube kube-apiserver kube-controller-manager kube-scheduler; then echo "kube-apiserver, kube-controller-manager, kube-scheduler: up to date"; return; fi
+	build kube "about 3 minutes" "$bin/" k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kube-controller-manager k8s.io/kubernetes/cmd/kube-scheduler
+}
 
-if up_to_date certmanager cert-manager cert-manager-crds/cert-manager.io_certificates.yaml; then echo "cert-manager: up to date"; else
-	build certmanager "$bin/cert-manager" .
+build_certmanager() {
+	if up_to_date certmanager cert-manager cert-manager-crds/cert-manager.io_certificates.yaml; then echo "cert-manager: up to date"; return; fi
+	build certmanager "about 3 minutes" "$bin/cert-manager" .
 	# The CRDs ship inside the cert-manager module; copy them out for the tests.
 	crds=$(cd "$here/certmanager" && go list -m -f '{{.Dir}}' github.com/cert-manager/cert-manager)/deploy/crds
 	rm -rf "$bin/cert-manager-crds" && mkdir -p "$bin/cert-manager-crds"
 	cp "$crds"/*.yaml "$bin/cert-manager-crds/"
 	chmod u+w "$bin/cert-manager-crds"/*.yaml
-fi
+}
 
-if up_to_date karpenter karpenter-kwok karpenter-crds/karpenter.sh_nodeclaims.yaml; then echo "karpenter: up to date"; else
-	build karpenter "$bin/karpenter-kwok" sigs.k8s.io/karpenter/kwok
+build_karpenter() {
+	if up_to_date karpenter karpenter-kwok karpenter-crds/karpenter.sh_nodeclaims.yaml; then echo "karpenter: up to date"; return; fi
+	build karpenter "about 4 minutes" "$bin/karpenter-kwok" sigs.k8s.io/karpenter/kwok
 	# The CRDs ship inside the Karpenter module: NodePool and NodeClaim, and the
 	# kwok provider's KWOKNodeClass. NodeOverlay and CapacityBuffer are left out:
 	# Karpenter runs with their feature gates off.
@@ -104,4 +112,25 @@ if up_to_date karpenter karpenter-kwok karpenter-crds/karpenter.sh_nodeclaims.ya
 	cp "$dir"/pkg/apis/crds/karpenter.sh_nodepools.yaml "$dir"/pkg/apis/crds/karpenter.sh_nodeclaims.yaml \
 		"$dir"/kwok/apis/crds/karpenter.kwok.sh_kwoknodeclasses.yaml "$bin/karpenter-crds/"
 	chmod u+w "$bin/karpenter-crds"/*.yaml
-fi
+}
+
+# tools_of prints the tools of a group, in build order.
+tools_of() {
+	case "$1" in
+	sandbox) echo etcd kwok kube ;;
+	codegen | certmanager | karpenter) echo "$1" ;;
+	test) echo etcd kwok kube certmanager karpenter ;;
+	all) echo codegen etcd kwok kube certmanager karpenter ;;
+	*) echo "hack/tools/build.sh: unknown group $1 (sandbox, codegen, certmanager, karpenter, test, all)" >&2; return 1 ;;
+	esac
+}
+
+# Each tool once, in the order of the first group that names it.
+todo=()
+for group in "${@:-all}"; do
+	tools=$(tools_of "$group")
+	for tool in $tools; do
+		case " ${todo[*]} " in *" $tool "*) ;; *) todo+=("$tool") ;; esac
+	done
+done
+for tool in "${todo[@]}"; do "build_$tool"; done

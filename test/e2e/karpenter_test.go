@@ -52,7 +52,7 @@ var (
 // own disruption budget: nodes "1") and of one instance type. A wider
 // Karpenter budget makes multi-node commands, and Karpenter v1.14.1 strands
 // the candidates of such a command that nodeguard denies once the first
-// candidate's NodeClaim is gone (README, Who deletes nodes;
+// candidate's NodeClaim is gone (docs/concepts.md, Who deletes nodes;
 // TestKarpenterStrandedCandidatesServeAgain). Its nodes carry a taint only
 // the test's pods tolerate, so pods of other tests neither land on them nor
 // make Karpenter launch nodes.

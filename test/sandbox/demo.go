@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"fmt"
+	"slices"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -67,6 +68,43 @@ func createDemoBudgets(ctx context.Context, env *harness.Env) error {
 		if err != nil {
 			return fmt.Errorf("creating NodeDisruptionBudget %s: %w (last: %v)", ndb.Name, err, last)
 		}
+	}
+	return nil
+}
+
+// waitGuarded waits until nodeguard's backfill has put its finalizer on every
+// demo node and taken its finalizer-added-at mark off again, and has
+// evaluated every budget: before, a delete is refused with "retry", after, it
+// takes the guarded path.
+func waitGuarded(ctx context.Context, env *harness.Env) error {
+	fmt.Println("waiting for nodeguard to guard every node ...")
+	var last string
+	err := harness.Poll(ctx, time.Minute, func(ctx context.Context) (bool, error) {
+		var budgets ngv1alpha1.NodeDisruptionBudgetList
+		if err := env.Client.List(ctx, &budgets); err != nil {
+			return false, err
+		}
+		for _, b := range budgets.Items {
+			if b.Status.ObservedGeneration < b.Generation {
+				last = "NodeDisruptionBudget " + b.Name + " not evaluated"
+				return false, nil
+			}
+		}
+		var nodes corev1.NodeList
+		if err := env.Client.List(ctx, &nodes); err != nil {
+			return false, err
+		}
+		for _, n := range nodes.Items {
+			_, marked := n.Annotations[ngv1alpha1.FinalizerAddedAtAnnotation]
+			if marked || !slices.Contains(n.Finalizers, ngv1alpha1.TerminationFinalizer) {
+				last = "node " + n.Name + " without the finalizer"
+				return false, nil
+			}
+		}
+		return len(nodes.Items) == len(demoNodes), nil
+	})
+	if err != nil {
+		return fmt.Errorf("waiting for nodeguard to guard every node (last: %s): %w", last, err)
 	}
 	return nil
 }

@@ -20,27 +20,41 @@ import (
 
 func main() {
 	binDir := flag.String("bin-dir", harness.BinDir(), "Directory with the nodeguard binary and the control-plane tools (make build tools).")
-	dir := flag.String("dir", filepath.Join(harness.RepoRoot(), ".sandbox"), "Directory for the sandbox's kubeconfig, logs and data; emptied at start.")
+	dir := flag.String("dir", filepath.Join(harness.RepoRoot(), ".sandbox"), "Directory for the sandbox's kubeconfig, logs, data and env.sh; emptied at start.")
 	pods := flag.String("pod-stages", harness.PodsGeneral, "kwok pod stages: pod-general (realistic delays) or pod-fast (none).")
+	metrics := flag.String("metrics-bind-address", "127.0.0.1:8080", "Where nodeguard serves its metrics (plain HTTP).")
+	probes := flag.String("health-probe-bind-address", "127.0.0.1:8081", "Where nodeguard serves /healthz and /readyz.")
 	flag.Parse()
-	if err := run(*binDir, *dir, *pods); err != nil {
+	cfg := config{nodeguard: filepath.Join(*binDir, "nodeguard"), metricsAddr: *metrics, probeAddr: *probes}
+	if err := run(*dir, *pods, cfg); err != nil {
 		fmt.Fprintln(os.Stderr, "sandbox:", err)
 		os.Exit(1)
 	}
 }
 
-func run(binDir, dir, pods string) error {
+// config is what varies between make run and the tour test.
+type config struct {
+	nodeguard              string // the binary
+	metricsAddr, probeAddr string
+}
+
+// harnessOptions start the sandbox's control plane in dir.
+func harnessOptions(dir, pods string) harness.Options {
+	return harness.Options{
+		Cluster: true, PodStages: pods, Dir: dir,
+		// Registered with a locally generated CA, pointing at nodeguard below.
+		WebhookManifests: []string{filepath.Join(harness.RepoRoot(), "manifests", "webhook")},
+	}
+}
+
+func run(dir, pods string, cfg config) error {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	if err := os.RemoveAll(dir); err != nil {
 		return err
 	}
 	fmt.Println("starting etcd, kube-apiserver, kube-controller-manager, kube-scheduler and kwok ...")
-	env, err := harness.Start(ctx, harness.Options{
-		Cluster: true, PodStages: pods, Dir: dir,
-		// Registered with a locally generated CA, pointing at nodeguard below.
-		WebhookManifests: []string{filepath.Join(harness.RepoRoot(), "manifests", "webhook")},
-	})
+	env, err := harness.Start(ctx, harnessOptions(dir, pods))
 	defer func() {
 		fmt.Println("stopping the sandbox ...")
 		if env != nil {
@@ -53,55 +67,94 @@ func run(binDir, dir, pods string) error {
 		}
 		return err
 	}
-	fmt.Println("creating the demo topology ...")
-	if err := createDemo(ctx, env); err != nil {
-		return fmt.Errorf("creating the demo topology: %w", err)
-	}
-	emulator, err := armemulator.Start("127.0.0.1:0", emulatorSeed(), armemulator.Options{Async: true, AsyncPolls: 1})
-	if err != nil {
-		return fmt.Errorf("starting the ARM emulator: %w", err)
-	}
-	defer emulator.Close()
-	nodeguard, err := startNodeguard(binDir, env, emulator.URL())
+	sb, err := up(ctx, env, cfg)
 	if err != nil {
 		return err
 	}
-	if err := createDemoBudgets(ctx, env); err != nil {
-		_ = nodeguard.Stop(10 * time.Second)
-		return err
-	}
-	printWelcome(env, emulator.URL())
+	defer sb.stop()
+	printWelcome(env, sb.emulator.URL())
 	select {
 	case <-ctx.Done():
-	case <-nodeguard.Done():
-		fmt.Fprintf(os.Stderr, "nodeguard exited (%v); its log is %s\n", nodeguard.Err(), nodeguard.LogPath)
+	case <-sb.nodeguard.Done():
+		fmt.Fprintf(os.Stderr, "nodeguard exited (%v); its log is %s\n", sb.nodeguard.Err(), sb.nodeguard.LogPath)
 	}
-	_ = nodeguard.Stop(10 * time.Second)
 	return nil
 }
 
-func startNodeguard(binDir string, env *harness.Env, armURL string) (*harness.Nodeguard, error) {
-	ng, err := harness.StartNodeguardProcess(filepath.Join(binDir, "nodeguard"), filepath.Join(env.Dir, "nodeguard.log"), nodeguardArgs(env, armURL)...)
+// sandbox is what runs on the control plane: the ARM emulator and nodeguard.
+type sandbox struct {
+	emulator  *armemulator.Server
+	nodeguard *harness.Nodeguard
+}
+
+// up creates the demo topology on env's cluster, starts the ARM emulator and
+// nodeguard, creates the budgets and writes env.sh for the reader's shell.
+func up(ctx context.Context, env *harness.Env, cfg config) (*sandbox, error) {
+	fmt.Println("creating the demo topology ...")
+	if err := createDemo(ctx, env); err != nil {
+		return nil, fmt.Errorf("creating the demo topology: %w", err)
+	}
+	emulator, err := armemulator.Start("127.0.0.1:0", emulatorSeed(), armemulator.Options{Async: true, AsyncPolls: 1})
+	if err != nil {
+		return nil, fmt.Errorf("starting the ARM emulator: %w", err)
+	}
+	sb := &sandbox{emulator: emulator}
+	if sb.nodeguard, err = startNodeguard(cfg, env, emulator.URL()); err != nil {
+		sb.stop()
+		return nil, err
+	}
+	if err := createDemoBudgets(ctx, env); err != nil {
+		sb.stop()
+		return nil, err
+	}
+	if err := waitGuarded(ctx, env); err != nil {
+		sb.stop()
+		return nil, err
+	}
+	if err := writeEnvFile(env, emulator.URL(), cfg.metricsAddr); err != nil {
+		sb.stop()
+		return nil, err
+	}
+	return sb, nil
+}
+
+func (s *sandbox) stop() {
+	if s.nodeguard != nil {
+		_ = s.nodeguard.Stop(10 * time.Second)
+	}
+	s.emulator.Close()
+}
+
+// writeEnvFile writes env.sh beside the kubeconfig: sourced, it points a
+// shell at the sandbox (KUBECONFIG) and names where the ARM emulator (ARM) and
+// nodeguard's metrics (METRICS) listen, which the README's tour uses.
+func writeEnvFile(env *harness.Env, armURL, metricsAddr string) error {
+	body := fmt.Sprintf("export KUBECONFIG=%s\nexport ARM=%s\nexport METRICS=http://%s\n", env.Kubeconfig, armURL, metricsAddr)
+	return os.WriteFile(filepath.Join(env.Dir, "env.sh"), []byte(body), 0o644)
+}
+
+func startNodeguard(cfg config, env *harness.Env, armURL string) (*harness.Nodeguard, error) {
+	ng, err := harness.StartNodeguardProcess(cfg.nodeguard, filepath.Join(env.Dir, "nodeguard.log"), nodeguardArgs(cfg, env, armURL)...)
 	if err != nil {
 		return nil, fmt.Errorf("%w (make build)", err)
 	}
 	return ng, nil
 }
 
-func nodeguardArgs(env *harness.Env, armURL string) []string {
+func nodeguardArgs(cfg config, env *harness.Env, armURL string) []string {
 	return append([]string{
 		"--kubeconfig=" + env.Kubeconfig,
-		"--metrics-bind-address=127.0.0.1:8080", "--metrics-secure=false",
-		"--health-probe-bind-address=127.0.0.1:8081",
+		"--metrics-bind-address=" + cfg.metricsAddr, "--metrics-secure=false",
+		"--health-probe-bind-address=" + cfg.probeAddr,
 		"--leader-election-namespace=" + demoNamespaceSystem,
 	}, append(env.WebhookArgs(), harness.EmulatorArgs(armURL, demoSubscription, demoResourceGroup)...)...)
 }
 
 func printWelcome(env *harness.Env, armURL string) {
 	fmt.Printf(`
-nodeguard sandbox is up. In another terminal:
+nodeguard sandbox is up. In another terminal, take the tour in README.md, or:
 
-  export KUBECONFIG=%[1]s
+  . %[1]s    # KUBECONFIG, ARM (the ARM emulator) and METRICS (nodeguard's metrics)
   kubectl get nodes,ndb
   kubectl get deploy,pdb -n %[2]s
   kubectl delete node %[3]s    # admitted: the system budget allows 1
@@ -109,14 +162,14 @@ nodeguard sandbox is up. In another terminal:
   kubectl describe ndb system
   kubectl get events --field-selector involvedObject.name=%[3]s
 
-The ARM emulator plays Azure: see every load-balancer backend entry and its AdminState with
-  curl -s %[6]s/emulator/state
+The ARM emulator (%[6]s) plays Azure: see every load-balancer backend entry and its AdminState with
+  curl -s $ARM/emulator/state
   kubectl taint node %[7]s node.kubernetes.io/out-of-service=nodeshutdown:NoExecute   # entries go Down
   kubectl taint node %[7]s node.kubernetes.io/out-of-service-                         # back to None
-  curl -s localhost:8080/metrics | grep ^nodeguard_
+  curl -s $METRICS/metrics | grep ^nodeguard_
 
 Play cloud-provider-azure's stale pool write (read before the cut, PUT after it, no If-Match):
-  P=%[8]s
+  P=$ARM/%[8]s
   curl -s $P > stale.json
   kubectl taint node %[7]s node.kubernetes.io/out-of-service=nodeshutdown:NoExecute
   op=$(curl -s -D - -o /dev/null -X PUT -H 'Content-Type: application/json' -d @stale.json $P | sed -n 's/\r$//;s/^Azure-AsyncOperation: //ip')
@@ -125,7 +178,7 @@ Play cloud-provider-azure's stale pool write (read before the cut, PUT after it,
 
 Logs of every component (and nodeguard.log) are in %[4]s.
 Press Ctrl-C to stop everything.
-`, env.Kubeconfig, demoNamespace, demoNodes[0].name, env.Dir, demoNodes[1].name, armURL, demoNodes[4].name,
-		fmt.Sprintf("%s/subscriptions/%s/resourceGroups/%s/providers/Microsoft.Network/loadBalancers/kubernetes-internal/backendAddressPools/kubernetes",
-			armURL, demoSubscription, demoResourceGroup))
+`, filepath.Join(env.Dir, "env.sh"), demoNamespace, demoNodes[0].name, env.Dir, demoNodes[1].name, armURL, demoNodes[4].name,
+		fmt.Sprintf("subscriptions/%s/resourceGroups/%s/providers/Microsoft.Network/loadBalancers/kubernetes-internal/backendAddressPools/kubernetes",
+			demoSubscription, demoResourceGroup))
 }
