@@ -2,6 +2,7 @@
 # Builds the tools the tests and the sandbox need into bin/ (or $BIN), from the
 # Go module proxy, skipping whatever is already built for the pinned versions:
 #   kube-apiserver, kube-controller-manager, kube-scheduler  (hack/tools/kube)
+#   kube-apiserver of the oldest supported Kubernetes, into k8s-1.36/ (hack/tools/kube-1.36)
 #   etcd                                                     (hack/tools/etcd)
 #   kwok and its stock stage configurations                  (hack/tools/kwok)
 #   controller-gen                                           (hack/tools/codegen)
@@ -83,6 +84,16 @@ fi
 
 if up_to_date kube kube-apiserver kube-controller-manager kube-scheduler; then echo "kube-apiserver, kube-controller-manager, kube-scheduler: up to date"; else
 	build kube "$bin/" k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kube-controller-manager k8s.io/kubernetes/cmd/kube-scheduler
+fi
+
+# The oldest supported Kubernetes's kube-apiserver, side by side, for the
+# integration tests run on both ends of the supported range
+# (NODEGUARD_KUBE_VERSION=1.36). Only kube-apiserver: the release shares few
+# packages with the newest, and its controller manager and scheduler would add
+# minutes to every cold build.
+if up_to_date kube-1.36 k8s-1.36/kube-apiserver; then echo "kube-apiserver 1.36: up to date"; else
+	mkdir -p "$bin/k8s-1.36"
+	build kube-1.36 "$bin/k8s-1.36/kube-apiserver" k8s.io/kubernetes/cmd/kube-apiserver
 fi
 
 if up_to_date certmanager cert-manager cert-manager-crds/cert-manager.io_certificates.yaml; then echo "cert-manager: up to date"; else
