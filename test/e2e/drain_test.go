@@ -79,7 +79,7 @@ func TestDeleteNodeCutsTrafficThenDrainsWithinBudgets(t *testing.T) {
 	// kubectl describe node says why the node is still there.
 	harness.Eventually(t, 30*time.Second, func(ctx context.Context) (bool, error) {
 		c, err := nodeCondition(ctx, top.target)
-		return c != nil && c.Reason == "Draining" && strings.Contains(c.Message, "1 annotated do-not-evict"), err
+		return c != nil && c.Reason == "Draining" && strings.Contains(c.Message, "annotated nodeguard.io/do-not-evict=true"), err
 	}, "node %s carries the %s condition naming the do-not-evict pod", top.target, ngv1alpha1.TerminatingCondition)
 	var lease coordinationv1.Lease
 	if err := env.Client.Get(ctx, client.ObjectKey{Namespace: ngv1alpha1.MaintenanceLeaseNamespace, Name: top.target}, &lease); err != nil ||
