@@ -38,10 +38,21 @@ build: ## Build bin/nodeguard.
 ##@ Test
 
 .PHONY: test
-test: tools-test ## Run unit, integration and e2e tests (builds the control-plane tools, cert-manager and Karpenter first when missing).
+test: tools-test ## Run unit, integration and e2e tests on Kubernetes 1.37, then test-oldest (builds the control-plane tools, cert-manager and Karpenter first when missing).
 	$(GO) test -p $(TEST_P) -timeout 40m $(TEST_FLAGS) ./...
+	$(MAKE) test-oldest
 	cd test/chart && $(GO) test $(TEST_FLAGS) ./...
 	cd hack/release && $(GO) test -timeout 20m $(TEST_FLAGS) ./...
+
+# The integration tests whose outcome depends on kube-apiserver's behaviour:
+# admission of node deletes, and the node conditions a drain writes.
+OLDEST_WEBHOOK_TESTS := TestKubectlDeleteIsHeldToTheBudget|TestConcurrentDeletesNeverOverAdmit|TestMissingFinalizerNeverLetsANodeGoUnguarded|TestAPIServerDeletesANodeWhoseFinalizerWasAddedDuringItsDelete
+OLDEST_FINALIZER_TESTS := TestDrainWritesLifecycleConditions|TestStuckPodNoLongerHoldsTheNode
+
+.PHONY: test-oldest
+test-oldest: tools-sandbox tools-oldest ## Run the admission and drain integration tests on kube-apiserver 1.36, the oldest supported Kubernetes (bin/k8s-1.36).
+	NODEGUARD_KUBE_VERSION=1.36 $(GO) test -count=1 -timeout 15m $(TEST_FLAGS) -run '^($(OLDEST_WEBHOOK_TESTS))$$' ./webhook
+	NODEGUARD_KUBE_VERSION=1.36 $(GO) test -count=1 -timeout 15m $(TEST_FLAGS) -run '^($(OLDEST_FINALIZER_TESTS))$$' ./finalizer
 
 .PHONY: test-unit
 test-unit: ## Run only the tests that need no control plane.
@@ -143,15 +154,17 @@ test-release: ## Build the image as make image does and check it (config, both p
 ##@ Tools
 
 .PHONY: tools
-tools: ## Build controller-gen, etcd, kube-apiserver, kube-controller-manager, kube-scheduler, kwok, cert-manager and Karpenter (kwok provider) into bin/ (skips what is built).
+tools: ## Build controller-gen, etcd, kube-apiserver, kube-controller-manager, kube-scheduler (and kube-apiserver 1.36), kwok, cert-manager and Karpenter (kwok provider) into bin/ (skips what is built).
 	@BIN=$(BIN) hack/tools/build.sh all
 
 # The groups of hack/tools/build.sh, for the targets that need only some.
-.PHONY: tools-sandbox tools-codegen tools-certmanager tools-test
+.PHONY: tools-sandbox tools-codegen tools-oldest tools-certmanager tools-test
 tools-sandbox: ## Build only what make run starts: etcd, kube-apiserver, kube-controller-manager, kube-scheduler, kwok.
 	@BIN=$(BIN) hack/tools/build.sh sandbox
 tools-codegen:
 	@BIN=$(BIN) hack/tools/build.sh codegen
+tools-oldest:
+	@BIN=$(BIN) hack/tools/build.sh oldest
 tools-certmanager:
 	@BIN=$(BIN) hack/tools/build.sh certmanager
 tools-test:

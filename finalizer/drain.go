@@ -26,7 +26,10 @@ import (
 func (r *Reconciler) drain(ctx context.Context, node *corev1.Node) (reconcile.Result, error) {
 	if _, done := node.Annotations[ngv1alpha1.DrainedAtAnnotation]; done {
 		r.stopDraining(ctx, node)
-		return reconcile.Result{}, nil
+		return reconcile.Result{}, r.markDrained(ctx, node)
+	}
+	if err := r.markDrainInProgress(ctx, node); err != nil {
+		return reconcile.Result{}, err
 	}
 	r.pods.watch(node.Name)
 	deadline, hasDeadline := r.drainDeadline(node)
@@ -47,6 +50,9 @@ func (r *Reconciler) drain(ctx context.Context, node *corev1.Node) (reconcile.Re
 		r.stopDraining(ctx, node)
 		drainDuration.Observe(r.Clock.Since(terminationStarted(node)).Seconds())
 		r.event(node, corev1.EventTypeNormal, ReasonDrained, "every evictable pod is gone")
+		if err := r.markDrained(ctx, node); err != nil {
+			return reconcile.Result{}, err
+		}
 		return reconcile.Result{}, r.annotate(ctx, node, ngv1alpha1.DrainedAtAnnotation)
 	}
 	settling, err := r.replaceBlocked(ctx, node, plan, pastDeadline)
@@ -78,9 +84,10 @@ func (r *Reconciler) drain(ctx context.Context, node *corev1.Node) (reconcile.Re
 	for _, err := range out.Errs {
 		logf.FromContext(ctx).Error(err, "Eviction failed; retrying", "node", node.Name)
 	}
-	msg := r.reportBlockers(node, plan, out)
+	r.reportBlockers(node, plan, out)
+	msg := drainMessage(plan, out, r.drainStarted(node), r.Clock.Now())
 	if hasDeadline {
-		msg += "; deadline in " + roughly(deadline.Sub(r.Clock.Now()))
+		msg += "\nDrain deadline in " + roughly(deadline.Sub(r.Clock.Now())) + " (--drain-timeout): then the remaining Pods are deleted"
 	}
 	r.waitFor(node.UID, "%s", msg)
 	next := r.nextDrainPass(node.UID, plan, out)
@@ -236,11 +243,10 @@ func (r *Reconciler) podsGoneWait() time.Duration {
 	return DefaultDrainBackstop
 }
 
-// reportBlockers returns what the drain waits for and emits, once each, an
-// event per pod the drain cannot evict, and an event when what the drain waits
-// for changes (at most every conditionMinInterval), so that kubectl describe
-// node tells the story.
-func (r *Reconciler) reportBlockers(node *corev1.Node, plan *drain.Plan, out drain.Outcome) string {
+// reportBlockers emits, once each, an event per pod the drain cannot evict,
+// and an event when what the drain waits for changes (at most every
+// conditionMinInterval), so that kubectl describe node tells the story.
+func (r *Reconciler) reportBlockers(node *corev1.Node, plan *drain.Plan, out drain.Outcome) {
 	for _, pod := range append(plan.MultiplePDBs, out.MultiplePDBs...) {
 		if r.once(node.UID, "multi/"+string(pod.UID)) {
 			r.event(node, corev1.EventTypeWarning, ReasonPodUnderMultiplePDBs,
@@ -270,7 +276,6 @@ func (r *Reconciler) reportBlockers(node *corev1.Node, plan *drain.Plan, out dra
 	if due {
 		r.event(node, corev1.EventTypeNormal, ReasonDrainWaiting, "%s", msg)
 	}
-	return msg
 }
 
 // waitingMessage says what the drain waits for, e.g. "waiting for 5 pods: 3

@@ -255,7 +255,7 @@ func TestStuckPodNoLongerHoldsTheNode(t *testing.T) {
 	}
 	n = getNode(t, node)
 	c := condition(n, ngv1alpha1.TerminatingCondition)
-	if c == nil || c.Status != corev1.ConditionTrue || c.Reason != "Draining" || !strings.Contains(c.Message, "waiting for 1 pod ") || !strings.Contains(c.Message, "1 terminating") {
+	if c == nil || c.Status != corev1.ConditionTrue || c.Reason != "Draining" || !strings.Contains(c.Message, "Drain not completed yet (started at ") || !strings.Contains(c.Message, "\n* Pod "+f.ns+"/") || !strings.Contains(c.Message, ": deletionTimestamp set, but still not removed from the Node") {
 		t.Errorf("condition %+v, want Draining naming the 1 terminating pod", c)
 	}
 	if got := condition(n, corev1.NodeReady); got == nil || !apiequality.Semantic.DeepEqual(*got, readyBefore) {
@@ -380,7 +380,7 @@ func TestTiersAndReturningPods(t *testing.T) {
 			t.Fatalf("pass %d: app,dns,proxy,agent are %s, want %s", i+1, got, s.want)
 		}
 	}
-	if c := condition(getNode(t, node), ngv1alpha1.TerminatingCondition); c == nil || !strings.Contains(c.Message, "waiting for") {
+	if c := condition(getNode(t, node), ngv1alpha1.TerminatingCondition); c == nil || !strings.Contains(c.Message, "Drain not completed yet") {
 		t.Errorf("condition %+v, want one saying what the drain waits for", c)
 	}
 	// Their controllers put them back; the old ones finish.

@@ -7,7 +7,9 @@
 #   codegen      controller-gen (make generate, manifests, verify)
 #   certmanager  cert-manager (controller, cainjector) and its CRDs
 #   karpenter    Karpenter with its kwok cloud provider, and its CRDs
-#   test         sandbox, certmanager and karpenter: everything make test runs
+#   oldest       kube-apiserver of the oldest supported Kubernetes, into
+#                k8s-1.36/ (make test-oldest)
+#   test         sandbox, oldest, certmanager and karpenter: everything make test runs
 # Each tool prints a line with its expected cold build time before it starts,
 # and a progress line every 100 compiled packages.
 set -euo pipefail
@@ -91,6 +93,17 @@ build_kube() {
 	build kube "about 3 minutes" "$bin/" k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kube-controller-manager k8s.io/kubernetes/cmd/kube-scheduler
 }
 
+# The oldest supported Kubernetes's kube-apiserver, side by side, for the
+# integration tests run on both ends of the supported range
+# (NODEGUARD_KUBE_VERSION=1.36). Only kube-apiserver: the release shares few
+# packages with the newest, and its controller manager and scheduler would add
+# minutes to every cold build.
+build_kube136() {
+	if up_to_date kube-1.36 k8s-1.36/kube-apiserver; then echo "kube-apiserver 1.36: up to date"; return; fi
+	mkdir -p "$bin/k8s-1.36"
+	build kube-1.36 "about 3 minutes" "$bin/k8s-1.36/kube-apiserver" k8s.io/kubernetes/cmd/kube-apiserver
+}
+
 build_certmanager() {
 	if up_to_date certmanager cert-manager cert-manager-crds/cert-manager.io_certificates.yaml; then echo "cert-manager: up to date"; return; fi
 	build certmanager "about 3 minutes" "$bin/cert-manager" .
@@ -119,9 +132,10 @@ tools_of() {
 	case "$1" in
 	sandbox) echo etcd kwok kube ;;
 	codegen | certmanager | karpenter) echo "$1" ;;
-	test) echo etcd kwok kube certmanager karpenter ;;
-	all) echo codegen etcd kwok kube certmanager karpenter ;;
-	*) echo "hack/tools/build.sh: unknown group $1 (sandbox, codegen, certmanager, karpenter, test, all)" >&2; return 1 ;;
+	oldest) echo kube136 ;;
+	test) echo etcd kwok kube kube136 certmanager karpenter ;;
+	all) echo codegen etcd kwok kube kube136 certmanager karpenter ;;
+	*) echo "hack/tools/build.sh: unknown group $1 (sandbox, codegen, oldest, certmanager, karpenter, test, all)" >&2; return 1 ;;
 	esac
 }
 

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	coordinationv1 "k8s.io/api/coordination/v1"
+	corev1 "k8s.io/api/core/v1"
 	policyv1 "k8s.io/api/policy/v1"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -79,8 +80,14 @@ func TestDeleteNodeCutsTrafficThenDrainsWithinBudgets(t *testing.T) {
 	// kubectl describe node says why the node is still there.
 	harness.Eventually(t, 30*time.Second, func(ctx context.Context) (bool, error) {
 		c, err := nodeCondition(ctx, top.target)
-		return c != nil && c.Reason == "Draining" && strings.Contains(c.Message, "1 annotated do-not-evict"), err
+		return c != nil && c.Reason == "Draining" && strings.Contains(c.Message, "annotated nodeguard.io/do-not-evict=true"), err
 	}, "node %s carries the %s condition naming the do-not-evict pod", top.target, ngv1alpha1.TerminatingCondition)
+	var draining corev1.Node
+	if err := env.Client.Get(ctx, client.ObjectKey{Name: top.target}, &draining); err != nil || !slices.ContainsFunc(draining.Status.Conditions, func(c corev1.NodeCondition) bool {
+		return c.Type == corev1.NodeDrainInProgress && c.Status == corev1.ConditionTrue
+	}) {
+		t.Errorf("during the drain the node should carry DrainInProgress=True (KEP-5683): %+v (%v)", draining.Status.Conditions, err)
+	}
 	var lease coordinationv1.Lease
 	if err := env.Client.Get(ctx, client.ObjectKey{Namespace: ngv1alpha1.MaintenanceLeaseNamespace, Name: top.target}, &lease); err != nil ||
 		!strings.HasPrefix(ptr.Deref(lease.Spec.HolderIdentity, ""), "nodeguard/") || ptr.Deref(lease.Spec.LeaseDurationSeconds, 0) == 0 {

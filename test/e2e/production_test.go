@@ -125,7 +125,7 @@ func TestProductionNodeDrainsInTiersAndIsReleased(t *testing.T) {
 	// While the drain waits on the PDB, kubectl describe node says so.
 	harness.Eventually(t, time.Minute, func(ctx context.Context) (bool, error) {
 		c, err := nodeCondition(ctx, target)
-		return c != nil && c.Reason == "Draining" && strings.Contains(c.Message, "waiting for"), err
+		return c != nil && c.Reason == "Draining" && strings.Contains(c.Message, "Drain not completed yet"), err
 	}, "node %s carries the %s condition naming what the drain waits for", target, ngv1alpha1.TerminatingCondition)
 	if out := harness.MustKubectl(t, env.Kubeconfig, "", "describe", "node", target); !strings.Contains(out, string(ngv1alpha1.TerminatingCondition)) {
 		t.Errorf("kubectl describe node does not show %s:\n%s", ngv1alpha1.TerminatingCondition, out)
@@ -176,7 +176,7 @@ func TestProductionNodeDrainsInTiersAndIsReleased(t *testing.T) {
 		t.Errorf("the tolerate-all DaemonSet pod got %d evictions, want 1 (its replacement ignored): %+v", evictedProxies, proxy.Evictions(ns))
 	}
 	tiers.check(t, 2)
-	conditions.requireWaiting(t, "Draining", "waiting for", "under PDB "+ns+"/web (allows ")
+	conditions.requireWaiting(t, "Draining", "Drain not completed yet", "under PDB "+ns+"/web (allows ")
 	waitLeaseGone(t, target)
 }
 
@@ -217,7 +217,7 @@ func TestDeadNodeIsReleased(t *testing.T) {
 	if n, err := harness.CountEvents(context.Background(), env.Client, dead.node, "DrainGaveUpOnPod"); err != nil || n != 3 {
 		t.Errorf("%d DrainGaveUpOnPod events (%v), want one per pod: 3", n, err)
 	}
-	dead.conditions.requireWaiting(t, "Draining", "waiting for 3 pods", "3 terminating")
+	dead.conditions.requireWaiting(t, "Draining", "Drain not completed yet", "Pods ", "deletionTimestamp set, but still not removed from the Node")
 	waitLeaseGone(t, dead.node)
 }
 

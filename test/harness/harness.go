@@ -154,7 +154,11 @@ func (e *Env) startAPIServer(opts Options) error {
 	if err := os.MkdirAll(wrappers, 0o755); err != nil {
 		return err
 	}
-	apiserver, err := binaryWithParentDeathSignal(wrappers, "kube-apiserver")
+	apiserverPath, err := kubeBinary("kube-apiserver")
+	if err != nil {
+		return err
+	}
+	apiserver, err := withParentDeathSignal(wrappers, apiserverPath)
 	if err != nil {
 		return err
 	}
@@ -172,6 +176,9 @@ func (e *Env) startAPIServer(opts Options) error {
 		return err
 	}
 	apiServer := &envtest.APIServer{Path: apiserver, Out: apiLog, Err: apiLog}
+	if gates := featureGates(); gates != "" {
+		apiServer.Configure().Set("feature-gates", gates)
+	}
 	if opts.AuditPolicy != "" {
 		policy := filepath.Join(e.Dir, "audit-policy.yaml")
 		if err := os.WriteFile(policy, []byte(opts.AuditPolicy), 0o644); err != nil {
@@ -251,15 +258,19 @@ func binaryWithParentDeathSignal(dir, name string) (string, error) {
 func (e *Env) startCluster(ctx context.Context, opts Options) error {
 	kc := "--kubeconfig=" + e.Kubeconfig
 	authn := []string{kc, "--authentication-kubeconfig=" + e.Kubeconfig, "--authorization-kubeconfig=" + e.Kubeconfig}
-	if err := e.start("kube-controller-manager", append(authn,
+	kcm := append(append([]string{}, authn...),
 		"--leader-elect=false", "--secure-port=0",
 		"--controllers=*,-serviceaccount-token", "--use-service-account-credentials=false",
 		// Evict pods from a NotReady node soon enough to matter in tests.
 		"--node-monitor-grace-period=40s",
-	)...); err != nil {
+	)
+	if gates := featureGates(); gates != "" {
+		kcm = append(kcm, "--feature-gates="+gates)
+	}
+	if err := e.startKube("kube-controller-manager", kcm...); err != nil {
 		return err
 	}
-	if err := e.start("kube-scheduler", append(authn, "--leader-elect=false", "--secure-port=0")...); err != nil {
+	if err := e.startKube("kube-scheduler", append(authn, "--leader-elect=false", "--secure-port=0")...); err != nil {
 		return err
 	}
 	stages, err := e.kwokStages(opts.PodStages, opts.KwokParallelism)
@@ -304,11 +315,35 @@ func (e *Env) kwokStages(pods string, parallelism int) (string, error) {
 	return out, os.WriteFile(out, []byte(strings.Join(docs, "\n")), 0o644)
 }
 
+// featureGates are the alpha features nodeguard uses, for kube-apiserver and
+// kube-controller-manager of the newest release (the oldest knows none of
+// them and refuses unknown gates): KEP-5683's Node lifecycle conditions,
+// which nodeguard writes while it drains.
+func featureGates() string {
+	if kubeVersion() != "" {
+		return ""
+	}
+	return "NodeLifecycleConditions=true"
+}
+
 func (e *Env) start(name string, args ...string) error {
 	path, err := binary(name)
 	if err != nil {
 		return err
 	}
+	return e.startPath(name, path, args...)
+}
+
+// startKube starts a Kubernetes component of the selected release.
+func (e *Env) startKube(name string, args ...string) error {
+	path, err := kubeBinary(name)
+	if err != nil {
+		return err
+	}
+	return e.startPath(name, path, args...)
+}
+
+func (e *Env) startPath(name, path string, args ...string) error {
 	p, err := startProcess(name, e.Dir, path, args...)
 	if err != nil {
 		return err

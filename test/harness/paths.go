@@ -22,6 +22,30 @@ func BinDir() string {
 	return filepath.Join(RepoRoot(), "bin")
 }
 
+// KubeVersionEnv selects the Kubernetes release of the control plane:
+// unset for the newest supported (bin/), or OldestKubeVersion for the oldest,
+// which make tools builds side by side into bin/k8s-<version>/.
+const KubeVersionEnv = "NODEGUARD_KUBE_VERSION"
+
+// OldestKubeVersion is the oldest Kubernetes release nodeguard supports.
+const OldestKubeVersion = "1.36"
+
+// kubeVersion is the release of the control plane started here: "" for the
+// newest.
+func kubeVersion() string { return os.Getenv(KubeVersionEnv) }
+
+// kubeBinary returns kube-apiserver, kube-controller-manager or
+// kube-scheduler of the selected release (KubeVersionEnv).
+func kubeBinary(name string) (string, error) {
+	if v := kubeVersion(); v != "" {
+		if name != "kube-apiserver" {
+			return "", fmt.Errorf("%s=%s runs integration tests only: make tools builds only kube-apiserver of Kubernetes %s, not %s", KubeVersionEnv, v, v, name)
+		}
+		return binary(filepath.Join("k8s-"+v, name))
+	}
+	return binary(name)
+}
+
 // binary returns the path of a tool in BinDir, or an error saying how to build it.
 func binary(name string) (string, error) {
 	path := filepath.Join(BinDir(), name)

@@ -1,0 +1,66 @@
+package finalizer
+
+import (
+	"strings"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+
+	ngv1alpha1 "github.com/nodeguard/nodeguard/api/v1alpha1"
+	"github.com/nodeguard/nodeguard/test/builder"
+)
+
+// TestDrainWritesLifecycleConditions: while a PDB holds the drain, the node
+// carries KEP-5683's DrainInProgress=True and nodeguard's condition lists the
+// blockers grouped as cluster-api does, the PDB with its numbers; once the
+// pods are gone, Drained=True and DrainInProgress=False. Another finalizer
+// keeps the node after nodeguard releases it, to read the end state.
+func TestDrainWritesLifecycleConditions(t *testing.T) {
+	f := newFixture(t, "lifecycle")
+	node := f.ns + "-node"
+	f.node(t, node, builder.Ready(), builder.WithFinalizers("example.com/keep"))
+	web := func(p *corev1.Pod) { p.Labels = map[string]string{"app": "web"} }
+	readyPod(t, f.pod(t, "web-0", node, web))
+	readyPod(t, f.pod(t, "web-1", node, web))
+	f.pdb(t, "web", builder.MaxUnavailable("1"), 0, 1, 1, 2) // one replica elsewhere not Ready: no disruption
+	f.deleteNode(t, node)
+
+	wantBlockers := "\n* Pods " + f.ns + "/web-0, " + f.ns + "/web-1: under PDB " + f.ns +
+		"/web (allows 0 disruptions: currentHealthy 1, desiredHealthy 1, expectedPods 2)"
+	f.passUntil(t, node, func() bool {
+		f.clock.Step(conditionMinInterval)
+		c := condition(getNode(t, node), ngv1alpha1.TerminatingCondition)
+		return c != nil && c.Reason == "Draining" && strings.HasPrefix(c.Message, "Drain not completed yet (started at ") &&
+			strings.Contains(c.Message, wantBlockers)
+	}, "the Terminating condition lists the pods under PDB web with its numbers")
+	n := getNode(t, node)
+	if c := condition(n, corev1.NodeDrainInProgress); c == nil || c.Status != corev1.ConditionTrue || c.Reason != LifecycleReasonAdminRequested {
+		t.Errorf("DrainInProgress is %+v while the node drains, want True (%s)", c, LifecycleReasonAdminRequested)
+	}
+	if c := condition(n, corev1.NodeDrained); c != nil {
+		t.Errorf("Drained is %+v before the drain is done, want none", c)
+	}
+	started := condition(n, corev1.NodeDrainInProgress).LastTransitionTime.UTC().Format(time.RFC3339)
+	if c := condition(n, ngv1alpha1.TerminatingCondition); !strings.Contains(c.Message, "(started at "+started+"):") {
+		t.Errorf("condition message %q, want the drain's start %s (DrainInProgress's transition)", c.Message, started)
+	}
+
+	f.pdbStatus(t, "web", 2, 2, 1, 2)
+	f.passUntil(t, node, func() bool {
+		return f.podState(t, "web-0") != "running" && f.podState(t, "web-1") != "running"
+	}, "the PDB allowing two disruptions evicts both pods")
+	f.finish(t, "web-0")
+	f.finish(t, "web-1")
+	f.passUntil(t, node, func() bool {
+		c := condition(getNode(t, node), corev1.NodeDrained)
+		return c != nil && c.Status == corev1.ConditionTrue
+	}, "the drained node carries Drained=True")
+	n = getNode(t, node)
+	if c := condition(n, corev1.NodeDrained); c.Reason != LifecycleReasonDrainCompleted {
+		t.Errorf("Drained %+v, want reason %s", c, LifecycleReasonDrainCompleted)
+	}
+	if c := condition(n, corev1.NodeDrainInProgress); c == nil || c.Status != corev1.ConditionFalse || c.Reason != LifecycleReasonDrainCompleted {
+		t.Errorf("DrainInProgress %+v after the drain, want False (%s)", c, LifecycleReasonDrainCompleted)
+	}
+}
