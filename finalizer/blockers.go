@@ -36,8 +36,11 @@ type blockerGroup struct {
 //	* Pods demo/web-0, demo/web-1, demo/web-2, ... (1 more): under PDB demo/web (allows 0 disruptions: ...); ...
 //	* Pod demo/db-0: terminating, waiting for it to go
 //	After above Pods have been removed from the Node, the following Pods will be evicted: ...
+//	Drain deadline in 41m (--drain-timeout): then the remaining Pods are deleted
 //	Drain in progress for more than 15m0s, delay likely due to PodDisruptionBudgets
-func drainMessage(plan *drain.Plan, out drain.Outcome, started, now time.Time) string {
+//
+// A zero deadline means the drain has none.
+func drainMessage(plan *drain.Plan, out drain.Outcome, started, deadline, now time.Time) string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "Drain not completed yet (started at %s):", started.UTC().Format(time.RFC3339))
 	groups := blockerGroups(plan, out)
@@ -54,6 +57,9 @@ func drainMessage(plan *drain.Plan, out drain.Outcome, started, now time.Time) s
 	}
 	if len(plan.Later) > 0 {
 		fmt.Fprintf(&b, "\nAfter above Pods have been removed from the Node, the following Pods will be evicted: %s", names(plan.Later))
+	}
+	if !deadline.IsZero() {
+		fmt.Fprintf(&b, "\nDrain deadline in %s (--drain-timeout): then the remaining Pods are deleted", roughly(deadline.Sub(now)))
 	}
 	if now.Sub(started) > DrainStaleAfter {
 		if causes := delayCauses(plan, out); len(causes) > 0 {

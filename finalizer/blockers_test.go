@@ -26,11 +26,12 @@ func TestDrainMessage(t *testing.T) {
 	web := types.NamespacedName{Namespace: "demo", Name: "web"}
 	pdbGroup := drain.Group{PDB: web, Pods: testPods("web", 5), Blocked: true, Allowed: 0, Healthy: 5, Desired: 5, Expected: 5}
 	tests := []struct {
-		name string
-		plan drain.Plan
-		out  drain.Outcome
-		now  time.Time
-		want string
+		name     string
+		plan     drain.Plan
+		out      drain.Outcome
+		deadline time.Time
+		now      time.Time
+		want     string
 	}{
 		{
 			name: "a PDB that refused, terminating pods and later tiers",
@@ -51,10 +52,20 @@ After above Pods have been removed from the Node, the following Pods will be evi
 * Pod demo/keep-0: annotated nodeguard.io/do-not-evict=true, waiting for them to go on their own
 Drain in progress for more than 15m0s, delay likely due to PodDisruptionBudgets, Pods annotated nodeguard.io/do-not-evict`,
 		},
+		{
+			name:     "the drain deadline comes before the likely delay",
+			plan:     drain.Plan{Groups: []drain.Group{pdbGroup}},
+			deadline: started.Add(DrainStaleAfter + time.Second + 41*time.Minute),
+			now:      started.Add(DrainStaleAfter + time.Second),
+			want: `Drain not completed yet (started at 2026-11-26T15:40:00Z):
+* Pods demo/web-0, demo/web-1, demo/web-2, ... (2 more): under PDB demo/web (allows 0 disruptions: currentHealthy 5, desiredHealthy 5, expectedPods 5); waiting for its status to change
+Drain deadline in 41m0s (--drain-timeout): then the remaining Pods are deleted
+Drain in progress for more than 15m0s, delay likely due to PodDisruptionBudgets`,
+		},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			if got := drainMessage(&tt.plan, tt.out, started, tt.now); got != tt.want {
+			if got := drainMessage(&tt.plan, tt.out, started, tt.deadline, tt.now); got != tt.want {
 				t.Errorf("got\n%s\nwant\n%s", got, tt.want)
 			}
 		})
@@ -67,7 +78,7 @@ func TestDrainMessageKeepsFiveGroups(t *testing.T) {
 	for i := range 7 {
 		plan.Groups = append(plan.Groups, drain.Group{PDB: types.NamespacedName{Namespace: "demo", Name: fmt.Sprintf("pdb-%d", i)}, Pods: testPods(fmt.Sprintf("app%d", i), 2)})
 	}
-	got := drainMessage(&plan, drain.Outcome{}, time.Now(), time.Now())
+	got := drainMessage(&plan, drain.Outcome{}, time.Now(), time.Time{}, time.Now())
 	lines := strings.Split(got, "\n")
 	if len(lines) != 7 || lines[6] != "* 4 Pods with other issues" {
 		t.Errorf("want a first line, 5 groups and a count of the other 4 pods, got\n%s", got)

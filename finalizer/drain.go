@@ -85,11 +85,10 @@ func (r *Reconciler) drain(ctx context.Context, node *corev1.Node) (reconcile.Re
 		logf.FromContext(ctx).Error(err, "Eviction failed; retrying", "node", node.Name)
 	}
 	r.reportBlockers(node, plan, out)
-	msg := drainMessage(plan, out, r.drainStarted(node), r.Clock.Now())
-	if hasDeadline {
-		msg += "\nDrain deadline in " + roughly(deadline.Sub(r.Clock.Now())) + " (--drain-timeout): then the remaining Pods are deleted"
+	if !hasDeadline {
+		deadline = time.Time{}
 	}
-	r.waitFor(node.UID, "%s", msg)
+	r.waitFor(node.UID, "%s", drainMessage(plan, out, r.drainStarted(node), deadline, r.Clock.Now()))
 	next := r.nextDrainPass(node.UID, plan, out)
 	if settling > 0 && settling < next {
 		next = settling
