@@ -11,7 +11,6 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
-	logf "sigs.k8s.io/controller-runtime/pkg/log"
 
 	ngv1alpha1 "github.com/nodeguard/nodeguard/api/v1alpha1"
 )
@@ -43,13 +42,13 @@ func (r *Reconciler) waitFor(uid types.UID, format string, args ...any) {
 
 // reportCondition sets the node condition nodeguard.io/Terminating: its reason
 // is the phase, its message what the phase waits for. It answers "why is my
-// node still here?" in kubectl describe node. Only that condition is written
-// (a strategic merge keyed by type), never the kubelet's.
+// node still here?" in kubectl describe node. It is staged for the pass's
+// status write (flushConditions).
 //
 // A change held back by the interval returns when it is due, for the caller
 // to look again then: the drain no longer polls, and the condition must not
 // lag.
-func (r *Reconciler) reportCondition(ctx context.Context, node *corev1.Node, phase string) (heldFor time.Duration) {
+func (r *Reconciler) reportCondition(node *corev1.Node, phase string) (heldFor time.Duration) {
 	r.mu.Lock()
 	message := r.waitingFor[node.UID]
 	if message == "" {
@@ -70,16 +69,10 @@ func (r *Reconciler) reportCondition(ctx context.Context, node *corev1.Node, pha
 		r.conditions[node.UID] = writtenCondition{reason: reason, message: message, at: now}
 	}
 	r.mu.Unlock()
-	if !due {
-		return heldFor
+	if due {
+		r.stageTerminating(node, reason, message, now)
 	}
-	if err := r.patchCondition(ctx, node, reason, message, now); err != nil {
-		logf.FromContext(ctx).Error(err, "Updating the node's termination condition", "node", node.Name)
-		r.mu.Lock()
-		delete(r.conditions, node.UID) // try again next pass
-		r.mu.Unlock()
-	}
-	return 0
+	return heldFor
 }
 
 type writtenCondition struct {
@@ -87,17 +80,27 @@ type writtenCondition struct {
 	at              time.Time
 }
 
-func (r *Reconciler) patchCondition(ctx context.Context, node *corev1.Node, reason, message string, now time.Time) error {
-	return r.patchNodeCondition(ctx, node, corev1.NodeCondition{
+func (r *Reconciler) stageTerminating(node *corev1.Node, reason, message string, now time.Time) {
+	r.stageCondition(node, corev1.NodeCondition{
 		Type: ngv1alpha1.TerminatingCondition, Status: corev1.ConditionTrue, Reason: reason, Message: message,
 		LastHeartbeatTime: metav1.NewTime(now),
 	})
 }
 
-// patchNodeCondition writes one of nodeguard's node conditions (a strategic
-// merge keyed by type, which leaves the kubelet's alone), keeping its
-// transition time while its status stays.
-func (r *Reconciler) patchNodeCondition(ctx context.Context, node *corev1.Node, c corev1.NodeCondition) error {
+// stagedConditions are the condition changes of a node's pass, not written
+// yet: conditions to set, and types to remove.
+type stagedConditions struct {
+	set    []corev1.NodeCondition
+	remove []corev1.NodeConditionType
+}
+
+// stageCondition sets one of nodeguard's node conditions in the pass's
+// status write (flushConditions), keeping its transition time while its
+// status stays, and on node, for the rest of the pass to read. A pass writes
+// the node's status once, at its end: every write of a node goes to every
+// watcher of nodes (a fleet's worth of components), and a write before the
+// first eviction held the eviction back by a round trip.
+func (r *Reconciler) stageCondition(node *corev1.Node, c corev1.NodeCondition) {
 	now := metav1.NewTime(r.Clock.Now())
 	if c.LastHeartbeatTime.IsZero() {
 		c.LastHeartbeatTime = now
@@ -106,11 +109,68 @@ func (r *Reconciler) patchNodeCondition(ctx context.Context, node *corev1.Node, 
 	if old := nodeCondition(node, c.Type); old != nil && old.Status == c.Status {
 		c.LastTransitionTime = old.LastTransitionTime
 	}
-	patch, err := json.Marshal(map[string]any{"status": map[string]any{"conditions": []corev1.NodeCondition{c}}})
-	if err != nil {
-		return err
+	if old := nodeCondition(node, c.Type); old != nil {
+		*old = c
+	} else {
+		node.Status.Conditions = append(node.Status.Conditions, c)
 	}
-	return r.Client.Status().Patch(ctx, node, client.RawPatch(types.StrategicMergePatchType, patch))
+	r.stage(node.UID, func(s *stagedConditions) {
+		s.remove = slices.DeleteFunc(s.remove, func(t corev1.NodeConditionType) bool { return t == c.Type })
+		s.set = append(slices.DeleteFunc(s.set, func(o corev1.NodeCondition) bool { return o.Type == c.Type }), c)
+	})
+}
+
+// stageRemoval removes a condition in the pass's status write.
+func (r *Reconciler) stageRemoval(node *corev1.Node, typ corev1.NodeConditionType) {
+	node.Status.Conditions = slices.DeleteFunc(node.Status.Conditions, func(c corev1.NodeCondition) bool { return c.Type == typ })
+	r.stage(node.UID, func(s *stagedConditions) {
+		s.set = slices.DeleteFunc(s.set, func(o corev1.NodeCondition) bool { return o.Type == typ })
+		s.remove = append(s.remove, typ)
+	})
+}
+
+func (r *Reconciler) stage(uid types.UID, change func(*stagedConditions)) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.staged == nil {
+		r.staged = map[types.UID]*stagedConditions{}
+	}
+	if r.staged[uid] == nil {
+		r.staged[uid] = &stagedConditions{}
+	}
+	change(r.staged[uid])
+}
+
+// flushConditions writes what the pass staged in one strategic merge patch
+// keyed by type, which leaves the kubelet's conditions alone. On failure
+// the next pass stages them again: they are derived from the node, and the
+// Terminating condition's record is dropped.
+func (r *Reconciler) flushConditions(ctx context.Context, node *corev1.Node) error {
+	r.mu.Lock()
+	staged := r.staged[node.UID]
+	delete(r.staged, node.UID)
+	r.mu.Unlock()
+	if staged == nil || len(staged.set)+len(staged.remove) == 0 {
+		return nil
+	}
+	entries := make([]any, 0, len(staged.set)+len(staged.remove))
+	for _, c := range staged.set {
+		entries = append(entries, c)
+	}
+	for _, t := range staged.remove {
+		entries = append(entries, map[string]any{"$patch": "delete", "type": t})
+	}
+	patch, err := json.Marshal(map[string]any{"status": map[string]any{"conditions": entries}})
+	if err == nil {
+		err = r.Client.Status().Patch(ctx, node, client.RawPatch(types.StrategicMergePatchType, patch))
+	}
+	if client.IgnoreNotFound(err) != nil {
+		r.mu.Lock()
+		delete(r.conditions, node.UID)
+		r.mu.Unlock()
+		return fmt.Errorf("writing the node's conditions: %w", err)
+	}
+	return nil
 }
 
 func nodeCondition(node *corev1.Node, typ corev1.NodeConditionType) *corev1.NodeCondition {
@@ -125,20 +185,9 @@ func nodeCondition(node *corev1.Node, typ corev1.NodeConditionType) *corev1.Node
 // removeCondition takes the Terminating condition off a node that another
 // finalizer keeps after nodeguard releases it; when nodeguard's finalizer is
 // the last, the node goes and the condition with it.
-func (r *Reconciler) removeCondition(ctx context.Context, node *corev1.Node) error {
+func (r *Reconciler) removeCondition(node *corev1.Node) {
 	others := slices.ContainsFunc(node.Finalizers, func(f string) bool { return f != ngv1alpha1.TerminationFinalizer })
-	has := slices.ContainsFunc(node.Status.Conditions, func(c corev1.NodeCondition) bool { return c.Type == ngv1alpha1.TerminatingCondition })
-	if !others || !has {
-		return nil
+	if others && nodeCondition(node, ngv1alpha1.TerminatingCondition) != nil {
+		r.stageRemoval(node, ngv1alpha1.TerminatingCondition)
 	}
-	patch, err := json.Marshal(map[string]any{"status": map[string]any{"conditions": []map[string]any{
-		{"$patch": "delete", "type": ngv1alpha1.TerminatingCondition},
-	}}})
-	if err != nil {
-		return err
-	}
-	if err := r.Client.Status().Patch(ctx, node, client.RawPatch(types.StrategicMergePatchType, patch)); client.IgnoreNotFound(err) != nil {
-		return fmt.Errorf("removing the %s condition: %w", ngv1alpha1.TerminatingCondition, err)
-	}
-	return nil
 }

@@ -154,6 +154,8 @@ type Reconciler struct {
 	// the node condition last written, for reportCondition.
 	waitingFor map[types.UID]string
 	conditions map[types.UID]writtenCondition
+	// staged are the condition changes of each node's running pass.
+	staged map[types.UID]*stagedConditions
 	// leadingSince is when this process started leading: a drain that began
 	// later is its own, and r.repl knows every restart made for it.
 	leadingSince time.Time
@@ -325,21 +327,19 @@ type phase struct {
 
 // Reconcile runs the phases in order and stops at the first that waits.
 func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reconcile.Result, error) {
-	// Fresh from the API server, not the cache: a stale node that was already
-	// released must not take its maintenance Lease again.
-	var node corev1.Node
-	if err := r.Reader.Get(ctx, req.NamespacedName, &node); err != nil {
+	node, err := r.readNode(ctx, req.NamespacedName)
+	if err != nil {
 		if apierrors.IsNotFound(err) {
 			r.forgetName(ctx, req.Name)
 		}
 		return reconcile.Result{}, client.IgnoreNotFound(err)
 	}
-	if !ngv1alpha1.TerminatingUnderFinalizer(&node) {
+	if !ngv1alpha1.TerminatingUnderFinalizer(node) {
 		r.forget(ctx, node.UID)
 		return reconcile.Result{}, nil
 	}
-	if r.instanceGone(ctx, &node) {
-		_, err := r.releaseGone(ctx, &node)
+	if r.instanceGone(ctx, node) {
+		_, err := r.releaseGone(ctx, node)
 		r.forget(ctx, node.UID)
 		return reconcile.Result{}, err
 	}
@@ -352,15 +352,25 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reco
 		{phaseVolumes, r.waitForVolumes},
 		{phaseRelease, r.release},
 	}
-	if karpenterOwned(&node) {
+	if karpenterOwned(node) {
 		phases = []phase{
 			{phaseTraffic, r.cutTraffic},
 			{phaseRelease, r.releaseToKarpenter},
 		}
 	}
+	result, err := r.runPhases(ctx, node, phases)
+	if ferr := r.flushConditions(ctx, node); ferr != nil && err == nil {
+		return reconcile.Result{}, fmt.Errorf("node %s: %w", node.Name, ferr)
+	}
+	return result, err
+}
+
+// runPhases runs the phases in order and stops at the first that waits; the
+// node is forgotten once the last is done.
+func (r *Reconciler) runPhases(ctx context.Context, node *corev1.Node, phases []phase) (reconcile.Result, error) {
 	for _, p := range phases {
 		r.phases.set(node.UID, node.Name, p.name)
-		result, err := p.run(ctx, &node)
+		result, err := p.run(ctx, node)
 		if apierrors.IsConflict(err) {
 			// Another writer changed what this pass read (the taint watcher
 			// records AdminState Down on the node as its deletion lands): not
@@ -372,7 +382,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reco
 			return reconcile.Result{}, fmt.Errorf("%s phase of node %s: %w", p.name, node.Name, err)
 		}
 		if !result.IsZero() {
-			if held := r.reportCondition(ctx, &node, p.name); held > 0 && held < result.RequeueAfter {
+			if held := r.reportCondition(node, p.name); held > 0 && held < result.RequeueAfter {
 				result.RequeueAfter = held
 			}
 			return result, nil
@@ -380,6 +390,25 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reco
 	}
 	r.forget(ctx, node.UID)
 	return reconcile.Result{}, nil
+}
+
+// readNode reads the node for a pass: from the cache when this process
+// drains it (its last pass came to the drain slot or the drain, so it holds
+// the node's Lease and its traffic is cut), else fresh from the API server.
+// A draining node's passes come with its pods' going and its slot's
+// handoff, and a fresh read of a node is a round trip before each eviction
+// on an API server busy with a fleet's drain. A node in any other phase is
+// read fresh: a stale node that was already released must not take its
+// maintenance Lease again (a release forgets the node here).
+func (r *Reconciler) readNode(ctx context.Context, key types.NamespacedName) (*corev1.Node, error) {
+	node := &corev1.Node{}
+	if uid, ok := r.phases.draining(key.Name); ok {
+		if err := r.Client.Get(ctx, key, node); err == nil && node.UID == uid && ngv1alpha1.TerminatingUnderFinalizer(node) {
+			return node, nil
+		}
+		node = &corev1.Node{}
+	}
+	return node, r.Reader.Get(ctx, key, node)
 }
 
 // startLeading records when this process started leading (the manager
@@ -426,6 +455,7 @@ func (r *Reconciler) forget(ctx context.Context, uid types.UID) {
 	delete(r.reported, uid)
 	delete(r.waitingFor, uid)
 	delete(r.conditions, uid)
+	delete(r.staged, uid)
 }
 
 // once reports whether key is new for the node, remembering it.

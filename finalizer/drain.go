@@ -26,11 +26,10 @@ import (
 func (r *Reconciler) drain(ctx context.Context, node *corev1.Node) (reconcile.Result, error) {
 	if _, done := node.Annotations[ngv1alpha1.DrainedAtAnnotation]; done {
 		r.stopDraining(ctx, node)
-		return reconcile.Result{}, r.markDrained(ctx, node)
+		r.markDrained(node)
+		return reconcile.Result{}, nil
 	}
-	if err := r.markDrainInProgress(ctx, node); err != nil {
-		return reconcile.Result{}, err
-	}
+	r.markDrainInProgress(node)
 	r.pods.watch(node.Name)
 	deadline, hasDeadline := r.drainDeadline(node)
 	pastDeadline := hasDeadline && !r.Clock.Now().Before(deadline)
@@ -50,9 +49,7 @@ func (r *Reconciler) drain(ctx context.Context, node *corev1.Node) (reconcile.Re
 		r.stopDraining(ctx, node)
 		drainDuration.Observe(r.Clock.Since(terminationStarted(node)).Seconds())
 		r.event(node, corev1.EventTypeNormal, ReasonDrained, "every evictable pod is gone")
-		if err := r.markDrained(ctx, node); err != nil {
-			return reconcile.Result{}, err
-		}
+		r.markDrained(node)
 		return reconcile.Result{}, r.annotate(ctx, node, ngv1alpha1.DrainedAtAnnotation)
 	}
 	settling, err := r.replaceBlocked(ctx, node, plan, pastDeadline)

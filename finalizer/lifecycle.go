@@ -1,8 +1,6 @@
 package finalizer
 
 import (
-	"context"
-	"fmt"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -19,29 +17,26 @@ const (
 )
 
 // markDrainInProgress writes KEP-5683's DrainInProgress=True when the drain
-// begins, unless the node says so already. Its transition time is when the
+// begins (in the status write after the pass's first evictions), unless the
+// node says so already. Its transition time is when the
 // drain began, read back from the node on every pass, so a restart keeps it.
 //
 // kube-apiserver accepts these condition types whatever its
 // NodeLifecycleConditions gate says (node condition types are free-form, and
 // in 1.37 the gate guards no validation): nodeguard writes them everywhere.
-func (r *Reconciler) markDrainInProgress(ctx context.Context, node *corev1.Node) error {
+func (r *Reconciler) markDrainInProgress(node *corev1.Node) {
 	if c := nodeCondition(node, corev1.NodeDrainInProgress); c != nil && c.Status == corev1.ConditionTrue {
-		return nil
+		return
 	}
-	err := r.patchNodeCondition(ctx, node, corev1.NodeCondition{
+	r.stageCondition(node, corev1.NodeCondition{
 		Type: corev1.NodeDrainInProgress, Status: corev1.ConditionTrue, Reason: LifecycleReasonAdminRequested,
 		Message: "nodeguard drains the node before its deletion",
 	})
-	if err != nil {
-		return fmt.Errorf("setting the %s condition: %w", corev1.NodeDrainInProgress, err)
-	}
-	return nil
 }
 
 // markDrained writes Drained=True and DrainInProgress=False when every
 // evictable pod is gone.
-func (r *Reconciler) markDrained(ctx context.Context, node *corev1.Node) error {
+func (r *Reconciler) markDrained(node *corev1.Node) {
 	for _, c := range []corev1.NodeCondition{
 		{Type: corev1.NodeDrained, Status: corev1.ConditionTrue, Reason: LifecycleReasonDrainCompleted, Message: "every evictable pod is gone"},
 		{Type: corev1.NodeDrainInProgress, Status: corev1.ConditionFalse, Reason: LifecycleReasonDrainCompleted, Message: "every evictable pod is gone"},
@@ -49,11 +44,8 @@ func (r *Reconciler) markDrained(ctx context.Context, node *corev1.Node) error {
 		if old := nodeCondition(node, c.Type); old != nil && old.Status == c.Status {
 			continue
 		}
-		if err := r.patchNodeCondition(ctx, node, c); err != nil {
-			return fmt.Errorf("setting the %s condition: %w", c.Type, err)
-		}
+		r.stageCondition(node, c)
 	}
-	return nil
 }
 
 // drainStarted is when the drain began: DrainInProgress's transition time,

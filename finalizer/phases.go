@@ -102,7 +102,10 @@ func (r *Reconciler) release(ctx context.Context, node *corev1.Node) (reconcile.
 
 // removeFinalizer is release without its event.
 func (r *Reconciler) removeFinalizer(ctx context.Context, node *corev1.Node) (reconcile.Result, error) {
-	if err := r.removeCondition(ctx, node); err != nil {
+	// What the pass staged is written first: a node that another finalizer
+	// keeps shows how its drain ended.
+	r.removeCondition(node)
+	if err := r.flushConditions(ctx, node); err != nil {
 		return reconcile.Result{}, err
 	}
 	patch := client.MergeFromWithOptions(node.DeepCopy(), client.MergeFromWithOptimisticLock{})

@@ -76,9 +76,7 @@ func (r *Reconciler) cutTraffic(ctx context.Context, node *corev1.Node) (reconci
 	if failure != nil && r.Opts.TrafficCutFailure == TrafficCutFailureWait {
 		return r.holdUncut(ctx, node, *failure)
 	}
-	if err := r.reportCut(ctx, node, failure); err != nil {
-		return reconcile.Result{}, err
-	}
+	r.reportCut(node, failure)
 	if err := r.annotate(ctx, node, ngv1alpha1.TrafficCutAtAnnotation); err != nil {
 		return reconcile.Result{}, err
 	}
@@ -125,20 +123,21 @@ func (r *Reconciler) pastTimeout() string {
 
 // reportCut says, once per node, how the traffic cut ended before the drain
 // goes on: the TrafficCut condition, an event and the metric.
-func (r *Reconciler) reportCut(ctx context.Context, node *corev1.Node, failure *notCut) error {
+func (r *Reconciler) reportCut(node *corev1.Node, failure *notCut) {
 	if failure == nil {
 		if r.once(node.UID, "traffic-"+cutConfirmed) {
 			trafficCuts.WithLabelValues(cutConfirmed).Inc()
 			r.event(node, corev1.EventTypeNormal, ReasonTrafficCut, "load balancer AdminState Down confirmed on every backend pool entry of the node")
 		}
-		return r.markCutConfirmed(ctx, node)
+		r.markCutConfirmed(node)
+		return
 	}
 	if r.once(node.UID, "traffic-"+failure.result) {
 		trafficCuts.WithLabelValues(failure.result).Inc()
 		r.event(node, corev1.EventTypeWarning, failure.eventReason(),
 			"traffic NOT cut: %s; draining anyway (--traffic-cut-failure=drain): the node's pods are evicted while its load-balancer backend entries still take new connections", failure.why)
 	}
-	return r.setTrafficCondition(ctx, node, corev1.ConditionFalse, failure.reason, "traffic NOT cut, drained anyway (--traffic-cut-failure=drain): "+failure.why)
+	r.setTrafficCondition(node, corev1.ConditionFalse, failure.reason, "traffic NOT cut, drained anyway (--traffic-cut-failure=drain): "+failure.why)
 }
 
 // holdUncut keeps the drain waiting for the cut (--traffic-cut-failure=wait).
@@ -149,9 +148,7 @@ func (r *Reconciler) holdUncut(ctx context.Context, node *corev1.Node, failure n
 			"traffic NOT cut: %s; the drain waits until Azure confirms AdminState Down (--traffic-cut-failure=wait)", failure.why)
 	}
 	msg := "traffic NOT cut, the drain waits (--traffic-cut-failure=wait): " + failure.why
-	if err := r.setTrafficCondition(ctx, node, corev1.ConditionFalse, failure.reason, msg); err != nil {
-		return reconcile.Result{}, err
-	}
+	r.setTrafficCondition(node, corev1.ConditionFalse, failure.reason, msg)
 	r.waitFor(node.UID, "%s", msg)
 	return reconcile.Result{RequeueAfter: trafficFailedPoll}, nil
 }
@@ -166,24 +163,21 @@ func (n notCut) eventReason() string {
 
 // markCutConfirmed turns a TrafficCut condition that said "not cut" (a
 // drain that waited) True; a node that never had one gets none.
-func (r *Reconciler) markCutConfirmed(ctx context.Context, node *corev1.Node) error {
+func (r *Reconciler) markCutConfirmed(node *corev1.Node) {
 	c := nodeCondition(node, ngv1alpha1.TrafficCutCondition)
 	if c == nil || c.Status == corev1.ConditionTrue {
-		return nil
+		return
 	}
-	return r.setTrafficCondition(ctx, node, corev1.ConditionTrue, conditionCut, "load balancer AdminState Down confirmed on every backend pool entry of the node")
+	r.setTrafficCondition(node, corev1.ConditionTrue, conditionCut, "load balancer AdminState Down confirmed on every backend pool entry of the node")
 }
 
-func (r *Reconciler) setTrafficCondition(ctx context.Context, node *corev1.Node, status corev1.ConditionStatus, reason, message string) error {
+func (r *Reconciler) setTrafficCondition(node *corev1.Node, status corev1.ConditionStatus, reason, message string) {
 	if c := nodeCondition(node, ngv1alpha1.TrafficCutCondition); c != nil && c.Status == status && c.Reason == reason && c.Message == message {
-		return nil
+		return
 	}
-	if err := r.patchNodeCondition(ctx, node, corev1.NodeCondition{
+	r.stageCondition(node, corev1.NodeCondition{
 		Type: ngv1alpha1.TrafficCutCondition, Status: status, Reason: reason, Message: message,
-	}); err != nil {
-		return fmt.Errorf("writing the %s condition: %w", ngv1alpha1.TrafficCutCondition, err)
-	}
-	return nil
+	})
 }
 
 // wakeWhenConfirmed waits, once per node and in the background, for at most

@@ -11,8 +11,8 @@ import (
 
 // TestCachedNodesKeepWhatNodeguardReads: the node cache's transform drops the
 // managed fields, the kubelet's inventory and its pressure conditions, and
-// keeps the metadata, the spec, the Ready condition and nodeguard's own, and
-// the addresses.
+// keeps the metadata, the spec, the Ready condition, the drain's (KEP-5683's
+// and nodeguard's own), and the addresses: a draining node's pass reads it.
 func TestCachedNodesKeepWhatNodeguardReads(t *testing.T) {
 	node := &corev1.Node{
 		ObjectMeta: metav1.ObjectMeta{Name: "n", Labels: map[string]string{"pool": "a"}, Finalizers: []string{"f"},
@@ -24,6 +24,9 @@ func TestCachedNodesKeepWhatNodeguardReads(t *testing.T) {
 				{Type: corev1.NodeMemoryPressure, Status: corev1.ConditionFalse},
 				{Type: corev1.NodeReady, Status: corev1.ConditionTrue},
 				{Type: "nodeguard.io/TrafficCut", Status: corev1.ConditionTrue},
+				{Type: corev1.NodeDiskPressure, Status: corev1.ConditionFalse},
+				{Type: corev1.NodeDrainInProgress, Status: corev1.ConditionTrue},
+				{Type: corev1.NodeDrained, Status: corev1.ConditionFalse},
 			},
 			Addresses: []corev1.NodeAddress{{Type: corev1.NodeInternalIP, Address: "10.0.0.1"}},
 			Capacity:  corev1.ResourceList{corev1.ResourceCPU: resource.MustParse("4")},
@@ -33,7 +36,8 @@ func TestCachedNodesKeepWhatNodeguardReads(t *testing.T) {
 	}
 	want := node.DeepCopy()
 	want.ManagedFields = nil
-	want.Status = corev1.NodeStatus{Conditions: want.Status.Conditions[1:], Addresses: want.Status.Addresses}
+	c := want.Status.Conditions
+	want.Status = corev1.NodeStatus{Conditions: []corev1.NodeCondition{c[1], c[2], c[4], c[5]}, Addresses: want.Status.Addresses}
 
 	got, err := trimNode(node)
 	if err != nil {

@@ -184,8 +184,9 @@ func managerOptions(opts options, lease types.NamespacedName, clientCA *clientca
 // the kubelet's inventory (capacity, allocatable, node info, images, volumes,
 // daemon endpoints, config, features, runtime handlers) and its pressure
 // conditions: about 30% of each of thousands of cached nodes. It keeps the
-// metadata, the spec (taints, unschedulable, providerID), the Ready condition
-// and nodeguard's own, and the addresses (backend pool entries by IP).
+// metadata, the spec (taints, unschedulable, providerID), the Ready condition,
+// the drain's (KEP-5683's DrainInProgress and Drained, and nodeguard's own),
+// and the addresses (backend pool entries by IP).
 // Patches are computed from two trimmed copies or written raw, so they never
 // touch what was dropped; nodes are only updated through the spec and
 // metadata, where nothing is dropped.
@@ -196,7 +197,11 @@ func trimNode(o any) (any, error) {
 		return o, err
 	}
 	conditions := slices.DeleteFunc(node.Status.Conditions, func(c corev1.NodeCondition) bool {
-		return c.Type != corev1.NodeReady && !strings.HasPrefix(string(c.Type), ngv1alpha1.GroupVersion.Group+"/")
+		switch c.Type {
+		case corev1.NodeReady, corev1.NodeDrainInProgress, corev1.NodeDrained:
+			return false
+		}
+		return !strings.HasPrefix(string(c.Type), ngv1alpha1.GroupVersion.Group+"/")
 	})
 	node.Status = corev1.NodeStatus{Phase: node.Status.Phase, Conditions: slices.Clone(conditions), Addresses: node.Status.Addresses}
 	return node, nil
