@@ -24,10 +24,12 @@ import (
 	"k8s.io/client-go/tools/events"
 	"k8s.io/client-go/util/workqueue"
 	"k8s.io/utils/clock"
+	"k8s.io/utils/ptr"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/builder"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller"
+	"sigs.k8s.io/controller-runtime/pkg/controller/priorityqueue"
 	"sigs.k8s.io/controller-runtime/pkg/event"
 	"sigs.k8s.io/controller-runtime/pkg/handler"
 	logf "sigs.k8s.io/controller-runtime/pkg/log"
@@ -138,8 +140,9 @@ type Reconciler struct {
 	repl   replacements
 	// pods watches the pods of the nodes being drained (nil: they are polled).
 	pods *nodePods
-	// wakeups asks for passes of nodes whose wait ended (pods, traffic cut).
-	wakeups chan event.GenericEvent
+	// wakeups asks for passes of nodes whose wait ended (pods, traffic cut);
+	// slotWakeups for those of nodes that may take a drain slot, first.
+	wakeups, slotWakeups chan event.GenericEvent
 	// seen remembers what was already reported, so that a waiting drain does
 	// not repeat itself: pod UIDs reported once, and each node's last waiting
 	// message and backstop.
@@ -180,6 +183,7 @@ func (r *Reconciler) SetupWithManager(mgr ctrl.Manager) error {
 		return err
 	}
 	r.wakeups = make(chan event.GenericEvent, 1024)
+	r.slotWakeups = make(chan event.GenericEvent, 1024)
 	r.pods = newNodePods(cs, r.wakeups)
 	r.pods.emptied = r.podsGone
 	if err := mgr.Add(r.pods); err != nil {
@@ -193,12 +197,32 @@ func (r *Reconciler) SetupWithManager(mgr ctrl.Manager) error {
 		For(&corev1.Node{}, builder.WithPredicates(terminatingNodeChanged())).
 		Watches(&policyv1.PodDisruptionBudget{}, r.pdbHandler()).
 		WatchesRawSource(source.Channel(r.wakeups, &handler.EnqueueRequestForObject{})).
+		WatchesRawSource(source.Channel(r.slotWakeups, enqueueFirst())).
 		WithOptions(controller.Options{MaxConcurrentReconciles: r.workers()})
 	if r.Opts.VolumeDetachTimeout > 0 {
 		// A cache of VolumeAttachments (few and small), not a list per pass.
 		b = b.Watches(&storagev1.VolumeAttachment{}, handler.EnqueueRequestsFromMapFunc(r.attachedNode))
 	}
 	return b.Complete(r)
+}
+
+// slotWakePriority puts the pass of a node that may take a drain slot ahead
+// of every pass waiting for a worker (controller-runtime's priority queue;
+// events default to 0, the initial list to handler.LowPriority).
+const slotWakePriority = 100
+
+// enqueueFirst enqueues the woken nodes at slotWakePriority: a freed slot is
+// the fleet's bottleneck, and the passes queued before it (a hundred
+// admitted nodes' cordons and waits) must not keep it idle.
+func enqueueFirst() handler.EventHandler {
+	return handler.Funcs{GenericFunc: func(_ context.Context, e event.GenericEvent, q workqueue.TypedRateLimitingInterface[reconcile.Request]) {
+		req := reconcile.Request{NamespacedName: types.NamespacedName{Name: e.Object.GetName()}}
+		if pq, ok := q.(priorityqueue.PriorityQueue[reconcile.Request]); ok {
+			pq.AddWithOpts(priorityqueue.AddOpts{Priority: ptr.To(slotWakePriority)}, req)
+			return
+		}
+		q.Add(req)
+	}}
 }
 
 // workers is how many passes run at once: a draining node's pass waits for

@@ -297,8 +297,8 @@ func (r *Reconciler) stepAside(ctx context.Context, uid types.UID) {
 
 func (r *Reconciler) wakeInLine(ctx context.Context, names []string) {
 	for _, name := range names {
-		if r.wakeups != nil {
-			wakeNode(ctx, r.wakeups, name)
+		if r.slotWakeups != nil {
+			wakeNode(ctx, r.slotWakeups, name)
 		}
 	}
 	if len(names) > 0 {

@@ -10,8 +10,12 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	corev1 "k8s.io/api/core/v1"
 	policyv1 "k8s.io/api/policy/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/controller/priorityqueue"
 	"sigs.k8s.io/controller-runtime/pkg/event"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	ngv1alpha1 "github.com/nodeguard/nodeguard/api/v1alpha1"
 	"github.com/nodeguard/nodeguard/test/builder"
@@ -398,4 +402,21 @@ func TestFreedSlotGoesToAWarmNode(t *testing.T) {
 func handoffs(t *testing.T) uint64 {
 	t.Helper()
 	return sampleCount(t, "nodeguard_drain_slot_handoff_seconds")
+}
+
+// TestSlotWakeGoesAheadOfQueuedPasses: with passes of other nodes queued, the
+// pass of a node woken for a drain slot is the next a worker takes, as
+// controller-runtime's priority queue (the default) serves it.
+func TestSlotWakeGoesAheadOfQueuedPasses(t *testing.T) {
+	q := priorityqueue.New[reconcile.Request]("termination-test")
+	defer q.ShutDown()
+	for _, name := range []string{"waiting-1", "waiting-2", "waiting-3"} {
+		q.Add(reconcile.Request{NamespacedName: types.NamespacedName{Name: name}})
+	}
+	wake := event.GenericEvent{Object: &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "next-in-line"}}}
+	enqueueFirst().Generic(context.Background(), wake, q)
+	got, _ := q.Get()
+	if got.Name != "next-in-line" {
+		t.Errorf("a worker takes %s first, want next-in-line (woken for its drain slot)", got.Name)
+	}
 }
