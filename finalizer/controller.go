@@ -65,6 +65,8 @@ const (
 	// blockedBackstopMax caps the backstop after a 429; kubectl drain waits 5 s.
 	blockedBackstopMax = 4 * time.Second
 	trafficPoll        = time.Second
+	// trafficWakeBackstop paces a node whose traffic cut will wake it.
+	trafficWakeBackstop = 5 * time.Second
 	// conflictRetry is how soon a pass runs again whose optimistic write (of
 	// the node, of its Lease) lost to another writer.
 	conflictRetry = 10 * time.Millisecond
@@ -157,6 +159,8 @@ type Reconciler struct {
 	// the node condition last written, for reportCondition.
 	waitingFor map[types.UID]string
 	conditions map[types.UID]writtenCondition
+	// cutWaits are the nodes a background wait for the traffic cut wakes.
+	cutWaits map[types.UID]bool
 	// staged are the condition changes of each node's running pass.
 	staged map[types.UID]*stagedConditions
 	// leadingSince is when this process started leading: a drain that began

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	ngv1alpha1 "github.com/nodeguard/nodeguard/api/v1alpha1"
@@ -104,8 +105,13 @@ func (r *Reconciler) awaitCut(ctx context.Context, node *corev1.Node) (*notCut, 
 		if left := deadline.Sub(r.Clock.Now()); left > 0 {
 			r.waitFor(node.UID, "waiting for Azure to confirm load-balancer AdminState Down on every backend pool of the node; %s in %s (--admin-state-timeout)",
 				r.pastTimeout(), left.Round(time.Second))
-			r.wakeWhenConfirmed(ctx, node, left)
-			return nil, reconcile.Result{RequeueAfter: trafficPoll}, nil
+			next := trafficPoll
+			if r.wakeWhenConfirmed(ctx, node, left) {
+				// Woken when Azure answers: a hundred admitted nodes polling
+				// every second would hold the workers the drains need.
+				next = min(left, trafficWakeBackstop)
+			}
+			return nil, reconcile.Result{RequeueAfter: next}, nil
 		}
 		why := fmt.Sprintf("Azure did not confirm AdminState Down within --admin-state-timeout (%s)", r.Opts.AdminStateTimeout)
 		return &notCut{result: cutTimedOut, reason: conditionTimedOut, why: why}, reconcile.Result{}, nil
@@ -180,18 +186,31 @@ func (r *Reconciler) setTrafficCondition(node *corev1.Node, status corev1.Condit
 	})
 }
 
-// wakeWhenConfirmed waits, once per node and in the background, for at most
-// wait, until Azure confirms the node's AdminState Down (or it fails), and
-// then wakes the node: the drain starts as soon as the cut is confirmed, not
-// a poll later.
-func (r *Reconciler) wakeWhenConfirmed(ctx context.Context, node *corev1.Node, wait time.Duration) {
-	if r.wakeups == nil || !r.once(node.UID, "traffic-wake") {
-		return
+// wakeWhenConfirmed waits in the background, for at most wait, until Azure
+// confirms the node's AdminState Down (or it fails), and then wakes the
+// node: the drain starts as soon as the cut is confirmed, not a poll later.
+// It reports whether the node will be woken (one wait per node at a time).
+func (r *Reconciler) wakeWhenConfirmed(ctx context.Context, node *corev1.Node, wait time.Duration) (waking bool) {
+	if r.wakeups == nil {
+		return false
 	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.cutWaits == nil {
+		r.cutWaits = map[types.UID]bool{}
+	}
+	if r.cutWaits[node.UID] {
+		return true
+	}
+	r.cutWaits[node.UID] = true
 	go func() {
 		waitCtx, cancel := context.WithTimeout(ctx, wait)
-		defer cancel()
 		_ = r.AdminState.WaitConfirmed(waitCtx, node.UID, azure.AdminStateDown) // the pass reads the outcome
+		cancel()
+		r.mu.Lock()
+		delete(r.cutWaits, node.UID) // before the wake: its pass may wait again
+		r.mu.Unlock()
 		wakeNode(ctx, r.wakeups, node.Name)
 	}()
+	return true
 }
