@@ -141,10 +141,13 @@ func podList(pods []*corev1.Pod) string {
 }
 
 // names lists at most maxBlockerPods pods by namespace/name.
-func names(pods []*corev1.Pod) string {
+func names(pods []*corev1.Pod) string { return namesUpTo(pods, maxBlockerPods) }
+
+// namesUpTo lists at most n pods by namespace/name.
+func namesUpTo(pods []*corev1.Pod, n int) string {
 	var list []string
 	for i, p := range pods {
-		if i == maxBlockerPods {
+		if i == n {
 			list = append(list, fmt.Sprintf("... (%d more)", len(pods)-i))
 			break
 		}

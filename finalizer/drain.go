@@ -24,7 +24,7 @@ import (
 // disruption, which sends its next eviction at once (pdbHandler); the
 // requeue is only a backstop.
 func (r *Reconciler) drain(ctx context.Context, node *corev1.Node) (reconcile.Result, error) {
-	if _, done := node.Annotations[ngv1alpha1.DrainedAtAnnotation]; done {
+	if _, done := r.drainEnded(node); done {
 		r.stopDraining(ctx, node)
 		r.markDrained(node)
 		return reconcile.Result{}, nil
@@ -50,7 +50,8 @@ func (r *Reconciler) drain(ctx context.Context, node *corev1.Node) (reconcile.Re
 		drainDuration.Observe(r.Clock.Since(terminationStarted(node)).Seconds())
 		r.event(node, corev1.EventTypeNormal, ReasonDrained, "every evictable pod is gone")
 		r.markDrained(node)
-		return reconcile.Result{}, r.annotate(ctx, node, ngv1alpha1.DrainedAtAnnotation)
+		r.recordDrained(node.UID)
+		return reconcile.Result{}, nil
 	}
 	settling, err := r.replaceBlocked(ctx, node, plan, pastDeadline)
 	if err != nil {
@@ -91,6 +92,31 @@ func (r *Reconciler) drain(ctx context.Context, node *corev1.Node) (reconcile.Re
 		next = settling
 	}
 	return reconcile.Result{RequeueAfter: r.byDeadline(next, deadline, hasDeadline)}, nil
+}
+
+// recordDrained remembers when the node's drain ended. The node is annotated
+// with it (nodeguard.io/drained-at) only when its release must wait for
+// volumes (waitForVolumes): most drained nodes are released in the same
+// pass, and each write of a node goes to every watcher of nodes.
+func (r *Reconciler) recordDrained(uid types.UID) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.drainedAt == nil {
+		r.drainedAt = map[types.UID]time.Time{}
+	}
+	r.drainedAt[uid] = r.Clock.Now()
+}
+
+// drainEnded is when the node's drain ended: its annotation, else this
+// process's record (a release that failed does not drain again).
+func (r *Reconciler) drainEnded(node *corev1.Node) (time.Time, bool) {
+	if at, ok := ngv1alpha1.AnnotationTime(node, ngv1alpha1.DrainedAtAnnotation); ok {
+		return at, true
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	at, ok := r.drainedAt[node.UID]
+	return at, ok
 }
 
 // byDeadline shortens a wait so that the drain looks again when its deadline
@@ -176,7 +202,9 @@ func (r *Reconciler) reportGivenUp(node *corev1.Node, plan *drain.Plan) {
 }
 
 // warnBeforeEvicting tells, once per pod, about evictions a user may regret:
-// a pod no controller will recreate, and a pod whose emptyDir data goes with it.
+// pods no controller will recreate, and pods whose emptyDir data goes with
+// them. One event per pass names them all: a node of bare pods must not
+// send the API server an event per pod while a fleet drains.
 func (r *Reconciler) warnBeforeEvicting(node *corev1.Node, plan *drain.Plan) {
 	pods := append([]*corev1.Pod{}, plan.Unprotected...)
 	for _, g := range plan.Groups {
@@ -184,16 +212,42 @@ func (r *Reconciler) warnBeforeEvicting(node *corev1.Node, plan *drain.Plan) {
 			pods = append(pods, g.Pods...)
 		}
 	}
+	var bare, local []*corev1.Pod
 	for _, pod := range pods {
 		if metav1.GetControllerOf(pod) == nil && r.once(node.UID, "bare/"+string(pod.UID)) {
-			r.event(node, corev1.EventTypeWarning, ReasonEvictingBarePod,
-				"evicting pod %s/%s, which no controller manages: nothing will recreate it", pod.Namespace, pod.Name)
+			bare = append(bare, pod)
 		}
 		if hasEmptyDir(pod) && r.once(node.UID, "emptydir/"+string(pod.UID)) {
-			r.event(node, corev1.EventTypeWarning, ReasonEvictingLocalData,
-				"evicting pod %s/%s: the data in its emptyDir volumes is lost", pod.Namespace, pod.Name)
+			local = append(local, pod)
 		}
 	}
+	if len(bare) > 0 {
+		r.event(node, corev1.EventTypeWarning, ReasonEvictingBarePod,
+			"evicting %s, which no controller manages: nothing will recreate %s", eventPods(bare), pronoun(len(bare), "it", "them"))
+	}
+	if len(local) > 0 {
+		r.event(node, corev1.EventTypeWarning, ReasonEvictingLocalData,
+			"evicting %s: the data in %s emptyDir volumes is lost", eventPods(local), pronoun(len(local), "its", "their"))
+	}
+}
+
+// eventPodsMax bounds the pods an event names.
+const eventPodsMax = 10
+
+// eventPods is "pod ns/a" or "3 pods ns/a, ns/b, ns/c", at most eventPodsMax
+// of them named ("... (5 more)").
+func eventPods(pods []*corev1.Pod) string {
+	if len(pods) == 1 {
+		return "pod " + pods[0].Namespace + "/" + pods[0].Name
+	}
+	return fmt.Sprintf("%d pods %s", len(pods), namesUpTo(pods, eventPodsMax))
+}
+
+func pronoun(n int, one, many string) string {
+	if n == 1 {
+		return one
+	}
+	return many
 }
 
 func hasEmptyDir(pod *corev1.Pod) bool {

@@ -289,6 +289,33 @@ func TestStuckPodNoLongerHoldsTheNode(t *testing.T) {
 	}
 }
 
+// TestBarePodsAreAnnouncedInOneEvent: a node of twelve pods no controller
+// manages, two of them with emptyDir data, gets one Warning per kind naming
+// them (ten by name, then how many more), not an event per pod.
+func TestBarePodsAreAnnouncedInOneEvent(t *testing.T) {
+	f := newFixture(t, "bare")
+	node := f.ns + "-node"
+	f.node(t, node)
+	for i := range 12 {
+		if i < 2 {
+			f.pod(t, fmt.Sprintf("bare-%02d", i), node, withEmptyDir)
+		} else {
+			f.pod(t, fmt.Sprintf("bare-%02d", i), node)
+		}
+	}
+	f.deleteNode(t, node)
+
+	f.pass(t, node)
+	bare, local := f.events.with(ReasonEvictingBarePod), f.events.with(ReasonEvictingLocalData)
+	if len(bare) != 1 || !strings.Contains(bare[0], "evicting 12 pods "+f.ns+"/bare-") || !strings.Contains(bare[0], "... (2 more), which no controller manages") {
+		t.Errorf("%s events %q, want one naming ten of the 12 pods and 2 more", ReasonEvictingBarePod, bare)
+	}
+	want := "evicting 2 pods " + f.ns + "/bare-00, " + f.ns + "/bare-01: the data in their emptyDir volumes is lost"
+	if len(local) != 1 || !strings.Contains(local[0], want) {
+		t.Errorf("%s events %q, want one: %q", ReasonEvictingLocalData, local, want)
+	}
+}
+
 // TestUnreachableNodeWaitsOnlyAShortMargin: on a node whose Ready condition is
 // Unknown, evicted pods are waited for UnreachableMargin, not their grace
 // period; an event names each pod given up on. A Lease left from an earlier
