@@ -12,7 +12,6 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
-	ngv1alpha1 "github.com/nodeguard/nodeguard/api/v1alpha1"
 	"github.com/nodeguard/nodeguard/finalizer/drain"
 )
 
@@ -225,7 +224,7 @@ func (s *drainSlots) count() (held, waiting int) {
 // deleted then, whatever else waits), nor one that began draining (its
 // evictions take a slot again in the drain pass).
 func (r *Reconciler) waitForDrainSlot(ctx context.Context, node *corev1.Node) (reconcile.Result, error) {
-	if _, done := node.Annotations[ngv1alpha1.DrainedAtAnnotation]; done || r.slots.hasBegun(node.UID) {
+	if _, done := r.drainEnded(node); done || r.slots.hasBegun(node.UID) {
 		return reconcile.Result{}, nil
 	}
 	deadline, hasDeadline := r.drainDeadline(node)

@@ -29,6 +29,9 @@ const (
 	// TrafficCutAtAnnotation and DrainedAtAnnotation record (RFC 3339) when a
 	// terminating node's load-balancer traffic was cut (or the wait for it gave
 	// up) and when its drain finished: the termination's durable progress.
+	// DrainedAtAnnotation is written only on a node whose release waits for
+	// its VolumeAttachments (it dates that wait's timeout); a node released
+	// in the pass its drain ended never carries it.
 	TrafficCutAtAnnotation = "nodeguard.io/traffic-cut-at"
 	DrainedAtAnnotation    = "nodeguard.io/drained-at"
 

@@ -137,7 +137,7 @@ func (o *options) bind(fs *flag.FlagSet) {
 	fs.IntVar(&o.maxConcurrentDrains, "max-concurrent-drains", finalizer.DefaultMaxConcurrentNodes,
 		"Nodes terminated in parallel.")
 	fs.IntVar(&o.parallelEvictions, "parallel-evictions", finalizer.DefaultParallelEvictions,
-		"Concurrent evictions of pods that no PodDisruptionBudget covers (pods under a PDB are always evicted one at a time per PDB).")
+		"Concurrent evictions, per draining node, of pods that no PodDisruptionBudget covers (pods under a PDB are always evicted one at a time per PDB).")
 	fs.StringVar(&o.signalTaints, "signal-taints", ngv1alpha1.FormatSignalTaints(ngv1alpha1.DefaultSignalTaints),
 		"Taints that say a node is leaving (key or key=value, comma-separated; a value is the only one that counts): "+
 			"while a node carries one, its load-balancer traffic is cut and NodeDisruptionBudgets count it unavailable. Empty: none.")
