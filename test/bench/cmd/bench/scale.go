@@ -206,7 +206,7 @@ func runScale(ctx context.Context, c config, env *harness.Env) (*scaleResult, er
 		return r, err
 	}
 	deployments := max(c.scalePods/10/100, 1)
-	r.DeploymentPods = deployments * 100
+	r.DeploymentPods = deployments * scaleReplicas
 	bare := c.scalePods - r.DeploymentPods
 	// A tenth of the nodes with their bare pods first, idle, then the rest
 	// and the Deployments: nodeguard's idle RSS at both sizes gives its
@@ -259,6 +259,10 @@ func runScale(ctx context.Context, c config, env *harness.Env) (*scaleResult, er
 	if err := create(ctx, cl, builder.NDB("scale", builder.NDBSelecting(managedLabel, "true"), builder.NDBMaxUnavailable(scaleNDB))); err != nil {
 		return r, err
 	}
+	budgets, err := startBudgetWatch(ctx, env, deployments)
+	if err != nil {
+		return r, err
+	}
 	// The kubectl set is cordoned while nodeguard deletes its own, so that
 	// both sets keep the pods they started with.
 	for _, n := range kubectlSet {
@@ -270,7 +274,11 @@ func runScale(ctx context.Context, c config, env *harness.Env) (*scaleResult, er
 	logf("scale: deleting %d nodes at once under nodeguard (NDB maxUnavailable %s)", len(ngSet), scaleNDB)
 	if err := phase(fmt.Sprintf("deleting %d nodes (nodeguard)", len(ngSet)), func() error {
 		var err error
+		budgets.begin()
 		r.Nodeguard, err = deleteWithNodeguard(ctx, cl, ngAPI, metricsURL, ngSet)
+		if r.Nodeguard != nil {
+			r.Nodeguard.Budgets = budgets.result()
+		}
 		return err
 	}); err != nil {
 		return r, err
@@ -278,7 +286,11 @@ func runScale(ctx context.Context, c config, env *harness.Env) (*scaleResult, er
 	logf("scale: nodeguard released %d nodes in %s; kubectl drain loop on %d nodes, %d at a time", len(ngSet), bench.Seconds(r.Nodeguard.Released), len(kubectlSet), r.Parallel)
 	if err := phase(fmt.Sprintf("draining and deleting %d nodes (kubectl loop)", len(kubectlSet)), func() error {
 		var err error
+		budgets.begin()
 		r.Kubectl, err = drainWithKubectl(ctx, cl, kubectlAPI, kubectlSet, r.Parallel)
+		if r.Kubectl != nil {
+			r.Kubectl.Budgets = budgets.result()
+		}
 		return err
 	}); err != nil {
 		return r, err
@@ -379,7 +391,7 @@ func createBarePods(ctx context.Context, cl client.Client, names []string, pods 
 func createScalePods(ctx context.Context, cl client.Client, names []string, deployments int, pods []int, bare int) (int, error) {
 	for i := range deployments {
 		app := fmt.Sprintf("web-%d", i)
-		if err := create(ctx, cl, builder.Deployment(scaleNS, app, 100)); err != nil {
+		if err := create(ctx, cl, builder.Deployment(scaleNS, app, scaleReplicas)); err != nil {
 			return 0, err
 		}
 		if err := create(ctx, cl, builder.PDB(scaleNS, app, builder.MaxUnavailable("10%"))); err != nil {
@@ -459,6 +471,53 @@ type fleetDeletion struct {
 	// nodeguard_drain_slot_handoff_seconds, nodeguard_drain_wakeup_delay_seconds.
 	Handoff histogram `json:"slotHandoff,omitzero"`
 	Wakeup  histogram `json:"wakeupDelay,omitzero"`
+	// Budgets is what the Deployments' PDBs saw in the window.
+	Budgets budgetWatch `json:"budgets"`
+}
+
+// scaleReplicas and scaleBudget are each Deployment's replicas and what its
+// PDB (maxUnavailable 10%) lets be unavailable.
+const (
+	scaleReplicas = 100
+	scaleBudget   = scaleReplicas / 10
+)
+
+// budgetWatch is, over a drainer's window, the most pods of one Deployment
+// unavailable at once (not Ready, deleting, or missing: the PDB's reading)
+// and how many times a Deployment went over its PDB's budget.
+type budgetWatch struct {
+	MostUnavailable int `json:"mostUnavailable"`
+	Exceeded        int `json:"exceeded"`
+}
+
+// budgetTracker watches the Deployments' pods for budgetWatch.
+type budgetTracker struct {
+	tr        *podTracker
+	workloads []string
+}
+
+func startBudgetWatch(ctx context.Context, env *harness.Env, deployments int) (*budgetTracker, error) {
+	b := &budgetTracker{}
+	replicas := map[string]int{}
+	for i := range deployments {
+		w := fmt.Sprintf("%s/web-%d", scaleNS, i)
+		replicas[w] = scaleReplicas
+		b.workloads = append(b.workloads, w)
+	}
+	var err error
+	b.tr, err = startPodTracker(ctx, env.Config, "app!=filler", replicas)
+	return b, err
+}
+
+func (b *budgetTracker) begin() { b.tr.begin() }
+
+func (b *budgetTracker) result() budgetWatch {
+	var w budgetWatch
+	for _, name := range b.workloads {
+		w.MostUnavailable = max(w.MostUnavailable, b.tr.maxUnavailable(name))
+		w.Exceeded += dropsBelow(b.tr.healthyTimeline(name), scaleReplicas-scaleBudget)
+	}
+	return w
 }
 
 // The histograms of nodeguard's the fleet deletion reports.
@@ -638,19 +697,22 @@ func fleetTable(r *scaleResult) *bench.Table {
 	t := &bench.Table{
 		Title: fmt.Sprintf("4b. Fleet deletion: %d of %d nodes at once under an NDB of maxUnavailable %s, pods under PDBs", r.Deleted, r.Nodes, scaleNDB),
 		Header: []string{"drainer", "nodes", "pods on them", "every node released", "median node released", "eviction requests", "refused (429)",
-			"API requests", "API requests / drained pod"},
+			fmt.Sprintf("most pods of a Deployment unavailable (PDB allows %d)", scaleBudget), "PDB exceeded", "API requests", "API requests / drained pod"},
 	}
 	row := func(name string, f *fleetDeletion) {
 		if f == nil {
 			return
 		}
 		t.AddRow(name, fmt.Sprint(f.Nodes), fmt.Sprint(f.Pods), bench.Seconds(f.Released), bench.Seconds(f.Median),
-			fmt.Sprint(f.API.evictionRequests()), fmt.Sprint(f.API.Evictions[429]), fmt.Sprint(f.API.total()), fmt.Sprintf("%.1f", f.perPod()))
+			fmt.Sprint(f.API.evictionRequests()), fmt.Sprint(f.API.Evictions[429]), fmt.Sprint(f.Budgets.MostUnavailable),
+			fmt.Sprintf("%d times", f.Budgets.Exceeded), fmt.Sprint(f.API.total()), fmt.Sprintf("%.1f", f.perPod()))
 	}
 	row(fmt.Sprintf("nodeguard (%d node deletes at once, --max-concurrent-drains=%d)", r.Deleted, finalizer.DefaultMaxConcurrentNodes), r.Nodeguard)
 	row(fmt.Sprintf("`kubectl drain --force` + `kubectl delete node`, %d at a time", r.Parallel), r.Kubectl)
 	t.Note("How to read it: lower is better in every column; the two rows drain sets of the same size and layout in the same cluster, one after the other (the kubectl set is cordoned while nodeguard works, so neither set receives the other's evicted pods). nodeguard drains %d nodes at a time by default, and the kubectl loop runs at the same parallelism.", r.Parallel)
 	t.Note("Times run from the first delete (nodeguard) or the first kubectl drain until the node object is gone, by a 250 ms poll. API requests are every request each drainer sent through its own counting proxy in that window: for nodeguard its watches, lists, evictions, status writes and Lease renewals, and the node deletes (one request per node, a denied or unanswered one retried every %s: %d denied with 429, %d not answered by the webhook within kube-apiserver's 5 s webhook timeout); for kubectl every drain and delete process, discovery included. Refused (429) are evictions a PDB did not allow yet.", rollingRetry, r.Nodeguard.Retries.Denied, r.Nodeguard.Retries.WebhookFailed)
+	t.Note("A Deployment's pods are unavailable when not Ready, deleting or not yet replaced, as its PDB (maxUnavailable 10%%: %d of %d) reads them, from a watch of the pods over each drainer's window; \"PDB exceeded\" counts the times a Deployment had fewer than %d healthy pods. The NDB (maxUnavailable %s of the %d nodes) allows more than the %d nodes deleted: it cannot be exceeded here; section 6 measures a node budget that binds.",
+		scaleBudget, scaleReplicas, scaleReplicas-scaleBudget, scaleNDB, r.Nodes, r.Deleted)
 	t.Note("nodeguard's own view (its metrics over the deletion, bucket bounds): drain slot handoff, from a node's last pod gone to the first eviction of the node that takes its slot (%s): %s; PDB wake-up, from a status that allows a disruption again to the eviction sent for it (%s): %s.",
 		handoffMetric, r.Nodeguard.Handoff.summary(), wakeupMetric, r.Nodeguard.Wakeup.summary())
 	if r.Nodeguard != nil && r.Kubectl != nil {

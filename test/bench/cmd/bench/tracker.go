@@ -119,12 +119,14 @@ func (t *podTracker) countHealthy(workload string) int {
 	return n
 }
 
-// begin starts the clock and records the initial values of the given nodes
-// and of every workload with a replica count.
+// begin starts the clock, or starts it again (a new window: what an earlier
+// one recorded is dropped), and records the initial values of the given
+// nodes and of every workload with a replica count.
 func (t *podTracker) begin(nodes ...string) time.Time {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	t.start, t.began = time.Now(), true
+	t.remaining, t.healthy = map[string][]bench.Point{}, map[string][]bench.Point{}
 	for _, n := range nodes {
 		appendPoint(t.remaining, n, 0, t.countOn(n))
 	}
