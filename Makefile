@@ -45,14 +45,19 @@ test: tools-test ## Run unit, integration and e2e tests on Kubernetes 1.37, then
 	cd hack/release && $(GO) test -timeout 20m $(TEST_FLAGS) ./...
 
 # The integration tests whose outcome depends on kube-apiserver's behaviour:
-# admission of node deletes, and the node conditions a drain writes.
+# admission of node deletes, and the node conditions a drain writes; and the
+# e2e of the core path (a node delete under a NodeDisruptionBudget, drained
+# serially per PDB, then released), which also runs kube-controller-manager and
+# kube-scheduler 1.36.
 OLDEST_WEBHOOK_TESTS := TestKubectlDeleteIsHeldToTheBudget|TestConcurrentDeletesNeverOverAdmit|TestMissingFinalizerNeverLetsANodeGoUnguarded|TestAPIServerDeletesANodeWhoseFinalizerWasAddedDuringItsDelete
 OLDEST_FINALIZER_TESTS := TestDrainWritesLifecycleConditions|TestStuckPodNoLongerHoldsTheNode
+OLDEST_E2E_TESTS := TestDeleteNodeCutsTrafficThenDrainsWithinBudgets
 
 .PHONY: test-oldest
-test-oldest: tools-sandbox tools-oldest ## Run the admission and drain integration tests on kube-apiserver 1.36, the oldest supported Kubernetes (bin/k8s-1.36).
+test-oldest: tools-sandbox tools-oldest ## Run the admission and drain integration tests and the core-path e2e on Kubernetes 1.36, the oldest supported (bin/k8s-1.36).
 	NODEGUARD_KUBE_VERSION=1.36 $(GO) test -count=1 -timeout 15m $(TEST_FLAGS) -run '^($(OLDEST_WEBHOOK_TESTS))$$' ./webhook
 	NODEGUARD_KUBE_VERSION=1.36 $(GO) test -count=1 -timeout 15m $(TEST_FLAGS) -run '^($(OLDEST_FINALIZER_TESTS))$$' ./finalizer
+	NODEGUARD_KUBE_VERSION=1.36 $(GO) test -count=1 -timeout 15m $(TEST_FLAGS) -run '^($(OLDEST_E2E_TESTS))$$' ./test/e2e
 
 .PHONY: test-unit
 test-unit: ## Run only the tests that need no control plane.
@@ -154,7 +159,7 @@ test-release: ## Build the image as make image does and check it (config, both p
 ##@ Tools
 
 .PHONY: tools
-tools: ## Build controller-gen, etcd, kube-apiserver, kube-controller-manager, kube-scheduler (and kube-apiserver 1.36), kwok, cert-manager and Karpenter (kwok provider) into bin/ (skips what is built).
+tools: ## Build controller-gen, etcd, kube-apiserver, kube-controller-manager, kube-scheduler (1.37, and 1.36 in bin/k8s-1.36), kwok, cert-manager and Karpenter (kwok provider) into bin/ (skips what is built).
 	@BIN=$(BIN) hack/tools/build.sh all
 
 # The groups of hack/tools/build.sh, for the targets that need only some.
@@ -163,7 +168,7 @@ tools-sandbox: ## Build only what make run starts: etcd, kube-apiserver, kube-co
 	@BIN=$(BIN) hack/tools/build.sh sandbox
 tools-codegen:
 	@BIN=$(BIN) hack/tools/build.sh codegen
-tools-oldest:
+tools-oldest: ## Build only kube-apiserver, kube-controller-manager and kube-scheduler 1.36 into bin/k8s-1.36 (make test-oldest).
 	@BIN=$(BIN) hack/tools/build.sh oldest
 tools-certmanager:
 	@BIN=$(BIN) hack/tools/build.sh certmanager

@@ -7,8 +7,8 @@
 #   codegen      controller-gen (make generate, manifests, verify)
 #   certmanager  cert-manager (controller, cainjector) and its CRDs
 #   karpenter    Karpenter with its kwok cloud provider, and its CRDs
-#   oldest       kube-apiserver of the oldest supported Kubernetes, into
-#                k8s-1.36/ (make test-oldest)
+#   oldest       kube-apiserver, kube-controller-manager, kube-scheduler of
+#                the oldest supported Kubernetes, into k8s-1.36/ (make test-oldest)
 #   test         sandbox, oldest, certmanager and karpenter: everything make test runs
 # Each tool prints a line with its expected cold build time before it starts,
 # and a progress line every 100 compiled packages.
@@ -93,15 +93,17 @@ build_kube() {
 	build kube "about 3 minutes" "$bin/" k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kube-controller-manager k8s.io/kubernetes/cmd/kube-scheduler
 }
 
-# The oldest supported Kubernetes's kube-apiserver, side by side, for the
-# integration tests run on both ends of the supported range
-# (NODEGUARD_KUBE_VERSION=1.36). Only kube-apiserver: the release shares few
-# packages with the newest, and its controller manager and scheduler would add
-# minutes to every cold build.
+# The oldest supported Kubernetes's control plane, side by side, for the tests
+# run on both ends of the supported range (NODEGUARD_KUBE_VERSION=1.36). All
+# three components: version skew forbids a kube-controller-manager or
+# kube-scheduler newer than kube-apiserver, so an e2e on 1.36 needs its own.
 build_kube136() {
-	if up_to_date kube-1.36 k8s-1.36/kube-apiserver; then echo "kube-apiserver 1.36: up to date"; return; fi
+	if up_to_date kube-1.36 k8s-1.36/kube-apiserver k8s-1.36/kube-controller-manager k8s-1.36/kube-scheduler; then
+		echo "kube-apiserver, kube-controller-manager, kube-scheduler 1.36: up to date"
+		return
+	fi
 	mkdir -p "$bin/k8s-1.36"
-	build kube-1.36 "about 3 minutes" "$bin/k8s-1.36/kube-apiserver" k8s.io/kubernetes/cmd/kube-apiserver
+	build kube-1.36 "about 4 minutes" "$bin/k8s-1.36/" k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kube-controller-manager k8s.io/kubernetes/cmd/kube-scheduler
 }
 
 build_certmanager() {

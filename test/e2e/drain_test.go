@@ -16,6 +16,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	ngv1alpha1 "github.com/nodeguard/nodeguard/api/v1alpha1"
+	"github.com/nodeguard/nodeguard/test/builder"
 	"github.com/nodeguard/nodeguard/test/harness"
 )
 
@@ -37,12 +38,16 @@ func (top *topology) targetStates() []string {
 
 // TestDeleteNodeCutsTrafficThenDrainsWithinBudgets deletes a node carrying
 // three PDB-protected Deployments, unprotected pods, a DaemonSet pod, a mirror
-// pod, a completed pod and a do-not-evict pod with kubectl, and checks what the
-// user relies on.
+// pod, a completed pod and a do-not-evict pod with kubectl, under a
+// NodeDisruptionBudget of maxUnavailable 1, and checks what the user relies
+// on. make test-oldest runs it on Kubernetes 1.36 too: it is the core path,
+// through admission, the Eviction API, and the controller manager's
+// disruption controller and garbage collector.
 func TestDeleteNodeCutsTrafficThenDrainsWithinBudgets(t *testing.T) {
 	harness.SkipWithoutEnv(t, env)
 	ctx := context.Background()
 	top := newTopology(t, "drain", true)
+	harness.MustCreate(t, env.Client, builder.NDB(top.ns, builder.NDBSelecting("pool", top.ns), builder.NDBMaxUnavailable("1")))
 	proxy := startAPIProxy(t)
 	var downAtFirstEviction []string
 	var once sync.Once
@@ -50,6 +55,12 @@ func TestDeleteNodeCutsTrafficThenDrainsWithinBudgets(t *testing.T) {
 	startNodeguard(t, proxy.Kubeconfig, top.emulator)
 	harness.WaitForTerminationFinalizer(t, env.Client, top.target)
 	monitor := watchBudgets(t, top.ns)
+	lifecycle := watchLifecycle(t, top.target)
+	harness.Eventually(t, 30*time.Second, func(ctx context.Context) (bool, error) {
+		var ndb ngv1alpha1.NodeDisruptionBudget
+		err := env.Client.Get(ctx, client.ObjectKey{Name: top.ns}, &ndb)
+		return err == nil && ndb.Status.ObservedGeneration == ndb.Generation && ndb.Status.DisruptionsAllowed == 1, err
+	}, "nodeguard evaluated the budget: 1 disruption allowed")
 
 	harness.MustKubectl(t, env.Kubeconfig, "", "delete", "node", top.target, "--wait=false")
 
@@ -88,6 +99,10 @@ func TestDeleteNodeCutsTrafficThenDrainsWithinBudgets(t *testing.T) {
 	}) {
 		t.Errorf("during the drain the node should carry DrainInProgress=True (KEP-5683): %+v (%v)", draining.Status.Conditions, err)
 	}
+	// The draining node uses up the pool's budget: a second delete is refused.
+	if out, err := harness.Kubectl(env.Kubeconfig, "", "delete", "node", top.spares[0], "--wait=false"); err == nil || !strings.Contains(out, `NodeDisruptionBudget "`+top.ns+`" allows no`) {
+		t.Errorf("kubectl delete node %s while %s drains under maxUnavailable 1: %v, want refused by the budget:\n%s", top.spares[0], top.target, err, out)
+	}
 	var lease coordinationv1.Lease
 	if err := env.Client.Get(ctx, client.ObjectKey{Namespace: ngv1alpha1.MaintenanceLeaseNamespace, Name: top.target}, &lease); err != nil ||
 		!strings.HasPrefix(ptr.Deref(lease.Spec.HolderIdentity, ""), "nodeguard/") || ptr.Deref(lease.Spec.LeaseDurationSeconds, 0) == 0 {
@@ -95,6 +110,14 @@ func TestDeleteNodeCutsTrafficThenDrainsWithinBudgets(t *testing.T) {
 	}
 
 	top.releaseHeld(ctx, t)
+	harness.Eventually(t, 30*time.Second, func(context.Context) (bool, error) {
+		return lifecycle.wasDrained(), nil
+	}, "before its release the node carried Drained=True and DrainInProgress=False for the reason DrainCompleted (KEP-5683)")
+	harness.Eventually(t, time.Minute, func(ctx context.Context) (bool, error) {
+		var ndb ngv1alpha1.NodeDisruptionBudget
+		err := env.Client.Get(ctx, client.ObjectKey{Name: top.ns}, &ndb)
+		return err == nil && len(ndb.Status.DisruptedNodes) == 0, err
+	}, "the budget no longer charges the released node")
 
 	monitor.check(t)
 	for _, b := range budgets {

@@ -397,3 +397,43 @@ func nodeReady(n *corev1.Node) bool {
 		return c.Type == corev1.NodeReady && c.Status == corev1.ConditionTrue
 	})
 }
+
+// lifecycleLog records whether a node was seen drained in KEP-5683's terms:
+// Drained=True and DrainInProgress=False, both for the reason DrainCompleted.
+type lifecycleLog struct {
+	mu      sync.Mutex
+	drained bool
+}
+
+// watchLifecycle starts recording the node's lifecycle conditions. A watch,
+// not a poll: the node carries them only for the moments between the end of
+// its drain and its release.
+func watchLifecycle(t *testing.T, node string) *lifecycleLog {
+	t.Helper()
+	l := &lifecycleLog{}
+	startWatch(t, &corev1.NodeList{}, []client.ListOption{client.MatchingFieldsSelector{Selector: fields.OneTermEqualSelector("metadata.name", node)}},
+		func(_ watch.EventType, obj client.Object) {
+			var drained, drainOver bool
+			for _, c := range obj.(*corev1.Node).Status.Conditions {
+				switch {
+				case c.Reason != "DrainCompleted":
+				case c.Type == corev1.NodeDrained && c.Status == corev1.ConditionTrue:
+					drained = true
+				case c.Type == corev1.NodeDrainInProgress && c.Status == corev1.ConditionFalse:
+					drainOver = true
+				}
+			}
+			if drained && drainOver {
+				l.mu.Lock()
+				l.drained = true
+				l.mu.Unlock()
+			}
+		}, nil)
+	return l
+}
+
+func (l *lifecycleLog) wasDrained() bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.drained
+}

@@ -24,7 +24,8 @@ func BinDir() string {
 
 // KubeVersionEnv selects the Kubernetes release of the control plane:
 // unset for the newest supported (bin/), or OldestKubeVersion for the oldest,
-// which make tools builds side by side into bin/k8s-<version>/.
+// whose kube-apiserver, kube-controller-manager and kube-scheduler make
+// tools-oldest builds side by side into bin/k8s-<version>/.
 const KubeVersionEnv = "NODEGUARD_KUBE_VERSION"
 
 // OldestKubeVersion is the oldest Kubernetes release nodeguard supports.
@@ -35,15 +36,20 @@ const OldestKubeVersion = "1.36"
 func kubeVersion() string { return os.Getenv(KubeVersionEnv) }
 
 // kubeBinary returns kube-apiserver, kube-controller-manager or
-// kube-scheduler of the selected release (KubeVersionEnv).
+// kube-scheduler of the selected release (KubeVersionEnv): all three from the
+// same release, as version skew allows no controller manager or scheduler
+// newer than kube-apiserver.
 func kubeBinary(name string) (string, error) {
-	if v := kubeVersion(); v != "" {
-		if name != "kube-apiserver" {
-			return "", fmt.Errorf("%s=%s runs integration tests only: make tools builds only kube-apiserver of Kubernetes %s, not %s", KubeVersionEnv, v, v, name)
-		}
-		return binary(filepath.Join("k8s-"+v, name))
+	v := kubeVersion()
+	if v == "" {
+		return binary(name)
 	}
-	return binary(name)
+	dir := filepath.Join(BinDir(), "k8s-"+v)
+	path := filepath.Join(dir, name)
+	if _, err := os.Stat(path); err != nil {
+		return "", fmt.Errorf("%s=%s: %s not found in %s: run make tools-oldest", KubeVersionEnv, v, name, dir)
+	}
+	return path, nil
 }
 
 // binary returns the path of a tool in BinDir, or an error saying how to build it.
