@@ -2,8 +2,10 @@
 // side, in one run, on full local clusters (etcd, kube-apiserver,
 // kube-controller-manager, kube-scheduler, kwok) and the ARM emulator:
 //
-//  1. drain: kubectl drain and nodeguard each empty an identical node
-//     concurrently, under the kwok pod-fast and pod-general stage profiles;
+//  1. drain: kubectl drain and nodeguard each empty an identical node alone,
+//     in turns, three times each, under the kwok pod-fast and pod-general
+//     stage profiles, against a lower bound from the cluster's idle budget
+//     cycle and its controllers' client limits;
 //  2. cutover: taint-to-Down latency of the load-balancer admin state for
 //     nodes in two pools of one load balancer, 412s counted, against a writer
 //     per pool; and 100 nodes over 2 load balancers tainted at once;
@@ -58,6 +60,7 @@ type config struct {
 	quick     bool
 
 	drainApps, drainReplicas, drainFree int
+	drainReps, idleCycles               int
 
 	cutTrials      int
 	armLatency     time.Duration
@@ -94,6 +97,7 @@ func main() {
 	c.sections = strings.Split(sections, ",")
 	c.profiles = strings.Split(profiles, ",")
 	c.drainApps, c.drainReplicas, c.drainFree = 4, 10, 10
+	c.drainReps, c.idleCycles = 3, 9
 	c.cutTrials, c.fleetNodes, c.fleetRounds = 200, 100, 3
 	c.admissionN, c.admissionConc, c.admissionRound = 100, 8, 4
 	c.scaleNodes, c.scalePods, c.scaleIdle = 200, 4000, 30*time.Second
@@ -105,6 +109,7 @@ func main() {
 	if c.quick {
 		c.profiles = []string{harness.PodsFast}
 		c.drainApps, c.drainReplicas, c.drainFree = 2, 5, 4
+		c.drainReps, c.idleCycles = 1, 3
 		c.cutTrials, c.fleetNodes, c.fleetRounds = 30, 40, 1
 		c.admissionN, c.admissionRound = 30, 1
 		c.replaceTimeout = time.Minute
@@ -159,7 +164,8 @@ func run(ctx context.Context, c config) error {
 	}
 	res := &results{Started: time.Now(), Config: map[string]any{
 		"quick": c.quick, "sections": c.sections, "profiles": c.profiles,
-		"drain":     fmt.Sprintf("%d Deployments x %d replicas under maxUnavailable 1 + %d unprotected pods per node", c.drainApps, c.drainReplicas, c.drainFree),
+		"drain": fmt.Sprintf("%d Deployments x %d replicas under maxUnavailable 1 + %d unprotected pods per node, %d runs per drainer, %d idle cycles",
+			c.drainApps, c.drainReplicas, c.drainFree, c.drainReps, c.idleCycles),
 		"cutover":   fmt.Sprintf("%d trials, ARM latency %s, %d nodes x %d rounds", c.cutTrials, c.armLatency, c.fleetNodes, c.fleetRounds),
 		"admission": fmt.Sprintf("%d per operation x %d rounds, %d clients", c.admissionN, c.admissionRound, c.admissionConc),
 		"scale":     fmt.Sprintf("%d nodes, %d pods, %d nodes deleted per drainer, idle %s", c.scaleNodes, c.scalePods, c.scaleDelete, c.scaleIdle),
@@ -182,7 +188,7 @@ func run(ctx context.Context, c config) error {
 		logf("starting a cluster with kwok %s pod stages", profile)
 		audit := ""
 		if c.has("drain") {
-			audit = drainAuditPolicy
+			audit = drainAuditPolicy(drainNamespaces(c))
 		}
 		env, err := startCluster(ctx, filepath.Join(c.out, "cluster-"+profile), profile, 0, audit)
 		if err != nil {
