@@ -230,15 +230,33 @@ func writesPerPod(runs [][]controllerLoad, controller string, pods int) float64 
 }
 
 // busiestWritesPerPod is the controller with the most writes per replaced pod
-// (writesPerPod) over the runs, and that figure.
-func busiestWritesPerPod(runs [][]controllerLoad, pods int) (string, float64) {
+// and that figure, where a controller's figure is the fewest of the drainers'
+// (writesPerPod over each drainer's runs; a drainer with no runs is left
+// out): what the cluster showed it can replace a pod with, so that a drainer
+// whose pace makes the controllers write more does not raise the bound.
+func busiestWritesPerPod(pods int, drainers ...[][]controllerLoad) (string, float64) {
 	busiest, most := "", 0.0
-	for _, loads := range runs {
-		for _, l := range loads {
-			if m := writesPerPod(runs, l.Controller, pods); m > most || (m == most && l.Controller < busiest) {
-				busiest, most = l.Controller, m
+	for _, runs := range drainers {
+		for _, loads := range runs {
+			for _, l := range loads {
+				if m := fewestWritesPerPod(pods, l.Controller, drainers); m > most || (m == most && l.Controller < busiest) {
+					busiest, most = l.Controller, m
+				}
 			}
 		}
 	}
 	return busiest, most
+}
+
+func fewestWritesPerPod(pods int, controller string, drainers [][][]controllerLoad) float64 {
+	fewest := -1.0
+	for _, runs := range drainers {
+		if len(runs) == 0 {
+			continue
+		}
+		if w := writesPerPod(runs, controller, pods); fewest < 0 || w < fewest {
+			fewest = w
+		}
+	}
+	return max(fewest, 0)
 }

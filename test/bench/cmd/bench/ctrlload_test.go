@@ -73,28 +73,39 @@ func TestControllerLoadsCountsEachControllersWritesInTheWindow(t *testing.T) {
 
 // TestBusiestWritesPerPodIsTheHighestMedianOfOneController: the throughput
 // term takes one controller's writes (each has its own client limit), per
-// replaced pod, median over the runs; a run in which a controller wrote
-// nothing counts 0 for it, and the sum over controllers is never taken.
+// replaced pod, median over each drainer's runs, the fewer of the drainers';
+// a run in which a controller wrote nothing counts 0 for it, and the sum over
+// controllers is never taken.
 func TestBusiestWritesPerPodIsTheHighestMedianOfOneController(t *testing.T) {
 	load := func(name string, own int) controllerLoad {
 		return controllerLoad{Controller: name, Writes: own + 7, Own: own} // +7 in other namespaces: not counted
 	}
-	runs := [][]controllerLoad{
+	kubectl := [][]controllerLoad{
 		{load("replicaset-controller", 150), load("disruption-controller", 100), load("deployment-controller", 60)},
 		{load("replicaset-controller", 160), load("disruption-controller", 200)},
 		{load("replicaset-controller", 170), load("disruption-controller", 120)},
 	}
-	name, perPod := busiestWritesPerPod(runs, 50)
+	name, perPod := busiestWritesPerPod(50, kubectl)
 	if name != "replicaset-controller" || perPod != 3.2 {
 		t.Errorf("busiestWritesPerPod = %s %.2f, want replicaset-controller 3.20 (the median, not disruption's one busy run)", name, perPod)
 	}
-	if got := writesPerPod(runs, "deployment-controller", 50); got != 0 {
+	if got := writesPerPod(kubectl, "deployment-controller", 50); got != 0 {
 		t.Errorf("deployment-controller, in one run of three: %.2f per pod, want the median 0", got)
 	}
-	if got := writesPerPod(runs[:2], "replicaset-controller", 50); got != 3 {
+	if got := writesPerPod(kubectl[:2], "replicaset-controller", 50); got != 3 {
 		t.Errorf("of two runs: %.2f per pod, want the lower middle 3.00", got)
 	}
-	if name, perPod := busiestWritesPerPod(nil, 50); name != "" || perPod != 0 {
+	// A drainer whose pace let the ReplicaSet controller write less per pod
+	// sets its figure; the disruption controller's stays kubectl's, and is
+	// now the busiest.
+	other := [][]controllerLoad{{load("replicaset-controller", 100), load("disruption-controller", 140)}}
+	if name, perPod := busiestWritesPerPod(50, kubectl, other); name != "disruption-controller" || perPod != 2.4 {
+		t.Errorf("with a second drainer: %s %.2f, want disruption-controller 2.40", name, perPod)
+	}
+	if name, perPod := busiestWritesPerPod(50, kubectl, nil); name != "replicaset-controller" || perPod != 3.2 {
+		t.Errorf("a drainer with no runs changes nothing: %s %.2f, want replicaset-controller 3.20", name, perPod)
+	}
+	if name, perPod := busiestWritesPerPod(50); name != "" || perPod != 0 {
 		t.Errorf("no runs: %q %.2f, want none", name, perPod)
 	}
 }

@@ -51,8 +51,8 @@ type drainResult struct {
 	IdleCycles []time.Duration `json:"idleCycles"`
 	Cycle      time.Duration   `json:"idleCycleMedian"`
 	// Busiest and WritesPerPod are the controller that wrote the most per
-	// replaced pod in kubectl drain's runs, and how much (median of the runs;
-	// drainRun.Replacement).
+	// replaced pod, and how much: the median of each drainer's runs
+	// (drainRun.Replacement), the fewer of the two (busiestWritesPerPod).
 	Busiest      string       `json:"busiestController"`
 	WritesPerPod float64      `json:"writesPerReplacedPod"`
 	Bound        bench.Bound  `json:"bound"`
@@ -149,7 +149,7 @@ func (r *drainResult) summarize() {
 	empty := func(d *drainRun) time.Duration { return d.Empty }
 	r.Kubectl = bench.SpreadOf(timesOf(r.runsOf(kubectlDrainer), empty))
 	r.Nodeguard = bench.SpreadOf(timesOf(r.runsOf(nodeguardDrainer), empty))
-	r.Busiest, r.WritesPerPod = busiestWritesPerPod(replacementsOf(r.runsOf(kubectlDrainer)), r.PodsPerNode)
+	r.Busiest, r.WritesPerPod = busiestWritesPerPod(r.PodsPerNode, replacementsOf(r.runsOf(kubectlDrainer)), replacementsOf(r.runsOf(nodeguardDrainer)))
 	r.Bound = bench.Bound{
 		Chain:      bench.ChainTerm([]int{r.Chain}, r.Cycle),
 		Throughput: bench.ThroughputTerm(r.WritesPerPod, r.Gating, kcmClientQPS, kcmClientBurst),

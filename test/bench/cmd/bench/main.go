@@ -91,6 +91,7 @@ func main() {
 	scaleNodes := flag.Int("scale-nodes", 0, "Nodes of the scale section (default 200, 2,000 with --scale); pods are 20 per node unless --scale-pods says otherwise.")
 	scalePods := flag.Int("scale-pods", 0, "Pods of the scale section (default 20 per node).")
 	flag.DurationVar(&c.armLatency, "arm-latency", 50*time.Millisecond, "Fixed latency the ARM emulator adds to every call in the cutover section.")
+	reportFrom := flag.String("report-from", "", "Run nothing: rebuild results.md, results.json and drain-timeline.svg in --out from an earlier run's results.json, with this build's summaries and tables (after a change to the report).")
 	nodeguardFlags := flag.String("nodeguard-flags", "", "Space-separated flags added to every nodeguard the benchmark starts, e.g. --pprof-bind-address=127.0.0.1:6060 to profile it while it runs.")
 	flag.Parse()
 	extraNodeguardFlags = strings.Fields(*nodeguardFlags)
@@ -129,6 +130,13 @@ func main() {
 	// NDB's 10%.
 	c.scaleDelete = max(c.scaleNodes/20, 1)
 	ctrl.SetLogger(zap.New(zap.WriteTo(os.Stderr), zap.Level(zapcore.ErrorLevel)))
+	if *reportFrom != "" {
+		if err := rereport(c, *reportFrom); err != nil {
+			fmt.Fprintln(os.Stderr, "bench:", err)
+			os.Exit(1)
+		}
+		return
+	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	if err := run(ctx, c); err != nil {
@@ -250,6 +258,27 @@ func run(ctx context.Context, c config) error {
 	}
 	res.Duration = time.Since(res.Started).Round(time.Second).String()
 	return writeResults(c, res)
+}
+
+// rereport rebuilds the report of an earlier run from its results.json: the
+// drain section's summaries and bound are computed again from its runs.
+func rereport(c config, path string) error {
+	raw, err := os.ReadFile(path)
+	if err != nil {
+		return err
+	}
+	var res results
+	if err := json.Unmarshal(raw, &res); err != nil {
+		return fmt.Errorf("reading %s: %w", path, err)
+	}
+	for _, d := range res.Drain {
+		d.summarize()
+	}
+	res.Tables, res.Panels = nil, nil
+	if err := os.MkdirAll(c.out, 0o755); err != nil {
+		return err
+	}
+	return writeResults(c, &res)
 }
 
 func writeResults(c config, res *results) error {
