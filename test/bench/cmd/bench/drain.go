@@ -301,8 +301,17 @@ func drainAlone(ctx context.Context, c config, env *harness.Env, tail *auditTail
 	if err := waitControllersQuiet(ctx, tail); err != nil {
 		return nil, err
 	}
-	settled := time.Now()
+	if err := run.measure(c, env.AuditLog, proxy, tr, pw, target, start, time.Now()); err != nil {
+		return nil, err
+	}
+	logf("drain %s: %s emptied its node in %s (%d of %d evictions refused)", profile, drainer, bench.Seconds(run.Empty), run.TooMany, run.Evictions)
+	return run, nil
+}
 
+// measure fills in what the run's proxy, pod tracker, PDB watch and the audit
+// log recorded, from start; settled is when the controllers were done.
+func (run *drainRun) measure(c config, auditLog string, proxy *harness.APIProxy, tr *podTracker, pw *pdbWatch, target string, start, settled time.Time) error {
+	ns := run.Namespace
 	apps := protectedApps(c)
 	run.Timeline = tr.timeline(target)
 	run.Empty = emptyAt(run.Timeline)
@@ -322,16 +331,15 @@ func drainAlone(ctx context.Context, c config, env *harness.Env, tail *auditTail
 		}
 		run.OwnChain = max(run.OwnChain, sum)
 	}
-	if env.AuditLog != "" && run.FirstEviction > 0 && run.Empty > run.FirstEviction {
-		if run.Controllers, err = controllerLoads(env.AuditLog, ns, start.Add(run.FirstEviction), start.Add(run.Empty)); err != nil {
-			return nil, err
-		}
-		if run.Replacement, err = controllerLoads(env.AuditLog, ns, start.Add(run.FirstEviction), settled); err != nil {
-			return nil, err
-		}
+	if auditLog == "" || run.FirstEviction == 0 || run.Empty <= run.FirstEviction {
+		return nil
 	}
-	logf("drain %s: %s emptied its node in %s (%d of %d evictions refused)", profile, drainer, bench.Seconds(run.Empty), run.TooMany, run.Evictions)
-	return run, nil
+	var err error
+	if run.Controllers, err = controllerLoads(auditLog, ns, start.Add(run.FirstEviction), start.Add(run.Empty)); err != nil {
+		return err
+	}
+	run.Replacement, err = controllerLoads(auditLog, ns, start.Add(run.FirstEviction), settled)
+	return err
 }
 
 // kubectlDrain runs kubectl drain on the node and waits until it exited and
