@@ -40,16 +40,7 @@ func TestPercentile(t *testing.T) {
 	}
 }
 
-func TestDips(t *testing.T) {
-	pts := []Point{{0, 10}, {ms(100), 9}, {ms(150), 9}, {ms(400), 10}, {ms(500), 9}, {ms(900), 10}, {ms(1000), 9}}
-	got := Dips(pts, 10)
-	want := []time.Duration{ms(300), ms(400)} // the last dip is still open
-	if len(got) != len(want) || got[0] != want[0] || got[1] != want[1] {
-		t.Errorf("Dips = %v, want %v", got, want)
-	}
-}
-
-func TestLowerBound(t *testing.T) {
+func TestChainTerm(t *testing.T) {
 	tests := []struct {
 		name        string
 		pods, allow []int
@@ -67,8 +58,94 @@ func TestLowerBound(t *testing.T) {
 			for i := range tt.pods {
 				chains = append(chains, ChainLength(tt.pods[i], tt.allow[i]))
 			}
-			if got := LowerBound(chains, tt.cycle); got != tt.want {
-				t.Errorf("LowerBound = %v, want %v", got, tt.want)
+			if got := ChainTerm(chains, tt.cycle); got != tt.want {
+				t.Errorf("ChainTerm = %v, want %v", got, tt.want)
+			}
+		})
+	}
+}
+
+func TestGating(t *testing.T) {
+	tests := []struct{ pods, allowed, want int }{
+		{10, 1, 9},
+		{10, 2, 8},
+		{5, 2, 3},
+		{1, 1, 0},
+		{3, 5, 0},
+		{4, 0, 0}, // never drains: no replacement helps
+	}
+	for _, tt := range tests {
+		if got := Gating(tt.pods, tt.allowed); got != tt.want {
+			t.Errorf("Gating(%d pods, %d allowed) = %d, want %d", tt.pods, tt.allowed, got, tt.want)
+		}
+	}
+}
+
+func TestThroughputTerm(t *testing.T) {
+	tests := []struct {
+		name         string
+		writesPerPod float64
+		pods         int
+		want         time.Duration
+	}{
+		// 20/s with a burst of 30: kube-controller-manager's client defaults.
+		{"the burst goes at once, the rest at the limit", 3.2, 50, 6500 * time.Millisecond},
+		{"within the burst", 0.5, 50, 0},
+		{"exactly the burst", 1, 30, 0},
+		{"no pods", 3, 0, 0},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			if got := ThroughputTerm(tt.writesPerPod, tt.pods, 20, 30); got != tt.want {
+				t.Errorf("ThroughputTerm(%v, %d) = %v, want %v", tt.writesPerPod, tt.pods, got, tt.want)
+			}
+		})
+	}
+	if got := ThroughputTerm(3, 50, 0, 30); got != 0 {
+		t.Errorf("ThroughputTerm with no limit = %v, want 0", got)
+	}
+}
+
+func TestBoundIsTheLongerTerm(t *testing.T) {
+	tests := []struct {
+		b     Bound
+		value time.Duration
+		binds string
+	}{
+		{Bound{Chain: 4 * time.Second, Throughput: 6 * time.Second}, 6 * time.Second, "throughput"},
+		{Bound{Chain: 50 * time.Second, Throughput: 6 * time.Second}, 50 * time.Second, "chain"},
+		{Bound{Chain: time.Second, Throughput: time.Second}, time.Second, "chain"},
+	}
+	for _, tt := range tests {
+		if got := tt.b.Value(); got != tt.value {
+			t.Errorf("%+v.Value() = %v, want %v", tt.b, got, tt.value)
+		}
+		if got := tt.b.Binds(); got != tt.binds {
+			t.Errorf("%+v.Binds() = %q, want %q", tt.b, got, tt.binds)
+		}
+	}
+}
+
+func TestSpreadOf(t *testing.T) {
+	tests := []struct {
+		name    string
+		samples []time.Duration
+		want    Spread
+		text    string
+	}{
+		{"none", nil, Spread{}, "none"},
+		{"three runs, unsorted", []time.Duration{ms(7200), ms(6500), ms(6870)}, Spread{N: 3, Median: ms(6870), Min: ms(6500), Max: ms(7200)}, "6.87 s (6.50–7.20 s)"},
+		{"an even count takes the lower middle", []time.Duration{ms(4000), ms(1000), ms(3000), ms(2000)}, Spread{N: 4, Median: ms(2000), Min: ms(1000), Max: ms(4000)}, "2.00 s (1.00–4.00 s)"},
+		{"one run", []time.Duration{ms(60500)}, Spread{N: 1, Median: ms(60500), Min: ms(60500), Max: ms(60500)}, "60.5 s (60.5–60.5 s)"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			got := SpreadOf(tt.samples)
+			if got != tt.want {
+				t.Errorf("SpreadOf = %+v, want %+v", got, tt.want)
+			}
+			if got.String() != tt.text {
+				t.Errorf("String() = %q, want %q", got.String(), tt.text)
 			}
 		})
 	}

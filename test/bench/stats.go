@@ -8,8 +8,10 @@
 package bench
 
 import (
+	"fmt"
 	"math"
 	"slices"
+	"strings"
 	"time"
 )
 
@@ -54,27 +56,6 @@ type Point struct {
 	V int           `json:"v"`
 }
 
-// Dips returns, for a step function of a workload's healthy pods, how long
-// each dip below full lasted: from the first point below full to the next
-// point at full or above. A dip still open at the end is not counted. These
-// are the eviction-to-replacement-Ready cycles of a drain under a
-// maxUnavailable-1 PodDisruptionBudget.
-func Dips(points []Point, full int) []time.Duration {
-	var out []time.Duration
-	var start time.Duration
-	in := false
-	for _, p := range points {
-		switch {
-		case !in && p.V < full:
-			in, start = true, p.T
-		case in && p.V >= full:
-			in = false
-			out = append(out, p.T-start)
-		}
-	}
-	return out
-}
-
 // ChainLength is how many sequential eviction rounds a PodDisruptionBudget
 // that allows `allowed` disruptions at a time needs for `pods` of its pods on
 // one node: ceil(pods/allowed).
@@ -88,14 +69,81 @@ func ChainLength(pods, allowed int) int {
 	return (pods + allowed - 1) / allowed
 }
 
-// LowerBound is the least time any drainer that respects the budgets needs:
-// the longest chain of sequential rounds times one budget cycle (eviction
-// request to the PDB allowing again). chains are the chain lengths of the
-// node's PDBs.
-func LowerBound(chains []int, cycle time.Duration) time.Duration {
+// ChainTerm is the least time the budgets alone let any drainer take: the
+// longest chain of sequential rounds (chains are the chain lengths of the
+// node's PDBs) times one budget cycle, eviction request to the PDB allowing
+// again, as the cluster does it with nothing else to do.
+func ChainTerm(chains []int, cycle time.Duration) time.Duration {
 	longest := 0
 	for _, c := range chains {
 		longest = max(longest, c)
 	}
 	return time.Duration(longest) * cycle
+}
+
+// Gating is how many of a PodDisruptionBudget's pods on a node must be
+// replaced, and their replacements Ready, before its last pod on the node can
+// be evicted: every eviction beyond the first `allowed` waits for one.
+func Gating(pods, allowed int) int {
+	if allowed <= 0 {
+		return 0
+	}
+	return max(pods-allowed, 0)
+}
+
+// ThroughputTerm is the least time a client limited to qps requests a second,
+// with a token bucket of burst that starts full, needs for writesPerPod
+// writes for each of pods replacements: the first burst writes go at once,
+// the rest at qps a second.
+func ThroughputTerm(writesPerPod float64, pods, qps, burst int) time.Duration {
+	if qps <= 0 {
+		return 0
+	}
+	rest := writesPerPod*float64(pods) - float64(burst)
+	if rest <= 0 {
+		return 0
+	}
+	return time.Duration(rest / float64(qps) * float64(time.Second))
+}
+
+// Bound is the drain's lower bound: whichever of its two terms is longer.
+type Bound struct {
+	Chain      time.Duration `json:"chainTerm"`
+	Throughput time.Duration `json:"throughputTerm"`
+}
+
+// Value is the bound itself, max(chain term, throughput term).
+func (b Bound) Value() time.Duration { return max(b.Chain, b.Throughput) }
+
+// Binds names the term that sets the bound ("chain" on a tie).
+func (b Bound) Binds() string {
+	if b.Throughput > b.Chain {
+		return "throughput"
+	}
+	return "chain"
+}
+
+// Spread is a small sample's median and range, for repeated runs.
+type Spread struct {
+	N      int           `json:"n"`
+	Median time.Duration `json:"median"`
+	Min    time.Duration `json:"min"`
+	Max    time.Duration `json:"max"`
+}
+
+// SpreadOf returns the sample's size, median (the lower middle of an even
+// count: a time one of the runs took) and range.
+func SpreadOf(samples []time.Duration) Spread {
+	if len(samples) == 0 {
+		return Spread{}
+	}
+	return Spread{N: len(samples), Median: Percentile(samples, 50), Min: slices.Min(samples), Max: slices.Max(samples)}
+}
+
+// String formats the spread as "6.87 s (6.50–7.20 s)".
+func (s Spread) String() string {
+	if s.N == 0 {
+		return "none"
+	}
+	return fmt.Sprintf("%s (%s–%s)", Seconds(s.Median), strings.TrimSuffix(Seconds(s.Min), " s"), Seconds(s.Max))
 }

@@ -7,10 +7,10 @@ import (
 	"os/exec"
 	"path/filepath"
 	"slices"
-	"strings"
 	"sync"
 	"time"
 
+	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	policyv1 "k8s.io/api/policy/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -27,43 +27,64 @@ import (
 	"github.com/nodeguard/nodeguard/test/harness"
 )
 
-// The two drainers, each with a namespace and a node of its own.
+// The two drainers. Each drains a node of its own, alone in the cluster, in a
+// namespace of its own per repetition ("kubectl-1", "nodeguard-1", ...).
 const (
-	kubectlNS   = "kubectl"
-	nodeguardNS = "nodeguard"
-	// drainLabel selects every pod of the drain section, for the tracker.
+	kubectlDrainer   = "kubectl"
+	nodeguardDrainer = "nodeguard"
+	// cycleNS holds the Deployment whose idle budget cycles give the chain term.
+	cycleNS = "cycle"
+	// drainLabel selects a run's pods (the value is the run's namespace), for
+	// the tracker.
 	drainLabel = "bench.nodeguard.io/drain"
 )
 
-// drainResult is one profile's drain comparison.
+// drainResult is one profile's drain comparison: the idle budget cycles, each
+// drainer's runs and the lower bound.
 type drainResult struct {
-	Profile         string                     `json:"profile"`
-	PodsPerNode     int                        `json:"podsPerNode"`
-	KubectlEmpty    time.Duration              `json:"kubectlEmpty"`
-	KubectlExit     time.Duration              `json:"kubectlExit"`
-	NodeguardEmpty  time.Duration              `json:"nodeguardEmpty"`
-	NodeguardGone   time.Duration              `json:"nodeguardNodeReleased"`
-	Ratio           float64                    `json:"ratioKubectlOverNodeguard"`
-	Cycle           time.Duration              `json:"evictionToPDBAllowsAgainP50"`
-	ReadyCycle      time.Duration              `json:"evictionToReplacementReadyP50"`
-	Cycles          int                        `json:"cyclesMeasured"`
-	Chain           int                        `json:"longestPDBChain"`
-	LowerBound      time.Duration              `json:"lowerBound"`
-	Evictions       [2]int                     `json:"evictionRequests"` // kubectl, nodeguard
-	TooMany         [2]int                     `json:"evictions429"`
-	KubectlOutput   int                        `json:"kubectl429FromOutput"`
-	MaxUnavailable  [2]int                     `json:"maxUnavailablePerPDB"`
-	MaxInFlight     [2]int                     `json:"maxEvictionsInFlightPerPDB"`
-	Budget          int                        `json:"budget"`
-	FirstEviction   [2]time.Duration           `json:"firstEviction"`
-	Evicts          [2][]harness.Eviction      `json:"evictionLog"`
-	OwnChain        [2]time.Duration           `json:"longestPDBSumOfCycles"`
-	Wakeup          [2]bench.Summary           `json:"wakeupDelay"` // kubectl, nodeguard
-	Controllers     [2][]controllerLoad        `json:"controllerLoad"`
-	PDBOpened       map[string][]time.Duration `json:"pdbAllowsAgain"`
-	Healthy         map[string][]bench.Point   `json:"healthyTimelines"`
-	KubectlTimeline []bench.Point              `json:"kubectlTimeline"`
-	NodeguardLine   []bench.Point              `json:"nodeguardTimeline"`
+	Profile     string `json:"profile"`
+	PodsPerNode int    `json:"podsPerNode"`
+	Chain       int    `json:"longestPDBChain"`
+	// Gating are the replacements that must be Ready before the node can be
+	// empty, over the node's PDBs (bench.Gating).
+	Gating     int             `json:"gatingReplacements"`
+	IdleCycles []time.Duration `json:"idleCycles"`
+	Cycle      time.Duration   `json:"idleCycleMedian"`
+	// Busiest and WritesPerPod are the controller that wrote the most per
+	// replaced pod, and how much: the median of each drainer's runs
+	// (drainRun.Replacement), the fewer of the two (busiestWritesPerPod).
+	Busiest      string       `json:"busiestController"`
+	WritesPerPod float64      `json:"writesPerReplacedPod"`
+	Bound        bench.Bound  `json:"bound"`
+	Kubectl      bench.Spread `json:"kubectl"`
+	Nodeguard    bench.Spread `json:"nodeguard"`
+	Runs         []*drainRun  `json:"runs"`
+}
+
+// drainRun is one drainer emptying one node with the cluster to itself.
+type drainRun struct {
+	Drainer   string `json:"drainer"`
+	Namespace string `json:"namespace"`
+	// Empty runs from the start (kubectl drain started; kubectl delete node
+	// issued) until the last pod object on the node is gone; Done until
+	// kubectl drain exited or nodeguard released the node.
+	Empty          time.Duration   `json:"empty"`
+	Done           time.Duration   `json:"done"`
+	FirstEviction  time.Duration   `json:"firstEviction"`
+	Evictions      int             `json:"evictionRequests"`
+	TooMany        int             `json:"evictions429"`
+	MaxUnavailable int             `json:"maxUnavailablePerPDB"`
+	MaxInFlight    int             `json:"maxEvictionsInFlightPerPDB"`
+	Wakeups        []time.Duration `json:"wakeupDelays"`
+	OwnChain       time.Duration   `json:"longestPDBSumOfCycles"`
+	// Controllers are kube-controller-manager's writes from the first
+	// eviction until the node was empty; Replacement until the controllers
+	// were done (every replacement Ready, no write for controllersQuiet):
+	// all they wrote to replace the run's pods.
+	Controllers []controllerLoad   `json:"controllerLoad"`
+	Replacement []controllerLoad   `json:"replacementWrites"`
+	Evicts      []harness.Eviction `json:"evictionLog"`
+	Timeline    []bench.Point      `json:"timeline"`
 }
 
 func protectedApps(c config) []string {
@@ -74,197 +95,383 @@ func protectedApps(c config) []string {
 	return apps
 }
 
-// runDrain drains two identical nodes at once: one with kubectl drain, one by
-// deleting it under nodeguard.
+// drainNamespaces are the namespaces of every drain run and of the idle
+// cycles, for the audit policy.
+func drainNamespaces(c config) []string {
+	ns := []string{cycleNS}
+	for rep := 1; rep <= c.drainReps; rep++ {
+		ns = append(ns, runNamespace(kubectlDrainer, rep), runNamespace(nodeguardDrainer, rep))
+	}
+	return ns
+}
+
+func runNamespace(drainer string, rep int) string { return fmt.Sprintf("%s-%d", drainer, rep) }
+
+// drainOrder is who drains first in repetition rep (from 1): they take turns,
+// so that neither always inherits the other's leftovers.
+func drainOrder(rep int) []string {
+	if rep%2 == 0 {
+		return []string{nodeguardDrainer, kubectlDrainer}
+	}
+	return []string{kubectlDrainer, nodeguardDrainer}
+}
+
+// runDrain measures the cluster's idle budget cycle, then lets kubectl drain
+// and nodeguard each drain an identical, freshly built node alone, in turns,
+// c.drainReps times each.
 func runDrain(ctx context.Context, c config, env *harness.Env, profile string) (*drainResult, error) {
-	cl := env.Client
-	apps := protectedApps(c)
+	r := &drainResult{Profile: profile, PodsPerNode: c.drainApps*c.drainReplicas + c.drainFree,
+		Chain: bench.ChainLength(c.drainReplicas, 1), Gating: c.drainApps * bench.Gating(c.drainReplicas, 1)}
+	tail := &auditTail{path: env.AuditLog}
+	var err error
+	if r.IdleCycles, err = idleCycles(ctx, c, env, tail); err != nil {
+		return nil, fmt.Errorf("idle budget cycles: %w", err)
+	}
+	r.Cycle = bench.Percentile(r.IdleCycles, 50)
+	logf("drain %s: idle budget cycle %s (median of %d)", profile, bench.Millis(r.Cycle), len(r.IdleCycles))
+	for rep := 1; rep <= c.drainReps; rep++ {
+		for i, drainer := range drainOrder(rep) {
+			run, err := drainAlone(ctx, c, env, tail, profile, drainer, rep, 2*rep+i)
+			if err != nil {
+				return nil, fmt.Errorf("%s drain, repetition %d: %w", drainer, rep, err)
+			}
+			r.Runs = append(r.Runs, run)
+		}
+	}
+	r.summarize()
+	logf("drain %s: kubectl %s, nodeguard %s; bound %s (chain %s, throughput %s)", profile, r.Kubectl, r.Nodeguard,
+		bench.Seconds(r.Bound.Value()), bench.Seconds(r.Bound.Chain), bench.Seconds(r.Bound.Throughput))
+	return r, nil
+}
+
+// summarize fills in the medians, spreads and the bound from the runs.
+func (r *drainResult) summarize() {
+	empty := func(d *drainRun) time.Duration { return d.Empty }
+	r.Kubectl = bench.SpreadOf(timesOf(r.runsOf(kubectlDrainer), empty))
+	r.Nodeguard = bench.SpreadOf(timesOf(r.runsOf(nodeguardDrainer), empty))
+	r.Busiest, r.WritesPerPod = busiestWritesPerPod(r.PodsPerNode, replacementsOf(r.runsOf(kubectlDrainer)), replacementsOf(r.runsOf(nodeguardDrainer)))
+	r.Bound = bench.Bound{
+		Chain:      bench.ChainTerm([]int{r.Chain}, r.Cycle),
+		Throughput: bench.ThroughputTerm(r.WritesPerPod, r.Gating, kcmClientQPS, kcmClientBurst),
+	}
+}
+
+func (r *drainResult) runsOf(drainer string) []*drainRun {
+	var out []*drainRun
+	for _, run := range r.Runs {
+		if run.Drainer == drainer {
+			out = append(out, run)
+		}
+	}
+	return out
+}
+
+// drainLayout builds a run's node: a target holding c.drainApps Deployments
+// of c.drainReplicas under maxUnavailable 1 PDBs and c.drainFree unprotected
+// pods, and two spare nodes for the replacements. Only a nodeguard run's
+// target is managed by nodeguard. It returns the replicas of each protected
+// workload ("ns/app") and the emulator's view of the target.
+func drainLayout(ctx context.Context, c config, cl client.Client, ns string, index int, managed bool) (map[string]int, armemulator.Node, error) {
 	replicas := map[string]int{}
-	var emuNodes []armemulator.Node
-	nodeFor := func(ns, name string, index int) *corev1.Node {
-		ip := fmt.Sprintf("10.%d.0.%d", 10+len(ns), index+4)
-		opts := []builder.NodeOption{builder.WithLabels("group", ns), builder.WithInternalIP(ip), builder.WithProviderID(vmssID("drain", index))}
-		if ns == nodeguardNS {
+	nodeFor := func(name string, i int) (*corev1.Node, armemulator.Node) {
+		ip := fmt.Sprintf("10.20.%d.%d", index, i+4)
+		id := vmssID("drain", 10*index+i)
+		opts := []builder.NodeOption{builder.WithLabels("group", ns), builder.WithInternalIP(ip), builder.WithProviderID(id)}
+		if managed && i == 0 {
 			opts = append(opts, builder.WithLabels(managedLabel, "true"))
-			emuNodes = append(emuNodes, armemulator.Node{Name: name, IPs: []string{ip}, ProviderID: vmssID("drain", index)})
 		}
-		return builder.Node(name, opts...)
+		return builder.Node(name, opts...), armemulator.Node{Name: name, IPs: []string{ip}, ProviderID: id}
 	}
-	logf("drain %s: creating two nodes with %d pods each", profile, c.drainApps*c.drainReplicas+c.drainFree)
-	for _, ns := range []string{kubectlNS, nodeguardNS} {
-		if err := create(ctx, cl, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}); err != nil {
-			return nil, err
-		}
-		if err := create(ctx, cl, nodeFor(ns, ns+"-target", 0)); err != nil {
-			return nil, err
-		}
-		for _, app := range apps {
-			if err := create(ctx, cl, drainDeployment(ns, app, c.drainReplicas)); err != nil {
-				return nil, err
-			}
-			if err := create(ctx, cl, builder.PDB(ns, app, builder.MaxUnavailable("1"))); err != nil {
-				return nil, err
-			}
-			replicas[ns+"/"+app] = c.drainReplicas
-		}
-		if err := create(ctx, cl, drainDeployment(ns, "free", c.drainFree)); err != nil {
-			return nil, err
-		}
+	target, emuNode := nodeFor(ns+"-target", 0)
+	if err := create(ctx, cl, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}); err != nil {
+		return nil, emuNode, err
 	}
-	perNode := c.drainApps*c.drainReplicas + c.drainFree
-	for _, ns := range []string{kubectlNS, nodeguardNS} {
-		if err := waitReadyOn(ctx, cl, ns, ns+"-target", perNode); err != nil {
-			return nil, err
+	if err := create(ctx, cl, target); err != nil {
+		return nil, emuNode, err
+	}
+	for _, app := range protectedApps(c) {
+		if err := create(ctx, cl, drainDeployment(ns, app, c.drainReplicas)); err != nil {
+			return nil, emuNode, err
 		}
+		if err := create(ctx, cl, builder.PDB(ns, app, builder.MaxUnavailable("1"))); err != nil {
+			return nil, emuNode, err
+		}
+		replicas[ns+"/"+app] = c.drainReplicas
+	}
+	if err := create(ctx, cl, drainDeployment(ns, "free", c.drainFree)); err != nil {
+		return nil, emuNode, err
+	}
+	if err := waitReadyOn(ctx, cl, ns, target.Name, c.drainApps*c.drainReplicas+c.drainFree); err != nil {
+		return nil, emuNode, err
 	}
 	// Spare nodes take the replacements; created now so that the initial pods
-	// all landed on the targets.
-	for _, ns := range []string{kubectlNS, nodeguardNS} {
-		for i := range 2 {
-			if err := create(ctx, cl, nodeFor(ns, fmt.Sprintf("%s-spare-%d", ns, i), i+1)); err != nil {
-				return nil, err
-			}
+	// all landed on the target.
+	for i := 1; i <= 2; i++ {
+		spare, _ := nodeFor(fmt.Sprintf("%s-spare-%d", ns, i), i)
+		if err := create(ctx, cl, spare); err != nil {
+			return nil, emuNode, err
 		}
 	}
-	if err := harness.Poll(ctx, 2*time.Minute, func(ctx context.Context) (bool, error) {
-		for _, ns := range []string{kubectlNS, nodeguardNS} {
-			for _, app := range apps {
-				var pdb policyv1.PodDisruptionBudget
-				if err := cl.Get(ctx, client.ObjectKey{Namespace: ns, Name: app}, &pdb); err != nil ||
-					pdb.Status.CurrentHealthy != int32(c.drainReplicas) || pdb.Status.DisruptionsAllowed != 1 {
-					return false, err
-				}
-			}
+	for _, app := range protectedApps(c) {
+		if err := waitPDBAllows(ctx, cl, ns, app, c.drainReplicas); err != nil {
+			return nil, emuNode, err
 		}
-		return true, nil
-	}); err != nil {
-		return nil, fmt.Errorf("waiting for every PDB to allow 1 disruption: %w", err)
 	}
+	return replicas, emuNode, nil
+}
 
-	emu, err := armemulator.Start("127.0.0.1:0", armemulator.SeedForNodes(subscription, resourceGroup, emuNodes, armemulator.Topology{Internal: true}), armemulator.Options{})
+// waitPDBAllows waits until the PDB counts every replica healthy and allows
+// one disruption.
+func waitPDBAllows(ctx context.Context, cl client.Client, ns, name string, replicas int) error {
+	err := harness.Poll(ctx, 2*time.Minute, func(ctx context.Context) (bool, error) {
+		var pdb policyv1.PodDisruptionBudget
+		if err := cl.Get(ctx, client.ObjectKey{Namespace: ns, Name: name}, &pdb); err != nil {
+			return false, err
+		}
+		return pdb.Status.CurrentHealthy == int32(replicas) && pdb.Status.DisruptionsAllowed == 1, nil
+	})
+	if err != nil {
+		return fmt.Errorf("waiting for PDB %s/%s to allow 1 disruption: %w", ns, name, err)
+	}
+	return nil
+}
+
+// drainAlone builds a fresh node and lets one drainer empty it, nothing else
+// running: kubectl drain, or kubectl delete node under nodeguard (started for
+// this run and stopped after it). The drain starts, and the run returns, once
+// every pod of the run is Ready and kube-controller-manager has gone quiet,
+// so that each run has the cluster to itself.
+func drainAlone(ctx context.Context, c config, env *harness.Env, tail *auditTail, profile, drainer string, rep, index int) (*drainRun, error) {
+	ctx, cancel := context.WithCancel(ctx) // stops this run's watches
+	defer cancel()
+	cl := env.Client
+	ns := runNamespace(drainer, rep)
+	target := ns + "-target"
+	logf("drain %s: %s, repetition %d: building a node with %d pods", profile, drainer, rep, c.drainApps*c.drainReplicas+c.drainFree)
+	replicas, emuNode, err := drainLayout(ctx, c, cl, ns, index, drainer == nodeguardDrainer)
 	if err != nil {
 		return nil, err
 	}
-	defer emu.Close()
-	proxy, err := startAPIProxy(env, env.Dir, "drain-proxy")
+	proxy, err := startAPIProxy(env, env.Dir, "drain-"+ns)
 	if err != nil {
 		return nil, err
 	}
 	defer proxy.Close()
-	ng, err := startNodeguard(c.nodeguard, env, proxy.Kubeconfig, emu.URL(), filepath.Join(env.Dir, "nodeguard-drain.log"))
-	if err != nil {
-		return nil, err
-	}
-	defer ng.stop()
-	target := nodeguardNS + "-target"
-	if err := waitFinalizer(ctx, cl, target); err != nil {
-		return nil, err
-	}
-	tr, err := startPodTracker(ctx, env.Config, drainLabel+"=true", replicas)
-	if err != nil {
-		return nil, err
-	}
-	pw, err := startPDBWatch(ctx, env.Config, kubectlNS, nodeguardNS)
-	if err != nil {
-		return nil, err
-	}
-
-	logf("drain %s: kubectl drain %s-target and kubectl delete node %s, at once", profile, kubectlNS, target)
-	start := tr.begin(kubectlNS+"-target", target)
-	var wg sync.WaitGroup
-	var kubectlOut []byte
-	var kubectlErr, deleteErr error
-	var kubectlExit time.Duration
-	wg.Add(2)
-	go func() {
-		defer wg.Done()
-		cmd := exec.CommandContext(ctx, "kubectl", "--kubeconfig", proxy.Kubeconfig, "drain", kubectlNS+"-target",
-			"--ignore-daemonsets", "--delete-emptydir-data", "--timeout=15m")
-		kubectlOut, kubectlErr = cmd.CombinedOutput()
-		kubectlExit = time.Since(start)
-	}()
-	go func() {
-		defer wg.Done()
-		out, err := exec.CommandContext(ctx, "kubectl", "--kubeconfig", env.Kubeconfig, "delete", "node", target, "--wait=false").CombinedOutput()
+	if drainer == nodeguardDrainer {
+		emu, err := armemulator.Start("127.0.0.1:0", armemulator.SeedForNodes(subscription, resourceGroup, []armemulator.Node{emuNode}, armemulator.Topology{Internal: true}), armemulator.Options{})
 		if err != nil {
-			deleteErr = fmt.Errorf("kubectl delete node: %v: %s", err, out)
+			return nil, err
 		}
-	}()
-	var gone time.Duration
-	err = harness.Poll(ctx, 15*time.Minute, func(ctx context.Context) (bool, error) {
-		if gone == 0 {
-			if err := cl.Get(ctx, client.ObjectKey{Name: target}, &corev1.Node{}); client.IgnoreNotFound(err) == nil && err != nil {
-				gone = time.Since(start)
-			}
+		defer emu.Close()
+		ng, err := startNodeguard(c.nodeguard, env, proxy.Kubeconfig, emu.URL(), filepath.Join(env.Dir, "nodeguard-"+ns+".log"))
+		if err != nil {
+			return nil, err
 		}
-		return gone > 0 && tr.left(kubectlNS+"-target") == 0 && tr.left(target) == 0, nil
-	})
-	wg.Wait()
-	if deleteErr != nil {
-		return nil, deleteErr
+		defer ng.stop()
+		if err := waitFinalizer(ctx, cl, target); err != nil {
+			return nil, err
+		}
 	}
-	if kubectlErr != nil {
-		return nil, fmt.Errorf("kubectl drain: %v: %s", kubectlErr, kubectlOut)
-	}
+	tr, err := startPodTracker(ctx, env.Config, drainLabel+"="+ns, replicas)
 	if err != nil {
-		return nil, fmt.Errorf("waiting for both nodes to be empty (kubectl %d pods left, nodeguard %d): %w", tr.left(kubectlNS+"-target"), tr.left(target), err)
+		return nil, err
+	}
+	pw, err := startPDBWatch(ctx, env.Config, ns)
+	if err != nil {
+		return nil, err
 	}
 
-	r := &drainResult{Profile: profile, PodsPerNode: perNode, NodeguardGone: gone, KubectlExit: kubectlExit, Budget: 1,
-		KubectlTimeline: tr.timeline(kubectlNS + "-target"), NodeguardLine: tr.timeline(target)}
-	r.KubectlEmpty = emptyAt(r.KubectlTimeline)
-	r.NodeguardEmpty = emptyAt(r.NodeguardLine)
-	r.Ratio = bench.Ratio(r.KubectlEmpty, r.NodeguardEmpty)
-	var cycles, readyCycles []time.Duration
-	var chains []int
-	for _, ns := range []string{kubectlNS, nodeguardNS} {
-		for _, app := range apps {
-			cycles = append(cycles, pw.cycles(proxy.Evictions(ns), ns, app)...)
-			readyCycles = append(readyCycles, bench.Dips(tr.healthyTimeline(ns+"/"+app), c.drainReplicas)...)
-			chains = append(chains, bench.ChainLength(c.drainReplicas, 1))
+	if err := waitControllersQuiet(ctx, tail); err != nil {
+		return nil, err
+	}
+	logf("drain %s: %s drains %s alone", profile, drainer, target)
+	start := tr.begin(target)
+	run := &drainRun{Drainer: drainer, Namespace: ns}
+	if drainer == kubectlDrainer {
+		err = kubectlDrain(ctx, proxy.Kubeconfig, target, tr, start, run)
+	} else {
+		err = nodeguardDrain(ctx, env, target, tr, start, run)
+	}
+	if err != nil {
+		return nil, err
+	}
+	if err := waitReadyOn(ctx, cl, ns, "", c.drainApps*c.drainReplicas+c.drainFree); err != nil {
+		return nil, err
+	}
+	if err := waitControllersQuiet(ctx, tail); err != nil {
+		return nil, err
+	}
+	if err := run.measure(c, env.AuditLog, proxy, tr, pw, target, start, time.Now()); err != nil {
+		return nil, err
+	}
+	logf("drain %s: %s emptied its node in %s (%d of %d evictions refused)", profile, drainer, bench.Seconds(run.Empty), run.TooMany, run.Evictions)
+	return run, nil
+}
+
+// measure fills in what the run's proxy, pod tracker, PDB watch and the audit
+// log recorded, from start; settled is when the controllers were done.
+func (run *drainRun) measure(c config, auditLog string, proxy *harness.APIProxy, tr *podTracker, pw *pdbWatch, target string, start, settled time.Time) error {
+	ns := run.Namespace
+	apps := protectedApps(c)
+	run.Timeline = tr.timeline(target)
+	run.Empty = emptyAt(run.Timeline)
+	run.Evicts = proxy.Evictions(ns)
+	if t := firstEviction(proxy, ns); !t.IsZero() {
+		run.FirstEviction = t.Sub(start)
+	}
+	run.Evictions = evictionsAnswered(proxy, ns, 0)
+	run.TooMany = evictionsAnswered(proxy, ns, http.StatusTooManyRequests)
+	run.MaxInFlight = maxInFlight(proxy, ns, apps)
+	run.Wakeups = pw.wakeups(run.Evicts, ns, apps)
+	for _, app := range apps {
+		run.MaxUnavailable = max(run.MaxUnavailable, tr.maxUnavailable(ns+"/"+app))
+		var sum time.Duration
+		for _, d := range pw.cycles(run.Evicts, ns, app) {
+			sum += d
+		}
+		run.OwnChain = max(run.OwnChain, sum)
+	}
+	if auditLog == "" || run.FirstEviction == 0 || run.Empty <= run.FirstEviction {
+		return nil
+	}
+	var err error
+	if run.Controllers, err = controllerLoads(auditLog, ns, start.Add(run.FirstEviction), start.Add(run.Empty)); err != nil {
+		return err
+	}
+	run.Replacement, err = controllerLoads(auditLog, ns, start.Add(run.FirstEviction), settled)
+	return err
+}
+
+// kubectlDrain runs kubectl drain on the node and waits until it exited and
+// the node is empty.
+func kubectlDrain(ctx context.Context, kubeconfig, node string, tr *podTracker, start time.Time, run *drainRun) error {
+	cmd := exec.CommandContext(ctx, "kubectl", "--kubeconfig", kubeconfig, "drain", node,
+		"--ignore-daemonsets", "--delete-emptydir-data", "--timeout=15m")
+	out, err := cmd.CombinedOutput()
+	run.Done = time.Since(start)
+	if err != nil {
+		return fmt.Errorf("kubectl drain: %v: %s", err, out)
+	}
+	return waitEmpty(ctx, tr, node)
+}
+
+// nodeguardDrain deletes the node and waits until nodeguard released it and
+// it is empty.
+func nodeguardDrain(ctx context.Context, env *harness.Env, node string, tr *podTracker, start time.Time, run *drainRun) error {
+	if out, err := exec.CommandContext(ctx, "kubectl", "--kubeconfig", env.Kubeconfig, "delete", "node", node, "--wait=false").CombinedOutput(); err != nil {
+		return fmt.Errorf("kubectl delete node: %v: %s", err, out)
+	}
+	err := harness.Poll(ctx, 15*time.Minute, func(ctx context.Context) (bool, error) {
+		err := env.Client.Get(ctx, client.ObjectKey{Name: node}, &corev1.Node{})
+		if client.IgnoreNotFound(err) != nil {
+			return false, err
+		}
+		if err != nil && run.Done == 0 {
+			run.Done = time.Since(start)
+		}
+		return run.Done > 0, nil
+	})
+	if err != nil {
+		return fmt.Errorf("waiting for nodeguard to release %s (%d pods left): %w", node, tr.left(node), err)
+	}
+	return waitEmpty(ctx, tr, node)
+}
+
+func waitEmpty(ctx context.Context, tr *podTracker, node string) error {
+	err := harness.Poll(ctx, 15*time.Minute, func(context.Context) (bool, error) { return tr.left(node) == 0, nil })
+	if err != nil {
+		return fmt.Errorf("waiting for %s to be empty (%d pods left): %w", node, tr.left(node), err)
+	}
+	return nil
+}
+
+// idleCycles measures the cluster's own budget cycle with nothing else
+// running: c.idleCycles times, one at a time, it evicts a pod of a
+// Deployment under a maxUnavailable 1 PDB and times the eviction request to
+// the PDB allowing a disruption again (the eviction, the replacement
+// scheduled, started and Ready, the disruption controller's status write).
+// Each eviction waits until the Deployment is fully available again and
+// kube-controller-manager has gone quiet.
+func idleCycles(ctx context.Context, c config, env *harness.Env, tail *auditTail) ([]time.Duration, error) {
+	ctx, cancel := context.WithCancel(ctx) // stops the PDB watch
+	defer cancel()
+	cl := env.Client
+	const app = "cycle"
+	if err := create(ctx, cl, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: cycleNS}}); err != nil {
+		return nil, err
+	}
+	if err := create(ctx, cl, builder.Node(cycleNS+"-node", builder.WithLabels("group", cycleNS))); err != nil {
+		return nil, err
+	}
+	if err := create(ctx, cl, drainDeployment(cycleNS, app, c.drainReplicas)); err != nil {
+		return nil, err
+	}
+	if err := create(ctx, cl, builder.PDB(cycleNS, app, builder.MaxUnavailable("1"))); err != nil {
+		return nil, err
+	}
+	cs, err := kubernetes.NewForConfig(env.Config)
+	if err != nil {
+		return nil, err
+	}
+	pw, err := startPDBWatch(ctx, env.Config, cycleNS)
+	if err != nil {
+		return nil, err
+	}
+	var cycles []time.Duration
+	for range c.idleCycles {
+		if err := waitAvailable(ctx, cl, cycleNS, app, c.drainReplicas); err != nil {
+			return nil, err
+		}
+		if err := waitPDBAllows(ctx, cl, cycleNS, app, c.drainReplicas); err != nil {
+			return nil, err
+		}
+		if err := waitControllersQuiet(ctx, tail); err != nil {
+			return nil, err
+		}
+		pod, err := readyPod(ctx, cl, cycleNS)
+		if err != nil {
+			return nil, err
+		}
+		sent := time.Now()
+		if err := cs.PolicyV1().Evictions(cycleNS).Evict(ctx, &policyv1.Eviction{ObjectMeta: metav1.ObjectMeta{Namespace: cycleNS, Name: pod}}); err != nil {
+			return nil, fmt.Errorf("evicting %s: %w", pod, err)
+		}
+		e := []harness.Eviction{{Namespace: cycleNS, Pod: pod, Workload: app, Start: sent, Status: http.StatusCreated}}
+		var got []time.Duration
+		if err := harness.Poll(ctx, 2*time.Minute, func(context.Context) (bool, error) {
+			got = pw.cycles(e, cycleNS, app)
+			return len(got) > 0, nil
+		}); err != nil {
+			return nil, fmt.Errorf("waiting for PDB %s/%s to allow again after evicting %s: %w", cycleNS, app, pod, err)
+		}
+		cycles = append(cycles, got[0])
+	}
+	return cycles, nil
+}
+
+// waitAvailable waits until the Deployment's status reports every replica
+// available: the ReplicaSet and Deployment controllers are done with the last
+// replacement.
+func waitAvailable(ctx context.Context, cl client.Client, ns, name string, replicas int) error {
+	return harness.Poll(ctx, 2*time.Minute, func(ctx context.Context) (bool, error) {
+		var d appsv1.Deployment
+		err := cl.Get(ctx, client.ObjectKey{Namespace: ns, Name: name}, &d)
+		return err == nil && d.Status.AvailableReplicas == int32(replicas) && d.Status.Replicas == int32(replicas), err
+	})
+}
+
+// readyPod names a Ready pod of the namespace that is not being deleted.
+func readyPod(ctx context.Context, cl client.Client, ns string) (string, error) {
+	var pods corev1.PodList
+	if err := cl.List(ctx, &pods, client.InNamespace(ns)); err != nil {
+		return "", err
+	}
+	for i := range pods.Items {
+		if p := &pods.Items[i]; p.DeletionTimestamp == nil && podReady(p) {
+			return p.Name, nil
 		}
 	}
-	r.Cycle, r.Cycles = bench.Percentile(cycles, 50), len(cycles)
-	r.ReadyCycle = bench.Percentile(readyCycles, 50)
-	r.Chain = slices.Max(chains)
-	r.LowerBound = bench.LowerBound(chains, r.Cycle)
-	r.Healthy = map[string][]bench.Point{}
-	r.PDBOpened = map[string][]time.Duration{}
-	for i, ns := range []string{kubectlNS, nodeguardNS} {
-		if t := firstEviction(proxy, ns); !t.IsZero() {
-			r.FirstEviction[i] = t.Sub(start)
-		}
-		r.Evicts[i] = proxy.Evictions(ns)
-		for _, app := range apps {
-			r.Healthy[ns+"/"+app] = tr.healthyTimeline(ns + "/" + app)
-			var sum time.Duration
-			for _, d := range pw.cycles(r.Evicts[i], ns, app) {
-				sum += d
-			}
-			r.OwnChain[i] = max(r.OwnChain[i], sum)
-		}
-		r.Wakeup[i] = bench.Summarize(pw.wakeups(r.Evicts[i], ns, apps))
-		for _, app := range apps {
-			r.PDBOpened[ns+"/"+app] = pw.since(ns+"/"+app, start)
-		}
-		if empty := []time.Duration{r.KubectlEmpty, r.NodeguardEmpty}[i]; env.AuditLog != "" && r.FirstEviction[i] > 0 && empty > r.FirstEviction[i] {
-			if r.Controllers[i], err = controllerLoads(env.AuditLog, ns, start.Add(r.FirstEviction[i]), start.Add(empty)); err != nil {
-				return nil, err
-			}
-		}
-		r.Evictions[i] = evictionsAnswered(proxy, ns, 0)
-		r.TooMany[i] = evictionsAnswered(proxy, ns, 429)
-		r.MaxInFlight[i] = maxInFlight(proxy, ns, apps)
-		for _, app := range apps {
-			r.MaxUnavailable[i] = max(r.MaxUnavailable[i], tr.maxUnavailable(ns+"/"+app))
-		}
-	}
-	logf("drain %s: nodeguard made %d drain passes, %d event writes, %d node writes", profile, proxy.PassesOf(target),
-		len(proxy.Writes("", "/apis/events.k8s.io/")), len(proxy.Writes("", "/api/v1/nodes/"+target)))
-	r.KubectlOutput = strings.Count(string(kubectlOut), "Cannot evict pod as it would violate the pod's disruption budget")
-	logf("drain %s: kubectl %s, nodeguard %s (ratio %.2f), lower bound %s", profile,
-		bench.Seconds(r.KubectlEmpty), bench.Seconds(r.NodeguardEmpty), r.Ratio, bench.Seconds(r.LowerBound))
-	return r, nil
+	return "", fmt.Errorf("no Ready pod in %s", ns)
 }
 
 // emptyAt is when a node's pod count last reached zero.
@@ -277,7 +484,7 @@ func emptyAt(pts []bench.Point) time.Duration {
 
 func drainDeployment(ns, app string, replicas int) client.Object {
 	d := builder.Deployment(ns, app, int32(replicas), builder.OnNodes("group", ns))
-	d.Spec.Template.Labels[drainLabel] = "true"
+	d.Spec.Template.Labels[drainLabel] = ns
 	return d
 }
 
@@ -327,65 +534,11 @@ func waitFinalizer(ctx context.Context, cl client.Client, node string) error {
 	})
 }
 
-func drainTable(rs []*drainResult) *bench.Table {
-	if len(rs) == 0 {
-		return nil
-	}
-	t := &bench.Table{
-		Title: "1. Drain: kubectl drain vs nodeguard (same workload, same cluster, at once)",
-		Header: []string{"kwok pods", "pods/node", "kubectl drain", "nodeguard", "speed-up", "lower bound", "nodeguard / bound",
-			"429s kubectl", "429s nodeguard", "PDB allows → next eviction p50 / p99 kubectl", "PDB allows → next eviction p50 / p99 nodeguard",
-			"max unavailable/PDB (budget 1) kubectl, nodeguard", "max evictions in flight/PDB kubectl, nodeguard"},
-	}
-	for _, r := range rs {
-		t.AddRow(r.Profile, fmt.Sprint(r.PodsPerNode), bench.Seconds(r.KubectlEmpty), bench.Seconds(r.NodeguardEmpty), bench.Times(r.Ratio),
-			bench.Seconds(r.LowerBound), bench.Times(bench.Ratio(r.NodeguardEmpty, r.LowerBound)),
-			fmt.Sprintf("%d of %d", r.TooMany[0], r.Evictions[0]), fmt.Sprintf("%d of %d", r.TooMany[1], r.Evictions[1]),
-			wakeupCell(r.Wakeup[0]), wakeupCell(r.Wakeup[1]),
-			fmt.Sprintf("%d, %d", r.MaxUnavailable[0], r.MaxUnavailable[1]), fmt.Sprintf("%d, %d", r.MaxInFlight[0], r.MaxInFlight[1]))
-	}
-	t.Note("Times run from the start (kubectl drain started; kubectl delete node issued) until the last pod object on the node is gone. nodeguard's time includes the maintenance Lease, cordon, draining taint and AdminState Down through the ARM emulator.")
-	t.Note("PDB allows → next eviction (the wake-up delay): from each moment a PDB went from allowing no disruption to allowing one, as the benchmark's own watch of the PDBs delivers it, to the drainer's eviction request that used it, at the proxy (the k-th such change pairs with the drainer's (k+1)-th granted eviction of that PDB: budget 1). kubectl drain retries every 5 s; nodeguard's parked queue is woken by the status change (its own view of the same delay is the metric nodeguard_drain_wakeup_delay_seconds). A request that beat the benchmark's watch counts 0.")
-	t.Note("Lower bound = longest PDB chain (pods of one PDB on the node ÷ disruptions allowed) × the median budget cycle of the same run (both nodes pooled): from an eviction request the PDB granted until the PDB allowed a disruption again (the eviction, the replacement becoming Ready, the disruption controller's status update), the least any drainer must wait between two evictions of a PDB with a budget of 1. Under pod-general a cycle is 1–6 s at random, so the bound is an estimate and a ratio near 1.0× means at the bound; the exact figure per drainer is its own longest PDB's sum of cycles, in the notes.")
-	for _, r := range rs {
-		t.Note("%s: chain %d × cycle %s (median of %d; eviction to replacement Ready alone: median %s) = %s; the longest PDB's own cycles summed to %s (kubectl) and %s (nodeguard); first eviction request after %s (kubectl) and %s (nodeguard: Lease, cordon, taint, traffic cut); nodeguard's node released (finalizer removed) at %s; kubectl drain exited at %s and printed %d PDB refusals.",
-			r.Profile, r.Chain, bench.Millis(r.Cycle), r.Cycles, bench.Millis(r.ReadyCycle), bench.Seconds(r.LowerBound), bench.Seconds(r.OwnChain[0]), bench.Seconds(r.OwnChain[1]), bench.Millis(r.FirstEviction[0]), bench.Millis(r.FirstEviction[1]),
-			bench.Seconds(r.NodeguardGone), bench.Seconds(r.KubectlExit), r.KubectlOutput)
-		t.Note("%s: kube-controller-manager's writes in the drain namespaces while each drainer drained, from its first eviction until its node was empty (both drainers' pods share each controller's client and its limit of %d/s): nodeguard: %s; kubectl: %s.",
-			r.Profile, kcmClientQPS, loadCell(r.Controllers[1]), loadCell(r.Controllers[0]))
-	}
-	return t
-}
-
-func wakeupCell(s bench.Summary) string {
-	if s.N == 0 {
-		return "none"
-	}
-	return fmt.Sprintf("%s / %s (n %d)", bench.Millis(s.P50), bench.Millis(s.P99), s.N)
-}
-
-func drainPanels(rs []*drainResult) []bench.Panel {
-	var ps []bench.Panel
-	for _, r := range rs {
-		ps = append(ps, bench.Panel{
-			Title:  fmt.Sprintf("kwok %s: kubectl drain %s, nodeguard %s (%.1f× faster)", r.Profile, bench.Seconds(r.KubectlEmpty), bench.Seconds(r.NodeguardEmpty), r.Ratio),
-			YLabel: "pods on the node",
-			Series: []bench.Series{
-				{Name: "kubectl drain", Color: "#d62728", Points: r.KubectlTimeline},
-				{Name: "nodeguard", Color: "#1f77b4", Points: r.NodeguardLine},
-			},
-			Marker: r.LowerBound, MarkerLabel: "lower bound",
-		})
-	}
-	return ps
-}
-
 // pdbWatch records, from its own watch, when each PDB of the drain section
 // went from allowing no disruption to allowing one: the moments a drainer
 // whose queue waits on that PDB can send its next eviction.
 type pdbWatch struct {
 	mu      sync.Mutex
-	start   time.Time
 	allowed map[string]int32       // ns/name → disruptionsAllowed last seen
 	opened  map[string][]time.Time // ns/name → when it went from 0 to more
 }
@@ -422,18 +575,6 @@ func (w *pdbWatch) observe(obj any) {
 		w.opened[key] = append(w.opened[key], now)
 	}
 	w.allowed[key] = pdb.Status.DisruptionsAllowed
-}
-
-// since is when the PDB went from allowing no disruption to allowing one,
-// counted from start.
-func (w *pdbWatch) since(key string, start time.Time) []time.Duration {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	var out []time.Duration
-	for _, t := range w.opened[key] {
-		out = append(out, t.Sub(start))
-	}
-	return out
 }
 
 // cycles are the PDB's budget cycles: from each eviction request the PDB

@@ -2,8 +2,10 @@
 // side, in one run, on full local clusters (etcd, kube-apiserver,
 // kube-controller-manager, kube-scheduler, kwok) and the ARM emulator:
 //
-//  1. drain: kubectl drain and nodeguard each empty an identical node
-//     concurrently, under the kwok pod-fast and pod-general stage profiles;
+//  1. drain: kubectl drain and nodeguard each empty an identical node alone,
+//     in turns, three times each, under the kwok pod-fast and pod-general
+//     stage profiles, against a lower bound from the cluster's idle budget
+//     cycle and its controllers' client limits;
 //  2. cutover: taint-to-Down latency of the load-balancer admin state for
 //     nodes in two pools of one load balancer, 412s counted, against a writer
 //     per pool; and 100 nodes over 2 load balancers tainted at once;
@@ -58,6 +60,7 @@ type config struct {
 	quick     bool
 
 	drainApps, drainReplicas, drainFree int
+	drainReps, idleCycles               int
 
 	cutTrials      int
 	armLatency     time.Duration
@@ -88,12 +91,14 @@ func main() {
 	scaleNodes := flag.Int("scale-nodes", 0, "Nodes of the scale section (default 200, 2,000 with --scale); pods are 20 per node unless --scale-pods says otherwise.")
 	scalePods := flag.Int("scale-pods", 0, "Pods of the scale section (default 20 per node).")
 	flag.DurationVar(&c.armLatency, "arm-latency", 50*time.Millisecond, "Fixed latency the ARM emulator adds to every call in the cutover section.")
+	reportFrom := flag.String("report-from", "", "Run nothing: rebuild results.md, results.json and drain-timeline.svg in --out from an earlier run's results.json, with this build's summaries and tables (after a change to the report).")
 	nodeguardFlags := flag.String("nodeguard-flags", "", "Space-separated flags added to every nodeguard the benchmark starts, e.g. --pprof-bind-address=127.0.0.1:6060 to profile it while it runs.")
 	flag.Parse()
 	extraNodeguardFlags = strings.Fields(*nodeguardFlags)
 	c.sections = strings.Split(sections, ",")
 	c.profiles = strings.Split(profiles, ",")
 	c.drainApps, c.drainReplicas, c.drainFree = 4, 10, 10
+	c.drainReps, c.idleCycles = 3, 9
 	c.cutTrials, c.fleetNodes, c.fleetRounds = 200, 100, 3
 	c.admissionN, c.admissionConc, c.admissionRound = 100, 8, 4
 	c.scaleNodes, c.scalePods, c.scaleIdle = 200, 4000, 30*time.Second
@@ -105,6 +110,7 @@ func main() {
 	if c.quick {
 		c.profiles = []string{harness.PodsFast}
 		c.drainApps, c.drainReplicas, c.drainFree = 2, 5, 4
+		c.drainReps, c.idleCycles = 1, 3
 		c.cutTrials, c.fleetNodes, c.fleetRounds = 30, 40, 1
 		c.admissionN, c.admissionRound = 30, 1
 		c.replaceTimeout = time.Minute
@@ -124,6 +130,13 @@ func main() {
 	// NDB's 10%.
 	c.scaleDelete = max(c.scaleNodes/20, 1)
 	ctrl.SetLogger(zap.New(zap.WriteTo(os.Stderr), zap.Level(zapcore.ErrorLevel)))
+	if *reportFrom != "" {
+		if err := rereport(c, *reportFrom); err != nil {
+			fmt.Fprintln(os.Stderr, "bench:", err)
+			os.Exit(1)
+		}
+		return
+	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	if err := run(ctx, c); err != nil {
@@ -159,7 +172,8 @@ func run(ctx context.Context, c config) error {
 	}
 	res := &results{Started: time.Now(), Config: map[string]any{
 		"quick": c.quick, "sections": c.sections, "profiles": c.profiles,
-		"drain":     fmt.Sprintf("%d Deployments x %d replicas under maxUnavailable 1 + %d unprotected pods per node", c.drainApps, c.drainReplicas, c.drainFree),
+		"drain": fmt.Sprintf("%d Deployments x %d replicas under maxUnavailable 1 + %d unprotected pods per node, %d runs per drainer, %d idle cycles",
+			c.drainApps, c.drainReplicas, c.drainFree, c.drainReps, c.idleCycles),
 		"cutover":   fmt.Sprintf("%d trials, ARM latency %s, %d nodes x %d rounds", c.cutTrials, c.armLatency, c.fleetNodes, c.fleetRounds),
 		"admission": fmt.Sprintf("%d per operation x %d rounds, %d clients", c.admissionN, c.admissionRound, c.admissionConc),
 		"scale":     fmt.Sprintf("%d nodes, %d pods, %d nodes deleted per drainer, idle %s", c.scaleNodes, c.scalePods, c.scaleDelete, c.scaleIdle),
@@ -182,7 +196,7 @@ func run(ctx context.Context, c config) error {
 		logf("starting a cluster with kwok %s pod stages", profile)
 		audit := ""
 		if c.has("drain") {
-			audit = drainAuditPolicy
+			audit = drainAuditPolicy(drainNamespaces(c))
 		}
 		env, err := startCluster(ctx, filepath.Join(c.out, "cluster-"+profile), profile, 0, audit)
 		if err != nil {
@@ -244,6 +258,27 @@ func run(ctx context.Context, c config) error {
 	}
 	res.Duration = time.Since(res.Started).Round(time.Second).String()
 	return writeResults(c, res)
+}
+
+// rereport rebuilds the report of an earlier run from its results.json: the
+// drain section's summaries and bound are computed again from its runs.
+func rereport(c config, path string) error {
+	raw, err := os.ReadFile(path)
+	if err != nil {
+		return err
+	}
+	var res results
+	if err := json.Unmarshal(raw, &res); err != nil {
+		return fmt.Errorf("reading %s: %w", path, err)
+	}
+	for _, d := range res.Drain {
+		d.summarize()
+	}
+	res.Tables, res.Panels = nil, nil
+	if err := os.MkdirAll(c.out, 0o755); err != nil {
+		return err
+	}
+	return writeResults(c, &res)
 }
 
 func writeResults(c config, res *results) error {
