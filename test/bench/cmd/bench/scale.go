@@ -312,14 +312,20 @@ const (
 	scaleSetLabel = "bench.nodeguard.io/set"
 )
 
-// scaleNodeNames are the nodes of the run; the first deleted ones are
-// nodeguard's, the next as many are the kubectl loop's (not managed by
-// nodeguard).
+// scaleNodeNames are the nodes of the run; the deleted ones alternate
+// between nodeguard's set and the kubectl loop's (not managed by nodeguard),
+// so that both sets hold as many Deployment pods: the scheduler does not
+// spread them evenly over the nodes' names (with the first half of the
+// deleted nodes nodeguard's, its set held 553 Deployment pods against the
+// loop's 401 in one run), and those pods are the ones the PDBs gate.
 func scaleNodeNames(c config) (names, ngSet, kubectlSet []string) {
 	for i := range c.scaleNodes {
 		names = append(names, fmt.Sprintf("scale-%04d", i))
 	}
-	return names, names[:c.scaleDelete], names[c.scaleDelete : 2*c.scaleDelete]
+	for i := 0; i+1 < 2*c.scaleDelete && i+1 < c.scaleNodes; i += 2 {
+		ngSet, kubectlSet = append(ngSet, names[i]), append(kubectlSet, names[i+1])
+	}
+	return names, ngSet, kubectlSet
 }
 
 // createScaleNodes creates the nodes of names that do not exist yet and
@@ -457,7 +463,7 @@ func setUnschedulable(ctx context.Context, cl client.Client, name string) error 
 type fleetDeletion struct {
 	Nodes int `json:"nodes"`
 	// Pods were on the nodes when the deletion started.
-	Pods int `json:"pods"`
+	setPods
 	// Released is when the last node was gone; Median the median node's.
 	Released time.Duration `json:"released"`
 	Median   time.Duration `json:"medianReleased"`
@@ -526,7 +532,7 @@ const (
 	wakeupMetric  = "nodeguard_drain_wakeup_delay_seconds"
 )
 
-func (f *fleetDeletion) perPod() float64 { return float64(f.API.total()) / float64(max(f.Pods, 1)) }
+func (f *fleetDeletion) perPod() float64 { return float64(f.API.total()) / float64(max(f.Total, 1)) }
 
 // deleteWithNodeguard deletes the nodes at once, one request each (as an
 // autoscaler does), through nodeguard's request counter (the deletes count as
@@ -537,7 +543,7 @@ func deleteWithNodeguard(ctx context.Context, cl client.Client, api *requestCoun
 	if err != nil {
 		return nil, err
 	}
-	f := &fleetDeletion{Nodes: len(nodes), Pods: pods}
+	f := &fleetDeletion{Nodes: len(nodes), setPods: pods}
 	cfg, err := clientcmd.BuildConfigFromFlags("", api.Kubeconfig)
 	if err != nil {
 		return nil, err
@@ -577,7 +583,7 @@ func drainWithKubectl(ctx context.Context, cl client.Client, api *requestCounter
 	if err != nil {
 		return nil, err
 	}
-	f := &fleetDeletion{Nodes: len(nodes), Pods: pods}
+	f := &fleetDeletion{Nodes: len(nodes), setPods: pods}
 	var mu sync.Mutex
 	var deleted []time.Duration
 	before := api.snapshot()
@@ -625,10 +631,21 @@ func waitGone(ctx context.Context, cl client.Client, set string, start time.Time
 	return gone, err
 }
 
+// setPods is what a set of nodes held when its deletion started.
+type setPods struct {
+	// Total pods, of them UnderPDBs the Deployments' (the rest are bare);
+	// MostOfOne is the most pods of one Deployment: past its PDB's budget,
+	// its evictions wait for replacements.
+	Total     int `json:"pods"`
+	UnderPDBs int `json:"podsUnderPDBs"`
+	MostOfOne int `json:"mostPodsOfOneDeployment"`
+}
+
 // podsOn counts the pods on the nodes.
-func podsOn(ctx context.Context, cl client.Client, nodes []string) (int, error) {
+func podsOn(ctx context.Context, cl client.Client, nodes []string) (setPods, error) {
 	var mu sync.Mutex
-	total := 0
+	var sp setPods
+	perApp := map[string]int{}
 	err := forEach(ctx, nodes, 8, func(ctx context.Context, n string) error {
 		var pods metav1.PartialObjectMetadataList
 		pods.SetGroupVersionKind(corev1.SchemeGroupVersion.WithKind("PodList"))
@@ -636,19 +653,29 @@ func podsOn(ctx context.Context, cl client.Client, nodes []string) (int, error) 
 			return err
 		}
 		mu.Lock()
-		total += len(pods.Items)
-		mu.Unlock()
+		defer mu.Unlock()
+		sp.Total += len(pods.Items)
+		for _, p := range pods.Items {
+			if app := p.Labels["app"]; app != barePodApp {
+				sp.UnderPDBs++
+				perApp[app]++
+				sp.MostOfOne = max(sp.MostOfOne, perApp[app])
+			}
+		}
 		return nil
 	})
-	return total, err
+	return sp, err
 }
 
 func nodeIP(i int) string { return fmt.Sprintf("10.40.%d.%d", i/250, i%250+1) }
 
+// barePodApp labels the bare pods (app=filler).
+const barePodApp = "filler"
+
 // barePod is a pod bound to a node, owned by no controller.
 func barePod(ns, name, node string) *corev1.Pod {
 	return &corev1.Pod{
-		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name, Labels: map[string]string{"app": "filler"}},
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name, Labels: map[string]string{"app": barePodApp}},
 		Spec: corev1.PodSpec{
 			NodeName:                      node,
 			Containers:                    []corev1.Container{{Name: "app", Image: "registry.k8s.io/pause:3.10"}},
@@ -696,20 +723,20 @@ func fleetTable(r *scaleResult) *bench.Table {
 	}
 	t := &bench.Table{
 		Title: fmt.Sprintf("4b. Fleet deletion: %d of %d nodes at once under an NDB of maxUnavailable %s, pods under PDBs", r.Deleted, r.Nodes, scaleNDB),
-		Header: []string{"drainer", "nodes", "pods on them", "every node released", "median node released", "eviction requests", "refused (429)",
+		Header: []string{"drainer", "nodes", "pods on them (under PDBs; most of one Deployment)", "every node released", "median node released", "eviction requests", "refused (429)",
 			fmt.Sprintf("most pods of a Deployment unavailable (PDB allows %d)", scaleBudget), "PDB exceeded", "API requests", "API requests / drained pod"},
 	}
 	row := func(name string, f *fleetDeletion) {
 		if f == nil {
 			return
 		}
-		t.AddRow(name, fmt.Sprint(f.Nodes), fmt.Sprint(f.Pods), bench.Seconds(f.Released), bench.Seconds(f.Median),
+		t.AddRow(name, fmt.Sprint(f.Nodes), fmt.Sprintf("%d (%d; %d)", f.Total, f.UnderPDBs, f.MostOfOne), bench.Seconds(f.Released), bench.Seconds(f.Median),
 			fmt.Sprint(f.API.evictionRequests()), fmt.Sprint(f.API.Evictions[429]), fmt.Sprint(f.Budgets.MostUnavailable),
 			fmt.Sprintf("%d times", f.Budgets.Exceeded), fmt.Sprint(f.API.total()), fmt.Sprintf("%.1f", f.perPod()))
 	}
 	row(fmt.Sprintf("nodeguard (%d node deletes at once, --max-concurrent-drains=%d)", r.Deleted, finalizer.DefaultMaxConcurrentNodes), r.Nodeguard)
 	row(fmt.Sprintf("`kubectl drain --force` + `kubectl delete node`, %d at a time", r.Parallel), r.Kubectl)
-	t.Note("How to read it: lower is better in every column; the two rows drain sets of the same size and layout in the same cluster, one after the other (the kubectl set is cordoned while nodeguard works, so neither set receives the other's evicted pods). nodeguard drains %d nodes at a time by default, and the kubectl loop runs at the same parallelism.", r.Parallel)
+	t.Note("How to read it: lower is better in every column; the two rows drain sets of the same size and layout in the same cluster, one after the other (the kubectl set is cordoned while nodeguard works, so neither set receives the other's evicted pods). The sets alternate node by node, so that each holds about as many Deployment pods: those are the ones the PDBs gate (a Deployment's pods past its budget wait for replacements), and the scheduler does not spread them evenly over the nodes' names. nodeguard drains %d nodes at a time by default, and the kubectl loop runs at the same parallelism.", r.Parallel)
 	t.Note("Times run from the first delete (nodeguard) or the first kubectl drain until the node object is gone, by a 250 ms poll. API requests are every request each drainer sent through its own counting proxy in that window: for nodeguard its watches, lists, evictions, status writes and Lease renewals, and the node deletes (one request per node, a denied or unanswered one retried every %s: %d denied with 429, %d not answered by the webhook within kube-apiserver's 5 s webhook timeout); for kubectl every drain and delete process, discovery included. Refused (429) are evictions a PDB did not allow yet.", rollingRetry, r.Nodeguard.Retries.Denied, r.Nodeguard.Retries.WebhookFailed)
 	t.Note("A Deployment's pods are unavailable when not Ready, deleting or not yet replaced, as its PDB (maxUnavailable 10%%: %d of %d) reads them, from a watch of the pods over each drainer's window; \"PDB exceeded\" counts the times a Deployment had fewer than %d healthy pods. The NDB (maxUnavailable %s of the %d nodes) allows more than the %d nodes deleted: it cannot be exceeded here; section 6 measures a node budget that binds.",
 		scaleBudget, scaleReplicas, scaleReplicas-scaleBudget, scaleNDB, r.Nodes, r.Deleted)
