@@ -12,12 +12,14 @@ import (
 	policyv1 "k8s.io/api/policy/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/utils/clock"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller/priorityqueue"
 	"sigs.k8s.io/controller-runtime/pkg/event"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	ngv1alpha1 "github.com/nodeguard/nodeguard/api/v1alpha1"
+	"github.com/nodeguard/nodeguard/finalizer/drain"
 	"github.com/nodeguard/nodeguard/test/builder"
 	"github.com/nodeguard/nodeguard/test/harness"
 )
@@ -418,5 +420,27 @@ func TestSlotWakeGoesAheadOfQueuedPasses(t *testing.T) {
 	got, _ := q.Get()
 	if got.Name != "next-in-line" {
 		t.Errorf("a worker takes %s first, want next-in-line (woken for its drain slot)", got.Name)
+	}
+}
+
+// TestEmptiedNodeIsWokenFirstForItsRelease: the pod watch telling that a
+// slot holder's last pod went wakes that node's own pass, which releases it,
+// through the slot wake-ups (ahead of queued passes), besides handing the
+// slot on.
+func TestEmptiedNodeIsWokenFirstForItsRelease(t *testing.T) {
+	r := &Reconciler{Evictor: &drain.Evictor{}, Clock: clock.RealClock{}, Opts: Options{MaxConcurrentNodes: 1}}
+	r.slotWakeups = make(chan event.GenericEvent, 4)
+	r.phases.set("uid-a", "node-a", phaseDrain)
+	if ok, _ := r.slots.take(1, "uid-a", slotHolder{name: "node-a", since: time.Now(), asked: time.Now()}); !ok {
+		t.Fatal("node-a did not take the only slot")
+	}
+	r.podsGone(context.Background(), "node-a")
+	select {
+	case e := <-r.slotWakeups:
+		if e.Object.GetName() != "node-a" {
+			t.Errorf("the slot wake-ups got %s, want node-a (its release pass)", e.Object.GetName())
+		}
+	default:
+		t.Error("node-a's last pod went, and its release pass was not woken ahead of queued passes")
 	}
 }
