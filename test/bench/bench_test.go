@@ -40,6 +40,22 @@ func TestPercentile(t *testing.T) {
 	}
 }
 
+func TestMeanAndStdErr(t *testing.T) {
+	// Skewed like pod-general's idle cycles: the median (3 s) is far from
+	// the mean (4 s), which a chain of such cycles sums to on average.
+	samples := []time.Duration{ms(2000), ms(3000), ms(3000), ms(4000), ms(8000)}
+	if got := Mean(samples); got != ms(4000) {
+		t.Errorf("Mean = %v, want 4s", got)
+	}
+	// Sample standard deviation √(22/4) s ≈ 2.345 s, ÷ √5 ≈ 1.049 s.
+	if got := StdErr(samples); got < ms(1048) || got > ms(1049) {
+		t.Errorf("StdErr = %v, want about 1.0488s", got)
+	}
+	if Mean(nil) != 0 || StdErr([]time.Duration{ms(5)}) != 0 {
+		t.Error("no samples have no mean, and one has no standard error")
+	}
+}
+
 func TestChainTerm(t *testing.T) {
 	tests := []struct {
 		name        string

@@ -28,6 +28,35 @@ func Percentile(samples []time.Duration, p float64) time.Duration {
 	return s[rank-1]
 }
 
+// Mean is the samples' arithmetic mean, and StdErr the standard error of
+// that mean (the sample's standard deviation ÷ √n; zero below two samples).
+// The chain term uses the mean, not the median: a chain's expected time is
+// the sum of its cycles' expected times, and a random cycle's median can sit
+// far from its mean.
+func Mean(samples []time.Duration) time.Duration {
+	if len(samples) == 0 {
+		return 0
+	}
+	var sum float64
+	for _, d := range samples {
+		sum += float64(d)
+	}
+	return time.Duration(sum / float64(len(samples)))
+}
+
+func StdErr(samples []time.Duration) time.Duration {
+	n := len(samples)
+	if n < 2 {
+		return 0
+	}
+	mean := float64(Mean(samples))
+	var ss float64
+	for _, d := range samples {
+		ss += (float64(d) - mean) * (float64(d) - mean)
+	}
+	return time.Duration(math.Sqrt(ss/float64(n-1)) / math.Sqrt(float64(n)))
+}
+
 // Summary describes a latency sample.
 type Summary struct {
 	N   int           `json:"n"`

@@ -49,7 +49,7 @@ type drainResult struct {
 	// empty, over the node's PDBs (bench.Gating).
 	Gating     int             `json:"gatingReplacements"`
 	IdleCycles []time.Duration `json:"idleCycles"`
-	Cycle      time.Duration   `json:"idleCycleMedian"`
+	Cycle      time.Duration   `json:"idleCycleMean"`
 	// Busiest and WritesPerPod are the controller that wrote the most per
 	// replaced pod, and how much: the median of each drainer's runs
 	// (drainRun.Replacement), the fewer of the two (busiestWritesPerPod).
@@ -127,8 +127,7 @@ func runDrain(ctx context.Context, c config, env *harness.Env, profile string) (
 	if r.IdleCycles, err = idleCycles(ctx, c, env, tail); err != nil {
 		return nil, fmt.Errorf("idle budget cycles: %w", err)
 	}
-	r.Cycle = bench.Percentile(r.IdleCycles, 50)
-	logf("drain %s: idle budget cycle %s (median of %d)", profile, bench.Millis(r.Cycle), len(r.IdleCycles))
+	logf("drain %s: idle budget cycle %s (mean of %d)", profile, bench.Millis(bench.Mean(r.IdleCycles)), len(r.IdleCycles))
 	for rep := 1; rep <= c.drainReps; rep++ {
 		for i, drainer := range drainOrder(rep) {
 			run, err := drainAlone(ctx, c, env, tail, profile, drainer, rep, 2*rep+i)
@@ -149,6 +148,7 @@ func (r *drainResult) summarize() {
 	empty := func(d *drainRun) time.Duration { return d.Empty }
 	r.Kubectl = bench.SpreadOf(timesOf(r.runsOf(kubectlDrainer), empty))
 	r.Nodeguard = bench.SpreadOf(timesOf(r.runsOf(nodeguardDrainer), empty))
+	r.Cycle = bench.Mean(r.IdleCycles)
 	r.Busiest, r.WritesPerPod = busiestWritesPerPod(r.PodsPerNode, replacementsOf(r.runsOf(kubectlDrainer)), replacementsOf(r.runsOf(nodeguardDrainer)))
 	r.Bound = bench.Bound{
 		Chain:      bench.ChainTerm([]int{r.Chain}, r.Cycle),

@@ -98,7 +98,7 @@ func main() {
 	c.sections = strings.Split(sections, ",")
 	c.profiles = strings.Split(profiles, ",")
 	c.drainApps, c.drainReplicas, c.drainFree = 4, 10, 10
-	c.drainReps, c.idleCycles = 3, 9
+	c.drainReps, c.idleCycles = 3, 25
 	c.cutTrials, c.fleetNodes, c.fleetRounds = 200, 100, 3
 	c.admissionN, c.admissionConc, c.admissionRound = 100, 8, 4
 	c.scaleNodes, c.scalePods, c.scaleIdle = 200, 4000, 30*time.Second
