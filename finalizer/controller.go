@@ -147,8 +147,9 @@ type Reconciler struct {
 	// pods watches the pods of the nodes being drained (nil: they are polled).
 	pods *nodePods
 	// wakeups asks for passes of nodes whose wait ended (pods, traffic cut);
-	// slotWakeups for those of nodes that may take a drain slot, first.
-	wakeups, slotWakeups chan event.GenericEvent
+	// slotWakeups for those of nodes that may take a drain slot, first;
+	// releaseWakeups for those of emptied nodes, after those.
+	wakeups, slotWakeups, releaseWakeups chan event.GenericEvent
 	// seen remembers what was already reported, so that a waiting drain does
 	// not repeat itself: pod UIDs reported once, and each node's last waiting
 	// message and backstop.
@@ -194,6 +195,7 @@ func (r *Reconciler) SetupWithManager(mgr ctrl.Manager) error {
 	}
 	r.wakeups = make(chan event.GenericEvent, 1024)
 	r.slotWakeups = make(chan event.GenericEvent, 1024)
+	r.releaseWakeups = make(chan event.GenericEvent, 1024)
 	r.pods = newNodePods(cs, r.wakeups)
 	r.pods.emptied = r.podsGone
 	if err := mgr.Add(r.pods); err != nil {
@@ -207,7 +209,8 @@ func (r *Reconciler) SetupWithManager(mgr ctrl.Manager) error {
 		For(&corev1.Node{}, builder.WithPredicates(terminatingNodeChanged())).
 		Watches(&policyv1.PodDisruptionBudget{}, r.pdbHandler()).
 		WatchesRawSource(source.Channel(r.wakeups, &handler.EnqueueRequestForObject{})).
-		WatchesRawSource(source.Channel(r.slotWakeups, enqueueFirst())).
+		WatchesRawSource(source.Channel(r.slotWakeups, enqueueAt(slotWakePriority))).
+		WatchesRawSource(source.Channel(r.releaseWakeups, enqueueAt(releaseWakePriority))).
 		WithOptions(controller.Options{MaxConcurrentReconciles: r.workers()})
 	if r.Opts.VolumeDetachTimeout > 0 {
 		// A cache of VolumeAttachments (few and small), not a list per pass.
@@ -218,17 +221,24 @@ func (r *Reconciler) SetupWithManager(mgr ctrl.Manager) error {
 
 // slotWakePriority puts the pass of a node that may take a drain slot ahead
 // of every pass waiting for a worker (controller-runtime's priority queue;
-// events default to 0, the initial list to handler.LowPriority).
-const slotWakePriority = 100
-
-// enqueueFirst enqueues the woken nodes at slotWakePriority: a freed slot is
-// the fleet's bottleneck, and the passes queued before it (a hundred
+// events default to 0, the initial list to handler.LowPriority): a freed slot
+// is the fleet's bottleneck, and the passes queued before it (a hundred
 // admitted nodes' cordons and waits) must not keep it idle.
-func enqueueFirst() handler.EventHandler {
+// releaseWakePriority puts the pass that releases an emptied node after
+// those, and ahead of the rest: a queued pass raised to a priority keeps its
+// place among equals, so at slotWakePriority the release (its pod events
+// already queued it) went ahead of the slot's next node.
+const (
+	slotWakePriority    = 100
+	releaseWakePriority = 50
+)
+
+// enqueueAt enqueues the woken nodes at the priority.
+func enqueueAt(priority int) handler.EventHandler {
 	return handler.Funcs{GenericFunc: func(_ context.Context, e event.GenericEvent, q workqueue.TypedRateLimitingInterface[reconcile.Request]) {
 		req := reconcile.Request{NamespacedName: types.NamespacedName{Name: e.Object.GetName()}}
 		if pq, ok := q.(priorityqueue.PriorityQueue[reconcile.Request]); ok {
-			pq.AddWithOpts(priorityqueue.AddOpts{Priority: ptr.To(slotWakePriority)}, req)
+			pq.AddWithOpts(priorityqueue.AddOpts{Priority: ptr.To(priority)}, req)
 			return
 		}
 		q.Add(req)

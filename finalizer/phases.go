@@ -8,6 +8,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	storagev1 "k8s.io/api/storage/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -17,11 +18,40 @@ import (
 )
 
 // cordon marks the node unschedulable and adds the draining taint, which
-// counts the node unavailable for budgets and asks for AdminState Down.
+// counts the node unavailable for budgets and asks for AdminState Down. The
+// patch holds an optimistic lock (it replaces the taint list), and the taint
+// watcher's record of AdminState Down lands with the deletion, so the first
+// try often conflicts: it reads the node again and retries at once, not
+// after a turn in a queue a fleet's deletion keeps long.
 func (r *Reconciler) cordon(ctx context.Context, node *corev1.Node) (reconcile.Result, error) {
-	if node.Spec.Unschedulable && drainingTaint(node) != nil {
-		return reconcile.Result{}, nil
+	for attempt := 1; ; attempt++ {
+		if node.Spec.Unschedulable && drainingTaint(node) != nil {
+			return reconcile.Result{}, nil
+		}
+		err := r.patchCordon(ctx, node)
+		if err == nil {
+			r.event(node, corev1.EventTypeNormal, ReasonCordoned, "cordoned and tainted %s=%s:NoSchedule",
+				ngv1alpha1.DrainingTaintKey, ngv1alpha1.DrainingTaintValue)
+			return reconcile.Result{}, nil
+		}
+		if !apierrors.IsConflict(err) || attempt == cordonAttempts {
+			return reconcile.Result{}, fmt.Errorf("cordoning: %w", err)
+		}
+		fresh := &corev1.Node{} // not into node: a decode leaves fields the answer omits
+		if err := r.Reader.Get(ctx, client.ObjectKeyFromObject(node), fresh); err != nil {
+			return reconcile.Result{}, fmt.Errorf("reading the node again to cordon it: %w", err)
+		}
+		if fresh.UID != node.UID || !ngv1alpha1.TerminatingUnderFinalizer(fresh) {
+			return reconcile.Result{}, fmt.Errorf("cordoning: %w", err) // the next pass sees what happened
+		}
+		*node = *fresh
 	}
+}
+
+// cordonAttempts bounds the cordon's tries within one pass.
+const cordonAttempts = 3
+
+func (r *Reconciler) patchCordon(ctx context.Context, node *corev1.Node) error {
 	patch := client.MergeFromWithOptions(node.DeepCopy(), client.MergeFromWithOptimisticLock{})
 	node.Spec.Unschedulable = true
 	if drainingTaint(node) == nil {
@@ -30,12 +60,7 @@ func (r *Reconciler) cordon(ctx context.Context, node *corev1.Node) (reconcile.R
 			Effect: corev1.TaintEffectNoSchedule, TimeAdded: ptr.To(metav1.NewTime(r.Clock.Now())),
 		})
 	}
-	if err := r.Client.Patch(ctx, node, patch); err != nil {
-		return reconcile.Result{}, fmt.Errorf("cordoning: %w", err)
-	}
-	r.event(node, corev1.EventTypeNormal, ReasonCordoned, "cordoned and tainted %s=%s:NoSchedule",
-		ngv1alpha1.DrainingTaintKey, ngv1alpha1.DrainingTaintValue)
-	return reconcile.Result{}, nil
+	return r.Client.Patch(ctx, node, patch)
 }
 
 func drainingTaint(node *corev1.Node) *corev1.Taint {

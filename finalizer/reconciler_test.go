@@ -532,39 +532,64 @@ func TestDrainLooksAgainAtItsDeadline(t *testing.T) {
 // TestNodeWrittenDuringThePassIsNotAFailure: the taint watcher records
 // AdminState Down on a node as its deletion lands, racing the pass's
 // optimistic cordon. The API server answers 409; the pass is no failure (no
-// reconcile error, whose log carries a stack trace), looks again at once,
-// and the next pass cordons.
+// reconcile error, whose log carries a stack trace): it reads the node again
+// and cordons in the same pass, keeping the other writer's change. A release
+// that loses such a race looks again at once, and the next pass releases.
 func TestNodeWrittenDuringThePassIsNotAFailure(t *testing.T) {
 	f := newFixture(t, "conflict")
 	node := f.ns + "-node"
 	f.node(t, node, builder.Ready())
 	f.pod(t, "web", node, controlledBy("ReplicaSet")) // evicted, it stays terminating: the node stays
 	f.deleteNode(t, node)
-	var raced func() bool
-	f.r.Client, raced = harness.NodePatchRacedOnce(t, env, func(n *corev1.Node) {
-		if n.Annotations == nil {
-			n.Annotations = map[string]string{}
-		}
-		n.Annotations["example.com/other-writer"] = "x"
-	})
+	direct := f.r.Client
+	raceNextNodePatch := func(key string) func() bool {
+		var raced func() bool
+		f.r.Client, raced = harness.NodePatchRacedOnce(t, env, func(n *corev1.Node) {
+			if n.Annotations == nil {
+				n.Annotations = map[string]string{}
+			}
+			n.Annotations[key] = "x"
+		})
+		return raced
+	}
 
-	res, err := f.r.Reconcile(context.Background(), reconcile.Request{NamespacedName: types.NamespacedName{Name: node}})
-	if err != nil {
-		t.Fatalf("a write that lost to another writer failed the pass: %v", err)
+	raced := raceNextNodePatch("example.com/other-writer")
+	if _, err := f.r.Reconcile(context.Background(), reconcile.Request{NamespacedName: types.NamespacedName{Name: node}}); err != nil {
+		t.Fatalf("a cordon that lost to another writer failed the pass: %v", err)
 	}
 	if !raced() {
 		t.Fatal("the pass wrote no node: the race was not played")
 	}
-	if res.RequeueAfter <= 0 || res.RequeueAfter > time.Second {
-		t.Errorf("after the conflict the pass asks to run again after %v, want at once", res.RequeueAfter)
-	}
-	if getNode(t, node).Spec.Unschedulable {
-		t.Fatal("the node is cordoned although the cordon lost the race: the test did not race it")
-	}
-	f.pass(t, node)
 	n := getNode(t, node)
 	if !n.Spec.Unschedulable || drainingTaint(n) == nil || n.Annotations["example.com/other-writer"] != "x" {
-		t.Errorf("after the next pass: unschedulable %v, draining taint %v, other writer's annotation %q; want cordoned, tainted and the other write kept",
+		t.Errorf("after the raced pass: unschedulable %v, draining taint %v, other writer's annotation %q; want cordoned, tainted and the other write kept in the same pass",
 			n.Spec.Unschedulable, drainingTaint(n), n.Annotations["example.com/other-writer"])
 	}
+	if got := f.events.with(ReasonCordoned); len(got) != 1 {
+		t.Errorf("Cordoned events %q, want 1", got)
+	}
+
+	f.r.Client = direct
+	harness.Eventually(t, time.Minute, func(context.Context) (bool, error) {
+		return f.podState(t, "web") == "terminating", nil
+	}, "the pod is evicted")
+	f.finish(t, "web")
+	raced = raceNextNodePatch("example.com/at-release")
+	res, err := f.r.Reconcile(context.Background(), reconcile.Request{NamespacedName: types.NamespacedName{Name: node}})
+	if err != nil {
+		t.Fatalf("a release that lost to another writer failed the pass: %v", err)
+	}
+	if !raced() {
+		t.Fatal("the release pass wrote no node: the race was not played")
+	}
+	if res.RequeueAfter <= 0 || res.RequeueAfter > time.Second {
+		t.Errorf("after the release's conflict the pass asks to run again after %v, want at once", res.RequeueAfter)
+	}
+	if !slices.Contains(getNode(t, node).Finalizers, ngv1alpha1.TerminationFinalizer) {
+		t.Fatal("the finalizer is gone although the release lost the race: the test did not race it")
+	}
+	f.pass(t, node)
+	harness.Eventually(t, time.Minute, func(ctx context.Context) (bool, error) {
+		return harness.NodeGone(ctx, env.Client, node)
+	}, "the next pass releases the node")
 }

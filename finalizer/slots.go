@@ -271,16 +271,17 @@ func (r *Reconciler) giveDrainSlot(ctx context.Context, uid types.UID) {
 // podsGone is told by the node's pod watch that no pod the drain waits for
 // is left: its slot goes to the next node in line at once, not after the
 // node's own pass has listed its pods again and marked it drained. The
-// node's own pass, which releases it, goes ahead of queued passes too: in a
-// fleet's deletion the queue holds the passes of nodes waiting for a slot,
-// and an emptied node waited up to 6 s behind them for its release.
+// node's own pass, which releases it, goes next after the slot's (ahead of
+// other queued passes): in a fleet's deletion the queue holds the passes of
+// nodes waiting for a slot, and an emptied node waited up to 6 s behind
+// them for its release.
 func (r *Reconciler) podsGone(ctx context.Context, name string) {
 	for _, uid := range r.phases.uids(name) {
 		if r.slots.holds(uid) {
 			r.Evictor.Forget(name) // its parked pods are gone
 			r.wakeInLine(ctx, r.slots.emptied(r.Opts.MaxConcurrentNodes, uid, r.Clock.Now()))
-			if r.slotWakeups != nil {
-				wakeNode(ctx, r.slotWakeups, name)
+			if r.releaseWakeups != nil {
+				wakeNode(ctx, r.releaseWakeups, name)
 			}
 		}
 	}

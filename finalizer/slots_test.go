@@ -408,37 +408,45 @@ func handoffs(t *testing.T) uint64 {
 
 // TestSlotWakeGoesAheadOfQueuedPasses: with passes of other nodes queued, the
 // pass of a node woken for a drain slot is the next a worker takes, as
-// controller-runtime's priority queue (the default) serves it.
+// controller-runtime's priority queue (the default) serves it; the release
+// of the node that freed the slot comes next, though its pod events had
+// queued it before, then the rest.
 func TestSlotWakeGoesAheadOfQueuedPasses(t *testing.T) {
 	q := priorityqueue.New[reconcile.Request]("termination-test")
 	defer q.ShutDown()
-	for _, name := range []string{"waiting-1", "waiting-2", "waiting-3"} {
+	for _, name := range []string{"emptied", "waiting-1", "waiting-2"} {
 		q.Add(reconcile.Request{NamespacedName: types.NamespacedName{Name: name}})
 	}
-	wake := event.GenericEvent{Object: &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "next-in-line"}}}
-	enqueueFirst().Generic(context.Background(), wake, q)
-	got, _ := q.Get()
-	if got.Name != "next-in-line" {
-		t.Errorf("a worker takes %s first, want next-in-line (woken for its drain slot)", got.Name)
+	wake := func(name string) event.GenericEvent {
+		return event.GenericEvent{Object: &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: name}}}
+	}
+	enqueueAt(slotWakePriority).Generic(context.Background(), wake("next-in-line"), q)
+	enqueueAt(releaseWakePriority).Generic(context.Background(), wake("emptied"), q)
+	for _, want := range []string{"next-in-line", "emptied", "waiting-1"} {
+		got, _ := q.Get()
+		if got.Name != want {
+			t.Errorf("a worker takes %s, want %s", got.Name, want)
+		}
+		q.Done(got)
 	}
 }
 
 // TestEmptiedNodeIsWokenFirstForItsRelease: the pod watch telling that a
 // slot holder's last pod went wakes that node's own pass, which releases it,
-// through the slot wake-ups (ahead of queued passes), besides handing the
-// slot on.
+// through the release wake-ups (ahead of queued passes), besides handing
+// the slot on.
 func TestEmptiedNodeIsWokenFirstForItsRelease(t *testing.T) {
 	r := &Reconciler{Evictor: &drain.Evictor{}, Clock: clock.RealClock{}, Opts: Options{MaxConcurrentNodes: 1}}
-	r.slotWakeups = make(chan event.GenericEvent, 4)
+	r.releaseWakeups = make(chan event.GenericEvent, 4)
 	r.phases.set("uid-a", "node-a", phaseDrain)
 	if ok, _ := r.slots.take(1, "uid-a", slotHolder{name: "node-a", since: time.Now(), asked: time.Now()}); !ok {
 		t.Fatal("node-a did not take the only slot")
 	}
 	r.podsGone(context.Background(), "node-a")
 	select {
-	case e := <-r.slotWakeups:
+	case e := <-r.releaseWakeups:
 		if e.Object.GetName() != "node-a" {
-			t.Errorf("the slot wake-ups got %s, want node-a (its release pass)", e.Object.GetName())
+			t.Errorf("the release wake-ups got %s, want node-a", e.Object.GetName())
 		}
 	default:
 		t.Error("node-a's last pod went, and its release pass was not woken ahead of queued passes")

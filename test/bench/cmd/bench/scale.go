@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"os/exec"
 	"path/filepath"
@@ -21,6 +22,7 @@ import (
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	ngv1alpha1 "github.com/nodeguard/nodeguard/api/v1alpha1"
 	"github.com/nodeguard/nodeguard/budget"
 	"github.com/nodeguard/nodeguard/finalizer"
 	"github.com/nodeguard/nodeguard/test/armemulator"
@@ -144,7 +146,7 @@ func runScale(ctx context.Context, c config, env *harness.Env) (*scaleResult, er
 	if err != nil {
 		return nil, err
 	}
-	names, ngSet, kubectlSet := scaleNodeNames(c)
+	names, candidates := scaleNodeNames(c)
 	var emuNodes []armemulator.Node
 	for i, name := range names {
 		emuNodes = append(emuNodes, armemulator.Node{Name: name, IPs: []string{nodeIP(i)}})
@@ -224,7 +226,7 @@ func runScale(ctx context.Context, c config, env *harness.Env) (*scaleResult, er
 	if first > 0 {
 		firstPods := barePodsOn(bare, len(names), func(n int) bool { return n < first })
 		logf("scale: creating %d nodes and %d pods", first, len(firstPods))
-		if err := phase(fmt.Sprintf("creating %d nodes", first), func() error { return createScaleNodes(ctx, cl, names[:first], ngSet, kubectlSet) }); err != nil {
+		if err := phase(fmt.Sprintf("creating %d nodes", first), func() error { return createScaleNodes(ctx, cl, names[:first], candidates) }); err != nil {
 			return r, err
 		}
 		if err := phase(fmt.Sprintf("creating %d pods", len(firstPods)), func() error {
@@ -241,7 +243,7 @@ func runScale(ctx context.Context, c config, env *harness.Env) (*scaleResult, er
 		}
 	}
 	logf("scale: creating %d nodes", c.scaleNodes-first)
-	if err := phase(fmt.Sprintf("creating %d more nodes", c.scaleNodes-first), func() error { return createScaleNodes(ctx, cl, names, ngSet, kubectlSet) }); err != nil {
+	if err := phase(fmt.Sprintf("creating %d more nodes", c.scaleNodes-first), func() error { return createScaleNodes(ctx, cl, names, candidates) }); err != nil {
 		return r, err
 	}
 	rest := barePodsOn(bare, len(names), func(n int) bool { return n >= first })
@@ -255,6 +257,10 @@ func runScale(ctx context.Context, c config, env *harness.Env) (*scaleResult, er
 	}
 	if err := idlePoint(c.scaleNodes, c.scalePods); err != nil {
 		return r, err
+	}
+	ngSet, kubectlSet, err := splitSets(ctx, cl, candidates, c.scaleDelete)
+	if err != nil {
+		return r, fmt.Errorf("splitting the deleted nodes into two sets: %w", err)
 	}
 	if err := create(ctx, cl, builder.NDB("scale", builder.NDBSelecting(managedLabel, "true"), builder.NDBMaxUnavailable(scaleNDB))); err != nil {
 		return r, err
@@ -312,40 +318,27 @@ const (
 	scaleSetLabel = "bench.nodeguard.io/set"
 )
 
-// scaleNodeNames are the nodes of the run; the deleted ones alternate
-// between nodeguard's set and the kubectl loop's (not managed by nodeguard),
-// so that both sets hold as many Deployment pods: the scheduler does not
-// spread them evenly over the nodes' names (with the first half of the
-// deleted nodes nodeguard's, its set held 553 Deployment pods against the
-// loop's 401 in one run), and those pods are the ones the PDBs gate.
-func scaleNodeNames(c config) (names, ngSet, kubectlSet []string) {
+// scaleNodeNames are the nodes of the run; the first of them are the
+// candidates for the two deleted sets (splitSets picks them once the pods
+// are placed).
+func scaleNodeNames(c config) (names, candidates []string) {
 	for i := range c.scaleNodes {
 		names = append(names, fmt.Sprintf("scale-%04d", i))
 	}
-	for i := 0; i+1 < 2*c.scaleDelete && i+1 < c.scaleNodes; i += 2 {
-		ngSet, kubectlSet = append(ngSet, names[i]), append(kubectlSet, names[i+1])
-	}
-	return names, ngSet, kubectlSet
+	return names, names[:min(2*c.scaleDelete, c.scaleNodes)]
 }
 
 // createScaleNodes creates the nodes of names that do not exist yet and
-// waits until all of them are Ready.
-func createScaleNodes(ctx context.Context, cl client.Client, names, ngSet, kubectlSet []string) error {
-	set := map[string]string{}
-	for _, n := range ngSet {
-		set[n] = "nodeguard"
-	}
-	for _, n := range kubectlSet {
-		set[n] = "kubectl"
-	}
+// waits until all of them are Ready. Every node but the candidates is
+// managed by nodeguard; splitSets labels the candidates.
+func createScaleNodes(ctx context.Context, cl client.Client, names, candidates []string) error {
 	if err := forEach(ctx, names, 32, func(ctx context.Context, n string) error {
 		i, _ := strconv.Atoi(n[len("scale-"):])
 		opts := []builder.NodeOption{builder.WithInternalIP(nodeIP(i))}
-		if set[n] != "kubectl" {
+		if slices.Contains(candidates, n) {
+			opts = append(opts, builder.WithLabels(scaleSetLabel, candidateSet))
+		} else {
 			opts = append(opts, builder.WithLabels(managedLabel, "true"))
-		}
-		if set[n] != "" {
-			opts = append(opts, builder.WithLabels(scaleSetLabel, set[n]))
 		}
 		return client.IgnoreAlreadyExists(cl.Create(ctx, builder.Node(n, opts...)))
 	}); err != nil {
@@ -365,6 +358,153 @@ func createScaleNodes(ctx context.Context, cl client.Client, names, ngSet, kubec
 		return ready >= len(names), nil
 	})
 }
+
+// candidateSet labels the candidates until splitSets gives each its set.
+const candidateSet = "candidate"
+
+// splitSets splits the candidates, once their pods are placed, into
+// nodeguard's set and the kubectl loop's with as many Deployment pods each,
+// Deployment by Deployment (the pods the PDBs gate: past a PDB's budget,
+// evictions wait for replacements). The scheduler does not spread them
+// evenly over the nodes: the first 100 nodes held 553 against the next
+// 100's 401 in one run, 498 against 447 when the sets alternated. It
+// labels nodeguard's set managed and waits until nodeguard's finalizer is
+// on each of them, past the hold that denies a delete right after it.
+func splitSets(ctx context.Context, cl client.Client, candidates []string, n int) (ngSet, kubectlSet []string, err error) {
+	loads := make([]nodeLoad, len(candidates))
+	err = forEach(ctx, candidates, 8, func(ctx context.Context, name string) error {
+		var pods metav1.PartialObjectMetadataList
+		pods.SetGroupVersionKind(corev1.SchemeGroupVersion.WithKind("PodList"))
+		if err := cl.List(ctx, &pods, client.MatchingFields{"spec.nodeName": name}); err != nil {
+			return err
+		}
+		l := nodeLoad{name: name, apps: map[string]int{}}
+		for _, p := range pods.Items {
+			if app := p.Labels["app"]; app != barePodApp {
+				l.apps[app]++
+			}
+		}
+		loads[slices.Index(candidates, name)] = l
+		return nil
+	})
+	if err != nil {
+		return nil, nil, err
+	}
+	ngSet, kubectlSet = splitEvenly(loads, n)
+	label := func(set string, managed bool) func(context.Context, string) error {
+		return func(ctx context.Context, name string) error {
+			labels := map[string]any{scaleSetLabel: set}
+			if managed {
+				labels[managedLabel] = "true"
+			}
+			patch, _ := json.Marshal(map[string]any{"metadata": map[string]any{"labels": labels}})
+			return cl.Patch(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: name}}, client.RawPatch(types.MergePatchType, patch))
+		}
+	}
+	if err := forEach(ctx, ngSet, 32, label("nodeguard", true)); err != nil {
+		return nil, nil, err
+	}
+	if err := forEach(ctx, kubectlSet, 32, label("kubectl", false)); err != nil {
+		return nil, nil, err
+	}
+	return ngSet, kubectlSet, harness.PollEvery(ctx, time.Second, 2*time.Minute, func(ctx context.Context) (bool, error) {
+		var nodes corev1.NodeList
+		if err := cl.List(ctx, &nodes, client.MatchingLabels{scaleSetLabel: "nodeguard"}); err != nil {
+			return false, err
+		}
+		guarded := 0
+		for _, node := range nodes.Items {
+			_, marked := node.Annotations[ngv1alpha1.FinalizerAddedAtAnnotation]
+			if slices.Contains(node.Finalizers, ngv1alpha1.TerminationFinalizer) && !marked {
+				guarded++
+			}
+		}
+		return guarded == len(ngSet), nil
+	})
+}
+
+// nodeLoad is a candidate's Deployment pods, by Deployment.
+type nodeLoad struct {
+	name string
+	apps map[string]int
+}
+
+func (l nodeLoad) total() int {
+	t := 0
+	for _, v := range l.apps {
+		t += v
+	}
+	return t
+}
+
+// splitEvenly deals the nodes into two sets of n, the most loaded first,
+// each into the set where it leaves the sets' Deployment pods closest, then
+// swaps pairs between the sets while a swap brings them closer. Closeness
+// is the sum over Deployments of the difference in their pods, plus twice
+// the difference in all.
+func splitEvenly(loads []nodeLoad, n int) (a, b []string) {
+	order := slices.Clone(loads)
+	slices.SortStableFunc(order, func(x, y nodeLoad) int { return y.total() - x.total() })
+	var sets [2][]nodeLoad
+	diff, total := map[string]int{}, 0 // set 0's pods less set 1's
+	// moved is how much the imbalance changes when l's pods count sign
+	// times more for set 0 against set 1 (sign ±1 adds, ±2 swaps).
+	moved := func(sign int, ls ...nodeLoad) int {
+		change, t := map[string]int{}, 0
+		for i, l := range ls {
+			s := sign
+			if i == 1 {
+				s = -sign
+			}
+			for app, v := range l.apps {
+				change[app] += s * v
+			}
+			t += s * l.total()
+		}
+		d := 0
+		for app, c := range change {
+			d += abs(diff[app]+c) - abs(diff[app])
+		}
+		return d + 2*(abs(total+t)-abs(total))
+	}
+	apply := func(sign int, l nodeLoad) {
+		for app, v := range l.apps {
+			diff[app] += sign * v
+		}
+		total += sign * l.total()
+	}
+	for _, l := range order {
+		into := 0
+		if len(sets[0]) == n || (len(sets[1]) < n && moved(-1, l) < moved(1, l)) {
+			into = 1
+		}
+		sets[into] = append(sets[into], l)
+		apply(1-2*into, l)
+	}
+	for improved, rounds := true, 0; improved && rounds < 20; rounds++ {
+		improved = false
+		for i := range sets[0] {
+			for j := range sets[1] {
+				x, y := sets[0][i], sets[1][j]
+				if moved(-2, x, y) < 0 {
+					apply(-2, x)
+					apply(2, y)
+					sets[0][i], sets[1][j] = y, x
+					improved = true
+				}
+			}
+		}
+	}
+	for _, l := range sets[0] {
+		a = append(a, l.name)
+	}
+	for _, l := range sets[1] {
+		b = append(b, l.name)
+	}
+	return a, b
+}
+
+func abs(x int) int { return max(x, -x) }
 
 // barePodsOn numbers the bare pods (of bare in all, pod i on node i mod
 // nodes) that go on the nodes onNode picks.
@@ -736,7 +876,7 @@ func fleetTable(r *scaleResult) *bench.Table {
 	}
 	row(fmt.Sprintf("nodeguard (%d node deletes at once, --max-concurrent-drains=%d)", r.Deleted, finalizer.DefaultMaxConcurrentNodes), r.Nodeguard)
 	row(fmt.Sprintf("`kubectl drain --force` + `kubectl delete node`, %d at a time", r.Parallel), r.Kubectl)
-	t.Note("How to read it: lower is better in every column; the two rows drain sets of the same size and layout in the same cluster, one after the other (the kubectl set is cordoned while nodeguard works, so neither set receives the other's evicted pods). The sets alternate node by node, so that each holds about as many Deployment pods: those are the ones the PDBs gate (a Deployment's pods past its budget wait for replacements), and the scheduler does not spread them evenly over the nodes' names. nodeguard drains %d nodes at a time by default, and the kubectl loop runs at the same parallelism.", r.Parallel)
+	t.Note("How to read it: lower is better in every column; the two rows drain sets of the same size and layout in the same cluster, one after the other (the kubectl set is cordoned while nodeguard works, so neither set receives the other's evicted pods). The two sets are dealt from the first %d nodes once the pods are placed, so that each holds as many Deployment pods, Deployment by Deployment (the pods column): those are the ones the PDBs gate (a Deployment's pods past its budget wait for replacements), and the scheduler does not spread them evenly (dealt by name, one set held 553 against 401). nodeguard drains %d nodes at a time by default, and the kubectl loop runs at the same parallelism.", 2*r.Deleted, r.Parallel)
 	t.Note("Times run from the first delete (nodeguard) or the first kubectl drain until the node object is gone, by a 250 ms poll. API requests are every request each drainer sent through its own counting proxy in that window: for nodeguard its watches, lists, evictions, status writes and Lease renewals, and the node deletes (one request per node, a denied or unanswered one retried every %s: %d denied with 429, %d not answered by the webhook within kube-apiserver's 5 s webhook timeout); for kubectl every drain and delete process, discovery included. Refused (429) are evictions a PDB did not allow yet.", rollingRetry, r.Nodeguard.Retries.Denied, r.Nodeguard.Retries.WebhookFailed)
 	t.Note("A Deployment's pods are unavailable when not Ready, deleting or not yet replaced, as its PDB (maxUnavailable 10%%: %d of %d) reads them, from a watch of the pods over each drainer's window; \"PDB exceeded\" counts the times a Deployment had fewer than %d healthy pods. The NDB (maxUnavailable %s of the %d nodes) allows more than the %d nodes deleted: it cannot be exceeded here; section 6 measures a node budget that binds.",
 		scaleBudget, scaleReplicas, scaleReplicas-scaleBudget, scaleNDB, r.Nodes, r.Deleted)

@@ -1,0 +1,62 @@
+package main
+
+import (
+	"fmt"
+	"testing"
+)
+
+// TestSplitEvenly: nodes whose Deployment pods cluster (many on a few
+// nodes, a Deployment's pods together; taking every other node would give
+// one set all of web-0) are dealt into two sets of the same size whose
+// Deployment pods match within a pod either way in all, and within a node's
+// worth Deployment by Deployment.
+func TestSplitEvenly(t *testing.T) {
+	var loads []nodeLoad
+	for i := range 20 {
+		apps := map[string]int{}
+		switch {
+		case i%2 == 0 && i < 10: // the even nodes at the front carry web-0
+			apps["web-0"] = 6
+		case i < 10:
+			apps["web-1"] = 2
+		default:
+			apps[fmt.Sprintf("web-%d", i%3+1)] = 1
+		}
+		loads = append(loads, nodeLoad{name: fmt.Sprintf("n%02d", i), apps: apps})
+	}
+	a, b := splitEvenly(loads, 10)
+	if len(a) != 10 || len(b) != 10 {
+		t.Fatalf("sets of %d and %d nodes, want 10 and 10", len(a), len(b))
+	}
+	byName := map[string]nodeLoad{}
+	for _, l := range loads {
+		byName[l.name] = l
+	}
+	sum := func(set []string) (int, map[string]int) {
+		total, apps := 0, map[string]int{}
+		for _, n := range set {
+			for app, v := range byName[n].apps {
+				apps[app] += v
+				total += v
+			}
+		}
+		return total, apps
+	}
+	ta, appsA := sum(a)
+	tb, appsB := sum(b)
+	if abs(ta-tb) > 2 {
+		t.Errorf("Deployment pods %d against %d, want at most 2 apart", ta, tb)
+	}
+	for _, app := range []string{"web-0", "web-1", "web-2", "web-3"} {
+		if d := abs(appsA[app] - appsB[app]); d > 6 {
+			t.Errorf("%s: %d against %d pods, want at most one node's worth (6) apart", app, appsA[app], appsB[app])
+		}
+	}
+	seen := map[string]bool{}
+	for _, n := range append(append([]string{}, a...), b...) {
+		if seen[n] {
+			t.Errorf("%s dealt twice", n)
+		}
+		seen[n] = true
+	}
+}
