@@ -63,9 +63,10 @@ func TestChainTerm(t *testing.T) {
 		cycle       time.Duration
 		want        time.Duration
 	}{
-		{"four PDBs of 10 under maxUnavailable 1", []int{10, 10, 10, 10}, []int{1, 1, 1, 1}, ms(500), 5 * time.Second},
-		{"the longest chain wins", []int{10, 4}, []int{5, 1}, time.Second, 4 * time.Second},
-		{"a partial round counts", []int{5}, []int{2}, time.Second, 3 * time.Second},
+		{"four PDBs of 10 under maxUnavailable 1: 10 rounds wait 9 cycles", []int{10, 10, 10, 10}, []int{1, 1, 1, 1}, ms(500), 4500 * time.Millisecond},
+		{"the longest chain wins", []int{10, 4}, []int{5, 1}, time.Second, 3 * time.Second},
+		{"a partial round counts", []int{5}, []int{2}, time.Second, 2 * time.Second},
+		{"one round waits for no cycle", []int{3}, []int{3}, time.Second, 0},
 		{"no pods", nil, nil, time.Second, 0},
 	}
 	for _, tt := range tests {

@@ -100,14 +100,17 @@ func ChainLength(pods, allowed int) int {
 
 // ChainTerm is the least time the budgets alone let any drainer take: the
 // longest chain of sequential rounds (chains are the chain lengths of the
-// node's PDBs) times one budget cycle, eviction request to the PDB allowing
-// again, as the cluster does it with nothing else to do.
+// node's PDBs), less its first round, times one budget cycle, eviction
+// request to the PDB allowing again, as the cluster does it with nothing
+// else to do. The first round waits for no cycle, and the node is empty
+// once the last round's pods go, before their replacements: n rounds wait
+// n-1 cycles.
 func ChainTerm(chains []int, cycle time.Duration) time.Duration {
 	longest := 0
 	for _, c := range chains {
 		longest = max(longest, c)
 	}
-	return time.Duration(longest) * cycle
+	return time.Duration(max(longest-1, 0)) * cycle
 }
 
 // Gating is how many of a PodDisruptionBudget's pods on a node must be
