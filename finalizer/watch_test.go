@@ -249,12 +249,15 @@ func TestPDBThatAllowsAgainWakesItsQueue(t *testing.T) {
 	// Passes plan from the node's pod watch, not a list each; a fresh list
 	// only starts the drain and proves the node empty. The maintenance Lease
 	// is read fresh only to take it and to give it back: the cache shows it held
-	// in between.
+	// in between. Once the node drains, its passes read it from the cache.
 	passes := int(terminationPasses(t) - passesBefore)
 	lists, leaseReads, nodeReads := log.count("list pods spec.nodeName="+node), log.count("get lease "+node), log.count("get node "+node)
 	t.Logf("%d passes, %d lists of the node's pods, %d fresh reads of its Lease, %d of the node", passes, lists, leaseReads, nodeReads)
 	if lists > 4 || lists >= passes {
 		t.Errorf("%d lists of the node's pods in %d passes, want at most 4 (the first pass, the watch's own, the checks that it is empty)", lists, passes)
+	}
+	if nodeReads >= passes {
+		t.Errorf("%d fresh reads of the node in %d passes, want the draining node's passes to read the cache", nodeReads, passes)
 	}
 	if leaseReads > 2 {
 		t.Errorf("%d fresh reads of the maintenance Lease in %d passes, want at most 2 (taking it, giving it back)", leaseReads, passes)
