@@ -33,7 +33,8 @@ import (
 
 // apiLog records the requests the controller sends, as "verb resource
 // detail" lines: "list pods spec.nodeName=n", "watch volumeattachments",
-// "evict ns/name", "get node n" (each pass reads its node fresh).
+// "evict ns/name", "get node n" (a pass's fresh read of its node: every pass
+// but a draining node's, which reads the cache).
 type apiLog struct {
 	next http.RoundTripper
 	mu   sync.Mutex
@@ -84,7 +85,7 @@ func describe(req *http.Request) string {
 	case req.Method == http.MethodGet && path == "/apis/storage.k8s.io/v1/volumeattachments":
 		return verb + " volumeattachments"
 	case req.Method == http.MethodGet && strings.HasPrefix(path, "/api/v1/nodes/"):
-		return "get node " + strings.TrimPrefix(path, "/api/v1/nodes/") // one per pass
+		return "get node " + strings.TrimPrefix(path, "/api/v1/nodes/")
 	case req.Method == http.MethodGet && strings.HasPrefix(path, maintenanceLeases):
 		return "get lease " + strings.TrimPrefix(path, maintenanceLeases)
 	}
