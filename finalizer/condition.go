@@ -106,10 +106,10 @@ func (r *Reconciler) stageCondition(node *corev1.Node, c corev1.NodeCondition) {
 		c.LastHeartbeatTime = now
 	}
 	c.LastTransitionTime = now
-	if old := nodeCondition(node, c.Type); old != nil && old.Status == c.Status {
-		c.LastTransitionTime = old.LastTransitionTime
-	}
 	if old := nodeCondition(node, c.Type); old != nil {
+		if old.Status == c.Status {
+			c.LastTransitionTime = old.LastTransitionTime
+		}
 		*old = c
 	} else {
 		node.Status.Conditions = append(node.Status.Conditions, c)

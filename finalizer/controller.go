@@ -436,11 +436,22 @@ func (r *Reconciler) runPhases(ctx context.Context, node *corev1.Node, phases []
 	return reconcile.Result{}, nil
 }
 
-// readNode reads the node for a pass fresh from the API server, not the
-// cache: a stale node that was already released must not take its
-// maintenance Lease again.
+// readNode reads the node for a pass: from the cache when this process
+// drains it (its last pass came to the drain slot or the drain, so it holds
+// the node's Lease and its traffic is cut), else fresh from the API server.
+// A draining node's passes come with its pods' going and its slot's
+// handoff, and a fresh read of a node is a round trip before each eviction
+// on an API server busy with a fleet's drain. A node in any other phase is
+// read fresh: a stale node that was already released must not take its
+// maintenance Lease again (a release forgets the node here).
 func (r *Reconciler) readNode(ctx context.Context, key types.NamespacedName) (*corev1.Node, error) {
 	node := &corev1.Node{}
+	if uid, ok := r.phases.draining(key.Name); ok {
+		if err := r.Client.Get(ctx, key, node); err == nil && node.UID == uid && ngv1alpha1.TerminatingUnderFinalizer(node) {
+			return node, nil
+		}
+		node = &corev1.Node{}
+	}
 	return node, r.Reader.Get(ctx, key, node)
 }
 

@@ -142,6 +142,19 @@ func (p *phases) uids(name string) []types.UID {
 	return uids
 }
 
+// draining names the node of that name whose last pass came to the drain
+// slot or the drain.
+func (p *phases) draining(name string) (types.UID, bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for uid, n := range p.names {
+		if n == name && (p.byNode[uid] == phaseDrainSlot || p.byNode[uid] == phaseDrain) {
+			return uid, true
+		}
+	}
+	return "", false
+}
+
 func (p *phases) forget(uid types.UID) {
 	p.mu.Lock()
 	defer p.mu.Unlock()

@@ -12,7 +12,7 @@ import (
 // TestCachedNodesKeepWhatNodeguardReads: the node cache's transform drops the
 // managed fields, the kubelet's inventory and its pressure conditions, and
 // keeps the metadata, the spec, the Ready condition, the drain's (KEP-5683's
-// and nodeguard's own), and the addresses.
+// and nodeguard's own), and the addresses: a draining node's pass reads it.
 func TestCachedNodesKeepWhatNodeguardReads(t *testing.T) {
 	node := &corev1.Node{
 		ObjectMeta: metav1.ObjectMeta{Name: "n", Labels: map[string]string{"pool": "a"}, Finalizers: []string{"f"},

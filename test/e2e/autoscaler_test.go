@@ -1,10 +1,8 @@
 package e2e
 
 import (
-	"bufio"
 	"context"
 	"fmt"
-	"net/http"
 	"slices"
 	"strconv"
 	"strings"
@@ -457,23 +455,4 @@ func TestClusterAutoscalerCancelledScaleDown(t *testing.T) {
 	harness.Eventually(t, 30*time.Second, func(context.Context) (bool, error) {
 		return f.allStates(target, "None"), nil
 	}, "%s's entries are back to None", target)
-}
-
-// scrapeCounter reads one series of nodeguard's /metrics.
-func scrapeCounter(t *testing.T, port int, series string) float64 {
-	t.Helper()
-	resp, err := http.Get(fmt.Sprintf("http://127.0.0.1:%d/metrics", port))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	sc := bufio.NewScanner(resp.Body)
-	sc.Buffer(make([]byte, 1<<20), 1<<20)
-	for sc.Scan() {
-		if v, ok := strings.CutPrefix(sc.Text(), series+" "); ok {
-			f, _ := strconv.ParseFloat(v, 64)
-			return f
-		}
-	}
-	return 0
 }

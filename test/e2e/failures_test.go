@@ -44,7 +44,7 @@ func TestUnreachableARMAndAPodUnderTwoPDBs(t *testing.T) {
 	}, "the pod under two PDBs runs on the target")
 	top.emulator.Close() // ARM unreachable
 	proxy := startAPIProxy(t)
-	startNodeguard(t, proxy.Kubeconfig, top.emulator, "--admin-state-timeout=3s")
+	_, counter := startNodeguardCountingPasses(t, proxy.Kubeconfig, top.emulator, "--admin-state-timeout=3s")
 	harness.WaitForTerminationFinalizer(t, env.Client, top.target)
 
 	harness.MustKubectl(t, env.Kubeconfig, "", "delete", "node", top.target, "--wait=false")
@@ -61,9 +61,9 @@ func TestUnreachableARMAndAPodUnderTwoPDBs(t *testing.T) {
 	}, "everything but the pod under two PDBs (and the DaemonSet pod, last) is drained")
 	// Several more drain passes happen while the pod stays (PDB changes, backstop).
 	before := len(proxy.Answers(top.ns, "dual"))
-	passes := proxy.PassesOf(top.target)
+	passes := counter.of(top.target)
 	harness.Eventually(t, 30*time.Second, func(ctx context.Context) (bool, error) {
-		return proxy.PassesOf(top.target) >= passes+3, nil
+		return counter.of(top.target) >= passes+3, nil
 	}, "three more drain passes happen")
 	if n, _ := harness.CountEvents(ctx, env.Client, top.target, "PodUnderMultiplePDBs"); n != 1 {
 		t.Errorf("%d PodUnderMultiplePDBs events, want exactly 1", n)

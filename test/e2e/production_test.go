@@ -116,7 +116,7 @@ func TestProductionNodeDrainsInTiersAndIsReleased(t *testing.T) {
 	t.Cleanup(func() { emu.Close() })
 
 	proxy := startAPIProxy(t)
-	startNodeguard(t, proxy.Kubeconfig, emu)
+	_, counter := startNodeguardCountingPasses(t, proxy.Kubeconfig, emu)
 	harness.WaitForTerminationFinalizer(t, env.Client, target)
 	conditions := watchCondition(t, target)
 	tiers := watchTiers(t, ns, target, aksTier)
@@ -139,7 +139,7 @@ func TestProductionNodeDrainsInTiersAndIsReleased(t *testing.T) {
 		if slices.ContainsFunc(pods, func(p corev1.Pod) bool { return p.Labels["app"] == "web" || p.Labels["app"] == "coredns" }) {
 			return false, err
 		}
-		passesAtLastWorkload = proxy.PassesOf(target)
+		passesAtLastWorkload = counter.of(target)
 		return err == nil, err
 	}, "every workload pod leaves %s", target)
 	if err := env.Client.Delete(ctx, attachment); err != nil {
@@ -148,7 +148,8 @@ func TestProductionNodeDrainsInTiersAndIsReleased(t *testing.T) {
 	harness.Eventually(t, 2*time.Minute, func(ctx context.Context) (bool, error) {
 		return harness.NodeGone(ctx, env.Client, target)
 	}, "node %s is released", target)
-	passes := proxy.PassesOf(target) - passesAtLastWorkload
+	counter.settled()
+	passes := counter.of(target) - passesAtLastWorkload
 	t.Logf("%d passes after the last workload pod was gone", passes)
 	if passes > passesAfterLastWorkload {
 		t.Errorf("%d passes after the last workload pod was gone, want at most %d", passes, passesAfterLastWorkload)

@@ -36,6 +36,7 @@ type replaceCluster struct {
 	ns      string
 	targets []string
 	proxy   *harness.APIProxy
+	passes  *passCounter
 }
 
 // newReplaceCluster creates the target nodes, then calls place (which creates
@@ -91,7 +92,7 @@ func newReplaceCluster(t *testing.T, name string, targets int, place func(ns str
 	}
 	t.Cleanup(func() { emu.Close() })
 	c.proxy = startAPIProxy(t)
-	startNodeguard(t, c.proxy.Kubeconfig, emu, extra...)
+	_, c.passes = startNodeguardCountingPasses(t, c.proxy.Kubeconfig, emu, extra...)
 	for _, n := range c.targets {
 		harness.WaitForTerminationFinalizer(t, env.Client, n)
 	}
@@ -446,9 +447,9 @@ func TestBlockedPDBPolicyWaitNeverTouchesTheDeployment(t *testing.T) {
 		return len(names) == 0, err
 	}, "the opted-in Deployment's pod leaves the node")
 	// A few more drain passes, and web is still untouched.
-	passes := c.proxy.PassesOf(target)
+	passes := c.passes.of(target)
 	harness.Eventually(t, time.Minute, func(context.Context) (bool, error) {
-		return c.proxy.PassesOf(target) >= passes+3, nil
+		return c.passes.of(target) >= passes+3, nil
 	}, "3 more drain passes")
 	d := deploymentOf(t, c.ns, "web")
 	if d.Generation != generation || d.Spec.Template.Annotations[ngv1alpha1.RestartedAtAnnotation] != "" {

@@ -43,8 +43,7 @@ type Write struct {
 // APIProxy sits between a client (nodeguard, kubectl) and kube-apiserver and
 // records what a drain does through it: every eviction request, the most ever
 // in flight at once per workload (from a request's start to the first byte of
-// its answer), the fresh reads of each node (one per drain pass), and
-// every write request.
+// its answer), and every write request.
 type APIProxy struct {
 	// Kubeconfig points a client at the proxy, as the cluster admin.
 	Kubeconfig string
@@ -57,7 +56,6 @@ type APIProxy struct {
 	inFlight map[string]int // by namespace/workload
 	maxInFl  map[string]int
 	log      []Eviction
-	nodeGets map[string]int // fresh reads of a node by name: one per drain pass
 	writes   []Write
 }
 
@@ -67,7 +65,7 @@ type APIProxy struct {
 // charge the PDB without deleting the pod, blocking that PDB for its 2-minute
 // disruptedPods timeout (seen here): real, but no drainer's doing.
 func StartAPIProxy(cfg *rest.Config, kubeconfigPath string) (*APIProxy, error) {
-	p := &APIProxy{Kubeconfig: kubeconfigPath, inFlight: map[string]int{}, maxInFl: map[string]int{}, nodeGets: map[string]int{}}
+	p := &APIProxy{Kubeconfig: kubeconfigPath, inFlight: map[string]int{}, maxInFl: map[string]int{}}
 	srv, err := ServeAPIProxy(cfg, kubeconfigPath, func(rp *httputil.ReverseProxy) http.Handler {
 		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			if r.Method != http.MethodGet {
@@ -80,11 +78,6 @@ func StartAPIProxy(cfg *rest.Config, kubeconfigPath string) (*APIProxy, error) {
 			if m := evictionPath.FindStringSubmatch(r.URL.Path); r.Method == http.MethodPost && m != nil {
 				p.evict(rp, w, r, m[1], m[2])
 				return
-			}
-			if name, ok := strings.CutPrefix(r.URL.Path, "/api/v1/nodes/"); ok && r.Method == http.MethodGet && !strings.Contains(name, "/") {
-				p.mu.Lock()
-				p.nodeGets[name]++
-				p.mu.Unlock()
 			}
 			rp.ServeHTTP(w, r)
 		})
@@ -217,14 +210,6 @@ func (p *APIProxy) Writes(method, prefix string) []Write {
 		}
 	}
 	return out
-}
-
-// PassesOf counts nodeguard's drain passes of a node: each pass reads its
-// node fresh from the API server (its pods come from a watch).
-func (p *APIProxy) PassesOf(node string) int {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	return p.nodeGets[node]
 }
 
 // OnAnswer wraps w so that started is called with the status just before the
