@@ -10,6 +10,7 @@ import (
 
 	"github.com/nodeguard/nodeguard/finalizer"
 	"github.com/nodeguard/nodeguard/test/bench"
+	"github.com/nodeguard/nodeguard/test/harness"
 )
 
 // The summary table of docs/performance.md is rendered from the results:
@@ -70,8 +71,8 @@ func drainRow(r *drainResult) docRow {
 	}
 	return docRow{
 		key: "drain/" + r.Profile,
-		what: fmt.Sprintf("Drain a node with %d pods, Deployments under `maxUnavailable: 1` PDBs (the longest a chain of %d evictions) and unprotected pods, kwok `%s`",
-			r.PodsPerNode, r.Chain, r.Profile),
+		what: fmt.Sprintf("Drain a node with %d pods, Deployments under `maxUnavailable: 1` PDBs (the longest a chain of %d evictions) and unprotected pods, kwok `%s`%s",
+			r.PodsPerNode, r.Chain, r.Profile, profileNotes[r.Profile]),
 		comparator: fmt.Sprintf("`kubectl drain --ignore-daemonsets --delete-emptydir-data` on an identical node; each drainer alone, %d runs each, in turns", r.Nodeguard.N),
 		result: fmt.Sprintf("%s against %s: %.1f× faster; **%s the lower bound** of %s, set by the %s term (chain %s, throughput %s), kubectl %s; "+
 			"evictions refused (429): %s against %s; at most %d pod of a PDB unavailable (budget 1) and %d eviction in flight per PDB, against %d and %d",
@@ -81,6 +82,9 @@ func drainRow(r *drainResult) docRow {
 			maxUnavailable(n), mostInFlight(n), maxUnavailable(k), mostInFlight(k)),
 	}
 }
+
+// profileNotes say what a kwok pod-stage profile means to a reader.
+var profileNotes = map[string]string{harness.PodsGeneral: " (pods start in 1–6 s)"}
 
 func mostInFlight(runs []*drainRun) int {
 	m := 0
