@@ -122,8 +122,9 @@ func TestRewriteSummaryNeedsItsMarkers(t *testing.T) {
 	}
 }
 
-// TestUpdateDocsRefusesASmokeRun: a --quick run leaves the doc as it was.
-func TestUpdateDocsRefusesASmokeRun(t *testing.T) {
+// TestUpdateDocsRefusesASmokeRunOrAFailedSection: a --quick run, or one
+// with a failed section, leaves the doc as it was; a good run rewrites it.
+func TestUpdateDocsRefusesASmokeRunOrAFailedSection(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "performance.md")
 	if err := os.WriteFile(path, []byte(doc), 0o644); err != nil {
 		t.Fatal(err)
@@ -134,6 +135,14 @@ func TestUpdateDocsRefusesASmokeRun(t *testing.T) {
 		t.Error("a --quick run went into the doc")
 	}
 	res.Config["quick"] = false
+	res.Errors = []string{"rolling: timed out"}
+	if err := updateDocs(path, res); err == nil {
+		t.Error("a run with a failed section went into the doc")
+	}
+	if raw, _ := os.ReadFile(path); string(raw) != doc {
+		t.Fatalf("a refused run changed the doc:\n%s", raw)
+	}
+	res.Errors = nil
 	if err := updateDocs(path, res); err != nil {
 		t.Fatal(err)
 	}
