@@ -188,6 +188,11 @@ func admissionRows(r *admitResult) []docRow {
 	}}
 }
 
+// minSlopeNodes is the least run the row extrapolates nodeguard's RSS from:
+// below it the growth between a tenth of the nodes and all of them is a few
+// MiB, within the noise of the samples.
+const minSlopeNodes = 1000
+
 // rssTargetNodes is the fleet size nodeguard's idle RSS is extrapolated to.
 const rssTargetNodes = 5000
 
@@ -227,7 +232,7 @@ func scaleRows(r *scaleResult) []docRow {
 		}
 		result := fmt.Sprintf("%s idle (%.2f× of KCM); at most %s (%.2f×) while it deletes %d nodes, %d draining at a time",
 			mib(idle.RSS["nodeguard"]), ofKCM(idle), mib(deleting.RSS["nodeguard"]), ofKCM(deleting), r.Deleted, r.Parallel)
-		if slope, ok := r.rssPerThousandNodes(); ok {
+		if slope, ok := r.rssPerThousandNodes(); ok && r.Nodes >= minSlopeNodes {
 			at, _ := r.extrapolatedRSS(rssTargetNodes)
 			result += fmt.Sprintf("; idle, it grows %s per 1,000 nodes: %s extrapolated to %s nodes and %s pods (target 150 MiB)",
 				mib(int64(slope)), mib(at), thousands(rssTargetNodes), thousands(rssTargetNodes*r.Pods/max(r.Nodes, 1)))

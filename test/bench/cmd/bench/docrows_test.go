@@ -154,3 +154,33 @@ func TestUpdateDocsRefusesASmokeRunOrAFailedSection(t *testing.T) {
 		t.Errorf("doc after the update:\n%s", raw)
 	}
 }
+
+// TestMemoryRowExtrapolatesOnlyAtFleetSize: the memory row gives nodeguard's
+// idle RSS against kube-controller-manager's, and its extrapolation to 5,000
+// nodes only from a run of 1,000 nodes or more.
+func TestMemoryRowExtrapolatesOnlyAtFleetSize(t *testing.T) {
+	const mi = 1 << 20
+	scale := func(nodes int) *scaleResult {
+		pods := 20 * nodes
+		return &scaleResult{Nodes: nodes, Pods: pods, Deleted: nodes / 20, Parallel: 10,
+			Idle: []idlePoint{{Nodes: nodes / 10, Pods: pods / 10, RSS: 70 * mi}, {Nodes: nodes, Pods: pods, RSS: 88 * mi}},
+			Phases: []scalePhase{
+				{Name: idlePhase(nodes, pods), RSS: map[string]int64{"nodeguard": 88 * mi, "kube-controller-manager": 176 * mi}},
+				{Name: nodeguardDeletionPhase(nodes / 20), RSS: map[string]int64{"nodeguard": 100 * mi, "kube-controller-manager": 200 * mi}},
+			}}
+	}
+	small, large := scaleRows(scale(200)), scaleRows(scale(2000))
+	if len(small) != 1 || len(large) != 1 || small[0].key != "memory/200" || large[0].key != "memory/2000" {
+		t.Fatalf("rows %+v and %+v, want a memory row each (no fleet deletion ran)", small, large)
+	}
+	if want := "88 MiB idle (0.50× of KCM); at most 100 MiB (0.50×) while it deletes 10 nodes"; !strings.HasPrefix(small[0].result, want) {
+		t.Errorf("memory row %q, want it to start %q", small[0].result, want)
+	}
+	if strings.Contains(small[0].result, "extrapolated") {
+		t.Errorf("a 200-node run extrapolated: %q", small[0].result)
+	}
+	// 18 MiB over 1,800 nodes: 10 MiB per 1,000, 88 + 30 at 5,000.
+	if want := "grows 10 MiB per 1,000 nodes: 118 MiB extrapolated to 5,000 nodes and 100,000 pods"; !strings.Contains(large[0].result, want) {
+		t.Errorf("memory row %q lacks %q", large[0].result, want)
+	}
+}
