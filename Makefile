@@ -117,6 +117,10 @@ bench: tools-sandbox ## Benchmark nodeguard against kubectl drain, naive ARM upd
 	$(GO) build -o $(BENCH_OUT)/bench ./test/bench/cmd/bench
 	$(BENCH_OUT)/bench --nodeguard=$(BENCH_OUT)/nodeguard --out=$(BENCH_OUT) $(BENCH_ARGS)
 
+.PHONY: bench-docs
+bench-docs: ## Rewrite docs/performance.md's summary table with the rows of the run in BENCH_OUT (its results.json); rows it has no data for are kept.
+	$(GO) run ./test/bench/cmd/bench --report-from=$(BENCH_OUT)/results.json --out=$(BENCH_OUT) --docs=docs/performance.md
+
 ##@ Generate
 
 .PHONY: generate

@@ -24,7 +24,9 @@
 //
 // Every figure is a ratio or a count measured in the same run; absolute times
 // are context. It prints a markdown table and writes it, the raw numbers
-// (results.json) and the drain timelines (drain-timeline.svg) to --out.
+// (results.json), the drain timelines (drain-timeline.svg) and the rows of
+// docs/performance.md's summary table (performance-rows.md) to --out;
+// --docs puts those rows into the doc.
 package main
 
 import (
@@ -92,6 +94,7 @@ func main() {
 	scalePods := flag.Int("scale-pods", 0, "Pods of the scale section (default 20 per node).")
 	flag.DurationVar(&c.armLatency, "arm-latency", 50*time.Millisecond, "Fixed latency the ARM emulator adds to every call in the cutover section.")
 	reportFrom := flag.String("report-from", "", "Run nothing: rebuild results.md, results.json and drain-timeline.svg in --out from an earlier run's results.json, with this build's summaries and tables (after a change to the report).")
+	docs := flag.String("docs", "", "Also rewrite the summary table of this doc (docs/performance.md) with the rows this run has data for, keeping the others; e.g. --report-from=_output/bench/results.json --docs=docs/performance.md.")
 	nodeguardFlags := flag.String("nodeguard-flags", "", "Space-separated flags added to every nodeguard the benchmark starts, e.g. --pprof-bind-address=127.0.0.1:6060 to profile it while it runs.")
 	flag.Parse()
 	extraNodeguardFlags = strings.Fields(*nodeguardFlags)
@@ -130,16 +133,19 @@ func main() {
 	// NDB's 10%.
 	c.scaleDelete = max(c.scaleNodes/20, 1)
 	ctrl.SetLogger(zap.New(zap.WriteTo(os.Stderr), zap.Level(zapcore.ErrorLevel)))
+	var res *results
+	var err error
 	if *reportFrom != "" {
-		if err := rereport(c, *reportFrom); err != nil {
-			fmt.Fprintln(os.Stderr, "bench:", err)
-			os.Exit(1)
-		}
-		return
+		res, err = rereport(c, *reportFrom)
+	} else {
+		ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+		defer stop()
+		res, err = run(ctx, c)
 	}
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
-	if err := run(ctx, c); err != nil {
+	if err == nil && *docs != "" {
+		err = updateDocs(*docs, res)
+	}
+	if err != nil {
 		fmt.Fprintln(os.Stderr, "bench:", err)
 		os.Exit(1)
 	}
@@ -163,12 +169,12 @@ type results struct {
 
 func (c config) has(section string) bool { return slices.Contains(c.sections, section) }
 
-func run(ctx context.Context, c config) error {
+func run(ctx context.Context, c config) (*results, error) {
 	if _, err := os.Stat(c.nodeguard); err != nil {
-		return fmt.Errorf("nodeguard binary %s: %w (make bench builds it)", c.nodeguard, err)
+		return nil, fmt.Errorf("nodeguard binary %s: %w (make bench builds it)", c.nodeguard, err)
 	}
 	if err := os.MkdirAll(c.out, 0o755); err != nil {
-		return err
+		return nil, err
 	}
 	res := &results{Started: time.Now(), Config: map[string]any{
 		"quick": c.quick, "sections": c.sections, "profiles": c.profiles,
@@ -257,28 +263,28 @@ func run(ctx context.Context, c config) error {
 		}
 	}
 	res.Duration = time.Since(res.Started).Round(time.Second).String()
-	return writeResults(c, res)
+	return res, writeResults(c, res)
 }
 
 // rereport rebuilds the report of an earlier run from its results.json: the
 // drain section's summaries and bound are computed again from its runs.
-func rereport(c config, path string) error {
+func rereport(c config, path string) (*results, error) {
 	raw, err := os.ReadFile(path)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	var res results
 	if err := json.Unmarshal(raw, &res); err != nil {
-		return fmt.Errorf("reading %s: %w", path, err)
+		return nil, fmt.Errorf("reading %s: %w", path, err)
 	}
 	for _, d := range res.Drain {
 		d.summarize()
 	}
 	res.Tables, res.Panels = nil, nil
 	if err := os.MkdirAll(c.out, 0o755); err != nil {
-		return err
+		return nil, err
 	}
-	return writeResults(c, &res)
+	return &res, writeResults(c, &res)
 }
 
 func writeResults(c config, res *results) error {
@@ -311,6 +317,11 @@ func writeResults(c config, res *results) error {
 	if err := os.WriteFile(filepath.Join(c.out, "results.json"), raw, 0o644); err != nil {
 		return err
 	}
+	rows := summaryMarkdown(summaryRows(res))
+	rows = fmt.Sprintf("The summary table of docs/performance.md from this run: `bench --report-from=results.json --docs=docs/performance.md` puts these rows into it, keeping the rows this run has no data for.\n\n%s", rows)
+	if err := os.WriteFile(filepath.Join(c.out, "performance-rows.md"), []byte(rows), 0o644); err != nil {
+		return err
+	}
 	if len(res.Panels) > 0 {
 		f, err := os.Create(filepath.Join(c.out, "drain-timeline.svg"))
 		if err != nil {
@@ -321,7 +332,7 @@ func writeResults(c config, res *results) error {
 			return err
 		}
 	}
-	logf("wrote %s/results.md, results.json and drain-timeline.svg", c.out)
+	logf("wrote %s/results.md, results.json, performance-rows.md and drain-timeline.svg", c.out)
 	if len(res.Errors) > 0 {
 		return fmt.Errorf("%d section(s) failed", len(res.Errors))
 	}

@@ -216,8 +216,7 @@ func runScale(ctx context.Context, c config, env *harness.Env) (*scaleResult, er
 	// over every node as before.
 	first := c.scaleNodes / 10
 	idlePoint := func(nodes, pods int) error {
-		name := fmt.Sprintf("%d nodes, %d pods, idle", nodes, pods)
-		if err := idle(name); err != nil {
+		if err := idle(idlePhase(nodes, pods)); err != nil {
 			return err
 		}
 		r.Idle = append(r.Idle, idlePoint{Nodes: nodes, Pods: pods, RSS: r.Phases[len(r.Phases)-1].RSS["nodeguard"]})
@@ -278,7 +277,7 @@ func runScale(ctx context.Context, c config, env *harness.Env) (*scaleResult, er
 	}
 
 	logf("scale: deleting %d nodes at once under nodeguard (NDB maxUnavailable %s)", len(ngSet), scaleNDB)
-	if err := phase(fmt.Sprintf("deleting %d nodes (nodeguard)", len(ngSet)), func() error {
+	if err := phase(nodeguardDeletionPhase(len(ngSet)), func() error {
 		var err error
 		budgets.begin()
 		r.Nodeguard, err = deleteWithNodeguard(ctx, cl, ngAPI, metricsURL, ngSet)
@@ -303,6 +302,14 @@ func runScale(ctx context.Context, c config, env *harness.Env) (*scaleResult, er
 	}
 	logf("scale: kubectl loop released %d nodes in %s", len(kubectlSet), bench.Seconds(r.Kubectl.Released))
 	return r, nil
+}
+
+// idlePhase and nodeguardDeletionPhase name the phases the summary table of
+// docs/performance.md reads nodeguard's RSS from.
+func idlePhase(nodes, pods int) string { return fmt.Sprintf("%d nodes, %d pods, idle", nodes, pods) }
+
+func nodeguardDeletionPhase(nodes int) string {
+	return fmt.Sprintf("deleting %d nodes (nodeguard)", nodes)
 }
 
 const (
@@ -833,7 +840,6 @@ func scaleTable(r *scaleResult) *bench.Table {
 		Header: []string{"phase", "duration", "nodeguard RSS", "nodeguard CPU", "kube-controller-manager RSS", "kube-controller-manager CPU",
 			"kube-scheduler RSS", "kube-scheduler CPU", "nodeguard / KCM RSS"},
 	}
-	mib := func(b int64) string { return fmt.Sprintf("%.0f MiB", float64(b)/(1<<20)) }
 	for _, p := range r.Phases {
 		row := []string{p.Name, bench.Seconds(p.Duration)}
 		for _, n := range scaleProcs {
@@ -845,11 +851,11 @@ func scaleTable(r *scaleResult) *bench.Table {
 	t.Note("How to read it: the target is nodeguard's peak RSS under 150 MiB and under half of kube-controller-manager's (last column ≤ 0.50×) once the cluster holds its pods; the empty cluster shows each process's base footprint. RSS is the peak of 1-second samples of /proc/<pid>/status in the phase; CPU is user+system time over the phase ÷ its wall time. kube-controller-manager and kube-scheduler cache every pod; nodeguard lists a draining node's pods on demand.")
 	if slope, ok := r.rssPerThousandNodes(); ok {
 		last := r.Idle[len(r.Idle)-1]
-		const target = 5000
-		at := float64(last.RSS) + slope*float64(target-last.Nodes)/1000
+		const target = rssTargetNodes
+		at, _ := r.extrapolatedRSS(target)
 		t.Note("nodeguard's idle RSS grows %s per 1,000 nodes (with %d pods each): %s at %d nodes and %d pods, %s at %d and %d; extrapolated to %d nodes and %d pods: **%s** (≤ 150 MiB wanted), before a deletion's peak.",
 			mib(int64(slope)), last.Pods/max(last.Nodes, 1), mib(r.Idle[0].RSS), r.Idle[0].Nodes, r.Idle[0].Pods, mib(last.RSS), last.Nodes, last.Pods,
-			target, target*last.Pods/max(last.Nodes, 1), mib(int64(at)))
+			target, target*last.Pods/max(last.Nodes, 1), mib(at))
 	}
 	t.Note("%d of the pods belong to %d Deployments under maxUnavailable 10%% PDBs; the rest are created bound to their nodes (no controller). The run goes on once every pod is Running (phase, not the Ready condition, which kwok leaves stale on a few pods at fleet load), or once at most %d are not and that number has not dropped for %s: %d pods were not running.",
 		r.DeploymentPods, r.DeploymentPods/100, maxStragglers(r.Pods), stragglerStall, r.Stragglers)
