@@ -66,8 +66,8 @@ func drainRow(r *drainResult) docRow {
 	boundCell := bench.Seconds(bound)
 	if r.Bound.Binds() == "chain" && len(r.IdleCycles) > 1 {
 		// The chain term is an estimate from the idle cycles: good to
-		// about its length × two standard errors of their mean.
-		boundCell += " ± " + bench.Seconds(time.Duration(2*r.Chain)*bench.StdErr(r.IdleCycles))
+		// about its cycles × two standard errors of their mean.
+		boundCell += " ± " + bench.Seconds(time.Duration(2*max(r.Chain-1, 0))*bench.StdErr(r.IdleCycles))
 	}
 	return docRow{
 		key: "drain/" + r.Profile,
