@@ -144,11 +144,17 @@ func (e *Evictor) Evict(ctx context.Context, node string, plan *Plan) Outcome {
 	e.unparkOthers(node, queued)
 	sem := make(chan struct{}, max(e.Parallel, 1))
 	for _, pod := range plan.Unprotected {
+		if e.wasEvicted(node, pod.UID) {
+			// Granted in an earlier pass whose going the plan's pods do
+			// not show yet: terminating, not sent again.
+			record(pod, nil, nil)
+			continue
+		}
 		wg.Add(1)
 		sem <- struct{}{}
 		go func() {
 			defer func() { <-sem; wg.Done() }()
-			record(pod, nil, e.evict(ctx, pod))
+			record(pod, nil, e.evictOnce(ctx, node, pod))
 		}()
 	}
 	wg.Wait()

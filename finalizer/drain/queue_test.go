@@ -175,3 +175,38 @@ func waitParked(t *testing.T, e *Evictor, pdb types.UID) {
 		time.Sleep(time.Millisecond)
 	}
 }
+
+// TestUnprotectedPodIsEvictedOnce: a pass whose pods predate its node's last
+// evictions (the watch has not shown them terminating yet) does not send
+// them again; it counts them evicted, so the node is not taken for one that
+// waits only on budgets. A pod whose eviction failed is sent again.
+func TestUnprotectedPodIsEvictedOnce(t *testing.T) {
+	api := &evictionAPI{refuse: map[string]bool{}}
+	e := &Evictor{Client: api.client(), Parallel: 4}
+	pod := func(name string) *corev1.Pod {
+		return &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: name, UID: types.UID(name)}}
+	}
+	plan := &Plan{Unprotected: []*corev1.Pod{pod("a"), pod("b")}}
+	if out := e.Evict(context.Background(), "node", plan); out.Evicted != 2 {
+		t.Fatalf("first pass evicted %d, want 2", out.Evicted)
+	}
+	out := e.Evict(context.Background(), "node", plan)
+	if got := api.log(); len(got) != 2 {
+		t.Errorf("eviction requests %v, want a and b once each", got)
+	}
+	if out.Evicted != 2 {
+		t.Errorf("the second pass counts %d evicted, want 2 (granted before)", out.Evicted)
+	}
+	api.refuse["c"] = true
+	failed := &Plan{Unprotected: []*corev1.Pod{pod("c")}}
+	e.Evict(context.Background(), "node", failed)
+	e.Evict(context.Background(), "node", failed)
+	if got := api.log(); !slices.Equal(got[2:], []string{"c 429", "c 200"}) {
+		t.Errorf("eviction requests %v, want c refused, then sent again", got)
+	}
+	e.Forget("node") // its pods are gone: a pod of that name again is new
+	e.Evict(context.Background(), "node", &Plan{Unprotected: []*corev1.Pod{pod("a")}})
+	if got := api.log(); len(got) != 5 {
+		t.Errorf("eviction requests %v after the node's pods went, want a sent again", got)
+	}
+}
