@@ -133,6 +133,12 @@ func (c *Claimer) check(ndb *ngv1alpha1.NodeDisruptionBudget, now time.Time) (Nu
 		return deny(http.StatusTooManyRequests, n,
 			"NodeDisruptionBudget %q is in a disruption window (schedule %q) until %s: %s; retry after the window ends",
 			ndb.Name, n.Window.Schedule, n.Window.Ends.UTC().Format(time.RFC3339), n)
+	case n.Expected == 0:
+		// Every claim is for a node the budget selects: a status that
+		// counts none predates the node (a leader whose node watch lags
+		// wrote it, at a hand-over), and says nothing to change.
+		return deny(http.StatusTooManyRequests, n,
+			"NodeDisruptionBudget %q counts none of its nodes yet: its status predates this node; retry in a few seconds", ndb.Name)
 	case n.MaxUnavailable() == 0:
 		return deny(http.StatusForbidden, n,
 			"NodeDisruptionBudget %q allows no disruption of its %d nodes (%s); change the budget to delete this node",
