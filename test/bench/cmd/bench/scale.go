@@ -380,13 +380,12 @@ const candidateSet = "candidate"
 func splitSets(ctx context.Context, cl client.Client, candidates []string, n int) (ngSet, kubectlSet []string, err error) {
 	loads := make([]nodeLoad, len(candidates))
 	err = forEach(ctx, candidates, 8, func(ctx context.Context, name string) error {
-		var pods metav1.PartialObjectMetadataList
-		pods.SetGroupVersionKind(corev1.SchemeGroupVersion.WithKind("PodList"))
-		if err := cl.List(ctx, &pods, client.MatchingFields{"spec.nodeName": name}); err != nil {
+		pods, err := podMetaOn(ctx, cl, name)
+		if err != nil {
 			return err
 		}
 		l := nodeLoad{name: name, apps: map[string]int{}}
-		for _, p := range pods.Items {
+		for _, p := range pods {
 			if app := p.Labels["app"]; app != barePodApp {
 				l.apps[app]++
 			}
@@ -788,21 +787,28 @@ type setPods struct {
 	MostOfOne int `json:"mostPodsOfOneDeployment"`
 }
 
+// podMetaOn lists the metadata of the pods on the node.
+func podMetaOn(ctx context.Context, cl client.Client, node string) ([]metav1.PartialObjectMetadata, error) {
+	var pods metav1.PartialObjectMetadataList
+	pods.SetGroupVersionKind(corev1.SchemeGroupVersion.WithKind("PodList"))
+	err := cl.List(ctx, &pods, client.MatchingFields{"spec.nodeName": node})
+	return pods.Items, err
+}
+
 // podsOn counts the pods on the nodes.
 func podsOn(ctx context.Context, cl client.Client, nodes []string) (setPods, error) {
 	var mu sync.Mutex
 	var sp setPods
 	perApp := map[string]int{}
 	err := forEach(ctx, nodes, 8, func(ctx context.Context, n string) error {
-		var pods metav1.PartialObjectMetadataList
-		pods.SetGroupVersionKind(corev1.SchemeGroupVersion.WithKind("PodList"))
-		if err := cl.List(ctx, &pods, client.MatchingFields{"spec.nodeName": n}); err != nil {
+		pods, err := podMetaOn(ctx, cl, n)
+		if err != nil {
 			return err
 		}
 		mu.Lock()
 		defer mu.Unlock()
-		sp.Total += len(pods.Items)
-		for _, p := range pods.Items {
+		sp.Total += len(pods)
+		for _, p := range pods {
 			if app := p.Labels["app"]; app != barePodApp {
 				sp.UnderPDBs++
 				perApp[app]++
