@@ -154,12 +154,13 @@ func (r *Reconciler) plan(ctx context.Context, node *corev1.Node, pastDeadline, 
 		return nil, false, fmt.Errorf("listing PodDisruptionBudgets: %w", err)
 	}
 	plan, err = drain.NewPlan(pods, pdbs.Items, drain.PlanOptions{
-		DaemonSets:   r.Opts.DaemonSets,
-		Now:          r.Clock.Now(),
-		NodeDeleted:  node.DeletionTimestamp.Time,
-		StuckMargin:  r.Opts.StuckPodMargin,
-		Unreachable:  unreachable(node),
-		PastDeadline: pastDeadline,
+		DaemonSets:         r.Opts.DaemonSets,
+		Now:                r.Clock.Now(),
+		NodeDeleted:        node.DeletionTimestamp.Time,
+		EvictedControllers: r.Evictor.EvictedControllers(node.Name),
+		StuckMargin:        r.Opts.StuckPodMargin,
+		Unreachable:        unreachable(node),
+		PastDeadline:       pastDeadline,
 	})
 	return plan, fromWatch, err
 }

@@ -42,9 +42,11 @@ type Evictor struct {
 	mu    sync.Mutex
 	locks map[types.UID]*sync.Mutex
 	// waiting are the parked PDB queues (queue.go); evicted the pods whose
-	// eviction was answered 200, by node.
-	waiting map[types.UID]parked
-	evicted map[string]map[types.UID]bool
+	// eviction was answered 200, by node, and evictedControllers their
+	// controllers.
+	waiting            map[types.UID]parked
+	evicted            map[string]map[types.UID]bool
+	evictedControllers map[string]map[types.UID]bool
 	// wakeSeq numbers the Wake calls; lastWake is the last of each PDB.
 	wakeSeq  uint64
 	lastWake map[types.UID]wake

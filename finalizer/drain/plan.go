@@ -47,6 +47,11 @@ type PlanOptions struct {
 	// NodeDeleted is when the node's deletion began: pods that would come
 	// straight back and were created after it are replacements, never evicted.
 	NodeDeleted time.Time
+	// EvictedControllers are the controllers with a pod already evicted from
+	// the node (Evictor.EvictedControllers). Both times have whole seconds: a
+	// pod created in the second of the deletion is a replacement only if its
+	// controller is one of these, else it may be the original.
+	EvictedControllers map[types.UID]bool
 	// StuckMargin is how long past its grace period a terminating pod is
 	// waited for.
 	StuckMargin time.Duration
@@ -246,14 +251,29 @@ func ignored(pod *corev1.Pod, o PlanOptions) bool {
 		return true
 	case isDaemonSetPod(pod) && o.DaemonSets == DaemonSetsSkip:
 		return true
-	case tierOf(pod) == TierReturning && metav1.GetControllerOf(pod) != nil &&
-		!o.NodeDeleted.IsZero() && !pod.CreationTimestamp.Time.Before(o.NodeDeleted):
+	case tierOf(pod) == TierReturning && isReplacement(pod, o):
 		// Its controller put it back once the node was deleting: evicting it
-		// again would loop. Both times have whole seconds, so the same second
-		// counts as after. A pod no controller manages is never a replacement.
+		// again would loop.
 		return true
 	}
 	return false
+}
+
+// isReplacement reports whether a returning pod was put back by its
+// controller after the node began deleting. A pod no controller manages is
+// never a replacement.
+func isReplacement(pod *corev1.Pod, o PlanOptions) bool {
+	owner := metav1.GetControllerOf(pod)
+	if owner == nil || o.NodeDeleted.IsZero() {
+		return false
+	}
+	switch created := pod.CreationTimestamp.Time; {
+	case created.Before(o.NodeDeleted):
+		return false
+	case created.Equal(o.NodeDeleted):
+		return o.EvictedControllers[owner.UID]
+	}
+	return true
 }
 
 // giveUpReason says why a terminating pod no longer holds the node, or "".

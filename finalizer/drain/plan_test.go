@@ -32,7 +32,7 @@ func annotated(k, v string) func(*corev1.Pod) {
 func phase(ph corev1.PodPhase) func(*corev1.Pod) { return func(p *corev1.Pod) { p.Status.Phase = ph } }
 func deleting(p *corev1.Pod)                     { p.DeletionTimestamp = ptr.To(metav1.NewTime(now)) }
 func daemon(p *corev1.Pod) {
-	p.OwnerReferences = []metav1.OwnerReference{{APIVersion: appsv1.SchemeGroupVersion.String(), Kind: "DaemonSet", Name: "ds", Controller: ptr.To(true)}}
+	p.OwnerReferences = []metav1.OwnerReference{{APIVersion: appsv1.SchemeGroupVersion.String(), Kind: "DaemonSet", Name: "ds", UID: "ds-uid", Controller: ptr.To(true)}}
 }
 
 var (
@@ -141,7 +141,7 @@ func TestReturningPodsAreEvictedOnceAndTheirReplacementsIgnored(t *testing.T) {
 	deleted := now.Add(-time.Minute)
 	o := PlanOptions{DaemonSets: DaemonSetsLast, Now: now, NodeDeleted: deleted}
 	original := pod("proxy-a", "proxy", daemon, created(deleted.Add(-time.Hour)))
-	replacement := pod("proxy-b", "proxy", daemon, created(deleted)) // the same second: times are whole seconds
+	replacement := pod("proxy-b", "proxy", daemon, created(deleted.Add(time.Second)))
 	tolerant := pod("agent-a", "agent", toleratesAll, ownedBy("ReplicaSet"), created(deleted.Add(-time.Hour)))
 	tolerantAgain := pod("agent-b", "agent", toleratesAll, ownedBy("ReplicaSet"), created(deleted.Add(time.Second)))
 	plan, err := NewPlan([]corev1.Pod{original, replacement, tolerant, tolerantAgain}, nil, o)
@@ -167,6 +167,27 @@ func TestReturningPodsAreEvictedOnceAndTheirReplacementsIgnored(t *testing.T) {
 	})
 	if tierOf(&partial) != TierOrdinary {
 		t.Errorf("a pod tolerating only the draining taint is in tier %s", tierOf(&partial))
+	}
+}
+
+// Creation and deletion times have whole seconds. A DaemonSet pod created in
+// the second the node began deleting is the original (a node deleted right
+// after its pods started) until nodeguard has evicted a pod of that
+// DaemonSet from the node; after that it is the replacement.
+func TestSameSecondPodIsTheOriginalUntilItsControllerLostOne(t *testing.T) {
+	deleted := now.Add(-time.Minute)
+	sameSecond := pod("proxy-a", "proxy", daemon, created(deleted))
+	o := PlanOptions{DaemonSets: DaemonSetsLast, Now: now, NodeDeleted: deleted}
+	if plan, _ := NewPlan([]corev1.Pod{sameSecond}, nil, o); !slices.Equal(names(plan.Unprotected), []string{"proxy-a"}) {
+		t.Errorf("before any eviction, the pod of the deletion's second is not evicted: %+v", plan)
+	}
+	o.EvictedControllers = map[types.UID]bool{"other-uid": true}
+	if plan, _ := NewPlan([]corev1.Pod{sameSecond}, nil, o); plan.Remaining() != 1 {
+		t.Errorf("another controller's eviction made the pod a replacement: remaining %d, want 1", plan.Remaining())
+	}
+	o.EvictedControllers = map[types.UID]bool{"ds-uid": true}
+	if plan, _ := NewPlan([]corev1.Pod{sameSecond}, nil, o); plan.Remaining() != 0 {
+		t.Errorf("once a pod of its DaemonSet was evicted, the pod of the deletion's second is still waited for: remaining %d", plan.Remaining())
 	}
 }
 

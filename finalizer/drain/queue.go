@@ -2,6 +2,7 @@ package drain
 
 import (
 	"context"
+	"maps"
 	"slices"
 	"sync"
 	"time"
@@ -82,6 +83,7 @@ func (e *Evictor) Forget(node string) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	delete(e.evicted, node)
+	delete(e.evictedControllers, node)
 }
 
 // wakeTimeout bounds the evictions one Wake sends.
@@ -363,20 +365,38 @@ func (e *Evictor) wasEvicted(node string, uid types.UID) bool {
 	return e.evicted[node][uid]
 }
 
+// EvictedControllers are the controllers of the pods whose eviction from the
+// node was answered 200: a pod of theirs that comes back in the second of the
+// node's deletion is a replacement (PlanOptions.EvictedControllers).
+func (e *Evictor) EvictedControllers(node string) map[types.UID]bool {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return maps.Clone(e.evictedControllers[node])
+}
+
 // evictOnce sends the eviction and remembers a 200, so that a drain pass
 // whose list predates it does not send it again.
 func (e *Evictor) evictOnce(ctx context.Context, node string, pod *corev1.Pod) error {
 	err := e.evict(ctx, pod)
 	if err == nil {
 		e.mu.Lock()
-		if e.evicted == nil {
-			e.evicted = map[string]map[types.UID]bool{}
+		e.evicted = addUID(e.evicted, node, pod.UID)
+		if owner := metav1.GetControllerOf(pod); owner != nil {
+			e.evictedControllers = addUID(e.evictedControllers, node, owner.UID)
 		}
-		if e.evicted[node] == nil {
-			e.evicted[node] = map[types.UID]bool{}
-		}
-		e.evicted[node][pod.UID] = true
 		e.mu.Unlock()
 	}
 	return err
+}
+
+// addUID adds uid to the node's set in m, making what is missing.
+func addUID(m map[string]map[types.UID]bool, node string, uid types.UID) map[string]map[types.UID]bool {
+	if m == nil {
+		m = map[string]map[types.UID]bool{}
+	}
+	if m[node] == nil {
+		m[node] = map[types.UID]bool{}
+	}
+	m[node][uid] = true
+	return m
 }

@@ -2,6 +2,7 @@ package drain
 
 import (
 	"context"
+	"maps"
 	"slices"
 	"sync"
 	"testing"
@@ -11,6 +12,7 @@ import (
 	policyv1 "k8s.io/api/policy/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/client/fake"
 	"sigs.k8s.io/controller-runtime/pkg/client/interceptor"
@@ -208,5 +210,26 @@ func TestUnprotectedPodIsEvictedOnce(t *testing.T) {
 	e.Evict(context.Background(), "node", &Plan{Unprotected: []*corev1.Pod{pod("a")}})
 	if got := api.log(); len(got) != 5 {
 		t.Errorf("eviction requests %v after the node's pods went, want a sent again", got)
+	}
+}
+
+// TestEvictedControllersAreThoseOfGrantedEvictions: the controllers whose pod
+// was granted an eviction from the node, not those refused, nor those of
+// another node; forgotten with the node.
+func TestEvictedControllersAreThoseOfGrantedEvictions(t *testing.T) {
+	api := &evictionAPI{refuse: map[string]bool{"refused": true}}
+	e := &Evictor{Client: api.client(), Parallel: 4}
+	ownedPod := func(name string, controller types.UID) *corev1.Pod {
+		return &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: name, UID: types.UID(name),
+			OwnerReferences: []metav1.OwnerReference{{APIVersion: "apps/v1", Kind: "DaemonSet", Name: string(controller), UID: controller, Controller: ptr.To(true)}}}}
+	}
+	e.Evict(context.Background(), "node", &Plan{Unprotected: []*corev1.Pod{ownedPod("proxy", "proxy-ds"), ownedPod("refused", "csi-ds")}})
+	e.Evict(context.Background(), "other", &Plan{Unprotected: []*corev1.Pod{ownedPod("agent", "agent-ds")}})
+	if got := e.EvictedControllers("node"); !maps.Equal(got, map[types.UID]bool{"proxy-ds": true}) {
+		t.Errorf("evicted controllers %v, want only proxy-ds (csi-ds was refused, agent-ds is another node's)", got)
+	}
+	e.Forget("node")
+	if got := e.EvictedControllers("node"); len(got) != 0 {
+		t.Errorf("evicted controllers %v after the node was forgotten, want none", got)
 	}
 }
