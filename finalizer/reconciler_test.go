@@ -145,10 +145,14 @@ func (f *fixture) pod(t *testing.T, name, node string, opts ...podOption) *corev
 	return p
 }
 
+// controlledBy makes the pod's controller one of that kind named after the
+// pod's name up to its first dash: proxy-2 replaces proxy, as a DaemonSet's
+// new pod has the same controller as the old.
 func controlledBy(kind string) podOption {
 	return func(p *corev1.Pod) {
-		p.OwnerReferences = []metav1.OwnerReference{{APIVersion: appsv1.SchemeGroupVersion.String(), Kind: kind, Name: "owner",
-			UID: types.UID("uid-owner-" + p.Name), Controller: ptr.To(true)}}
+		owner, _, _ := strings.Cut(p.Name, "-")
+		p.OwnerReferences = []metav1.OwnerReference{{APIVersion: appsv1.SchemeGroupVersion.String(), Kind: kind, Name: owner,
+			UID: types.UID("uid-" + kind + "-" + owner), Controller: ptr.To(true)}}
 	}
 }
 

@@ -286,7 +286,7 @@ func TestBlockedByDesignWaitsWhereARestartCannotKeepTheBudget(t *testing.T) {
 	events := f.events.with(ReasonDrainBlockedByBudget)
 	c := condition(getNode(t, node), ngv1alpha1.TerminatingCondition)
 	for pod, want := range map[string][]string{
-		"sts":       {"StatefulSet " + f.ns + "/owner is never restarted", "blocked-pdb-policy wait", "relax the PDB"},
+		"sts":       {"StatefulSet " + f.ns + "/sts is never restarted", "blocked-pdb-policy wait", "relax the PDB"},
 		"bare":      {"has no controller", "blocked-pdb-policy wait"},
 		"nosurge":   {"maxSurge 0", "set maxSurge >= 1"},
 		"four":      {"may stop 1 pod(s) before their replacements are Ready (maxUnavailable 25% of 4 replicas), which would leave 3 healthy where the PDB requires 4", "set its maxUnavailable to 0"},
