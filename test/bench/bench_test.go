@@ -3,6 +3,7 @@ package bench
 import (
 	"bytes"
 	"encoding/xml"
+	"math"
 	"strings"
 	"testing"
 	"time"
@@ -80,6 +81,46 @@ func TestChainTerm(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestLongestOfChains: with cycles of 1 s or 3 s, equally likely, a chain of 9
+// cycles lasts 9 s + 2 s × B, B binomial (9, 1/2); the longest of 4 such
+// chains has the exact mean sum over k of P(max > k). The estimate lands
+// within 1% of it, above one chain's 18 s; with cycles that do not vary, it is
+// exactly the cycles' sum, as ChainTerm.
+func TestLongestOfChains(t *testing.T) {
+	if got := LongestOfChains(4, 9, []time.Duration{ms(500), ms(500)}, 100); got != 4500*time.Millisecond {
+		t.Errorf("constant cycles: %v, want 4.5s", got)
+	}
+	binom := make([]float64, 10) // P(B = b)
+	for b := range binom {
+		binom[b] = float64(choose(9, b)) / 512
+	}
+	var exact float64 // E[max] = 9 + 2 × sum over b of P(max B > b)
+	cdf := 0.0
+	for b := range 9 {
+		cdf += binom[b]
+		exact += 1 - math.Pow(cdf, 4)
+	}
+	want := time.Duration((9 + 2*exact) * float64(time.Second))
+	got := LongestOfChains(4, 9, []time.Duration{time.Second, 3 * time.Second}, 20000)
+	if math.Abs(float64(got-want)) > 0.01*float64(want) {
+		t.Errorf("the longest of 4 chains: %v, want %v within 1%%", got, want)
+	}
+	if one := LongestOfChains(1, 9, []time.Duration{time.Second, 3 * time.Second}, 20000); math.Abs(float64(one-18*time.Second)) > 0.01*float64(18*time.Second) || got <= one {
+		t.Errorf("one chain: %v, want 18s within 1%%, and below the longest of 4 (%v)", one, got)
+	}
+	if LongestOfChains(4, 0, []time.Duration{time.Second}, 10) != 0 || LongestOfChains(4, 9, nil, 10) != 0 {
+		t.Error("no cycles to wait, or none measured, estimate 0")
+	}
+}
+
+func choose(n, k int) int {
+	c := 1
+	for i := range k {
+		c = c * (n - i) / (i + 1)
+	}
+	return c
 }
 
 func TestGating(t *testing.T) {

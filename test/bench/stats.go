@@ -10,6 +10,7 @@ package bench
 import (
 	"fmt"
 	"math"
+	"math/rand/v2"
 	"slices"
 	"strings"
 	"time"
@@ -111,6 +112,34 @@ func ChainTerm(chains []int, cycle time.Duration) time.Duration {
 		longest = max(longest, c)
 	}
 	return time.Duration(max(longest-1, 0)) * cycle
+}
+
+// LongestOfChains estimates when the last of a node's chains of PDB
+// evictions ends, as a drain waits for them all at once: each of chains
+// chains waits cycles cycles, and the cycles vary. Each of draws trials sums
+// cycles cycles drawn (with replacement) from the measured ones per chain and
+// keeps the longest chain; the estimate is their mean. ChainTerm is one
+// chain's expected time: with cycles that vary, the longest of several
+// chains is expected later. The seed is fixed: the same samples give the same
+// estimate.
+func LongestOfChains(chains, cycles int, measured []time.Duration, draws int) time.Duration {
+	if chains <= 0 || cycles <= 0 || len(measured) == 0 || draws <= 0 {
+		return 0
+	}
+	rng := rand.New(rand.NewPCG(1, 2))
+	var total time.Duration
+	for range draws {
+		var longest time.Duration
+		for range chains {
+			var chain time.Duration
+			for range cycles {
+				chain += measured[rng.IntN(len(measured))]
+			}
+			longest = max(longest, chain)
+		}
+		total += longest
+	}
+	return total / time.Duration(draws)
 }
 
 // Gating is how many of a PodDisruptionBudget's pods on a node must be

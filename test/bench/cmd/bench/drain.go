@@ -45,6 +45,8 @@ type drainResult struct {
 	Profile     string `json:"profile"`
 	PodsPerNode int    `json:"podsPerNode"`
 	Chain       int    `json:"longestPDBChain"`
+	// Chains are the node's PDB chains, each Chain rounds long.
+	Chains int `json:"pdbChains"`
 	// Gating are the replacements that must be Ready before the node can be
 	// empty, over the node's PDBs (bench.Gating).
 	Gating     int             `json:"gatingReplacements"`
@@ -121,7 +123,7 @@ func drainOrder(rep int) []string {
 // c.drainReps times each.
 func runDrain(ctx context.Context, c config, env *harness.Env, profile string) (*drainResult, error) {
 	r := &drainResult{Profile: profile, PodsPerNode: c.drainApps*c.drainReplicas + c.drainFree,
-		Chain: bench.ChainLength(c.drainReplicas, 1), Gating: c.drainApps * bench.Gating(c.drainReplicas, 1)}
+		Chain: bench.ChainLength(c.drainReplicas, 1), Chains: c.drainApps, Gating: c.drainApps * bench.Gating(c.drainReplicas, 1)}
 	tail := &auditTail{path: env.AuditLog}
 	var err error
 	if r.IdleCycles, err = idleCycles(ctx, c, env, tail); err != nil {
@@ -149,6 +151,9 @@ func (r *drainResult) summarize() {
 	r.Kubectl = bench.SpreadOf(timesOf(r.runsOf(kubectlDrainer), empty))
 	r.Nodeguard = bench.SpreadOf(timesOf(r.runsOf(nodeguardDrainer), empty))
 	r.Cycle = bench.Mean(r.IdleCycles)
+	if r.Chains == 0 && r.Chain > 1 { // a results.json from before pdbChains: every chain gates Chain-1
+		r.Chains = r.Gating / (r.Chain - 1)
+	}
 	r.Busiest, r.WritesPerPod = busiestWritesPerPod(r.PodsPerNode, replacementsOf(r.runsOf(kubectlDrainer)), replacementsOf(r.runsOf(nodeguardDrainer)))
 	r.Bound = bench.Bound{
 		Chain:      bench.ChainTerm([]int{r.Chain}, r.Cycle),
