@@ -1,8 +1,11 @@
 package budget
 
 import (
+	"errors"
 	"maps"
+	"net/http"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -230,5 +233,47 @@ func TestClaimReviewAsksTheAPIServerOnlyWhenTheCacheWouldDrop(t *testing.T) {
 		if _, next, ask := claims.judge(tt.node, now.Add(-tt.age), now); ask != tt.wantAsk {
 			t.Errorf("%s claimed %s ago: ask %v (next %v), want %v", tt.node, tt.age, ask, next, tt.wantAsk)
 		}
+	}
+}
+
+// TestCheckAnswersWhatTheClientCanDo: a claim the budget's status allows
+// passes; a refusal that retrying can cure is a 429 (a status not yet
+// evaluated, one that counts none of the budget's nodes, a budget spent),
+// one that only a change of the budget cures is a 403.
+func TestCheckAnswersWhatTheClientCanDo(t *testing.T) {
+	status := func(expected, available int32) func(*ngv1alpha1.NodeDisruptionBudget) {
+		return func(b *ngv1alpha1.NodeDisruptionBudget) {
+			b.Status.ExpectedNodes, b.Status.CurrentAvailable = expected, available
+		}
+	}
+	unevaluated := func(b *ngv1alpha1.NodeDisruptionBudget) { b.Generation = 2; b.Status.ObservedGeneration = 1 }
+	tests := []struct {
+		name     string
+		budget   *ngv1alpha1.NodeDisruptionBudget
+		wantCode int32 // 0: allowed
+		wantSays string
+	}{
+		{"allowed", ndb(maxUnavailable("1"), status(3, 3)), 0, ""},
+		{"status not evaluated since the change", ndb(maxUnavailable("1"), status(3, 3), unevaluated), http.StatusTooManyRequests, "has not been evaluated since its last change"},
+		{"status written before its nodes were seen", ndb(maxUnavailable("1"), status(0, 0)), http.StatusTooManyRequests, "counts none of its nodes yet"},
+		{"spent", ndb(maxUnavailable("1"), status(3, 2)), http.StatusTooManyRequests, "allows no more disruptions now"},
+		{"allows none by its spec", ndb(maxUnavailable("0"), status(3, 3)), http.StatusForbidden, "allows no disruption of its 3 nodes"},
+		{"invalid", ndb(maxUnavailable("1"), status(3, 3), func(b *ngv1alpha1.NodeDisruptionBudget) {
+			b.Spec.Selector = &metav1.LabelSelector{MatchExpressions: []metav1.LabelSelectorRequirement{{Key: "pool", Operator: "Bogus"}}}
+		}), http.StatusForbidden, "is invalid"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			_, err := (&Claimer{}).check(tt.budget, now)
+			var d *Denial
+			switch {
+			case tt.wantCode == 0 && err != nil:
+				t.Errorf("refused: %v", err)
+			case tt.wantCode != 0 && !errors.As(err, &d):
+				t.Errorf("error %v, want a denial %d", err, tt.wantCode)
+			case tt.wantCode != 0 && (d.Code != tt.wantCode || !strings.Contains(d.Message, tt.wantSays)):
+				t.Errorf("denial %d %q, want %d saying %q", d.Code, d.Message, tt.wantCode, tt.wantSays)
+			}
+		})
 	}
 }
