@@ -445,13 +445,19 @@ func (r *Reconciler) runPhases(ctx context.Context, node *corev1.Node, phases []
 // read fresh: a stale node that was already released must not take its
 // maintenance Lease again (a release forgets the node here).
 func (r *Reconciler) readNode(ctx context.Context, key types.NamespacedName) (*corev1.Node, error) {
-	node := &corev1.Node{}
 	if uid, ok := r.phases.draining(key.Name); ok {
+		node := &corev1.Node{}
 		if err := r.Client.Get(ctx, key, node); err == nil && node.UID == uid && ngv1alpha1.TerminatingUnderFinalizer(node) {
 			return node, nil
 		}
-		node = &corev1.Node{}
 	}
+	return r.readNodeFresh(ctx, key)
+}
+
+// readNodeFresh reads the node from the API server into a new object: a
+// decode into an old one would keep fields the answer omits.
+func (r *Reconciler) readNodeFresh(ctx context.Context, key types.NamespacedName) (*corev1.Node, error) {
+	node := &corev1.Node{}
 	return node, r.Reader.Get(ctx, key, node)
 }
 

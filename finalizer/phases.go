@@ -37,9 +37,9 @@ func (r *Reconciler) cordon(ctx context.Context, node *corev1.Node) (reconcile.R
 		if !apierrors.IsConflict(err) || attempt == cordonAttempts {
 			return reconcile.Result{}, fmt.Errorf("cordoning: %w", err)
 		}
-		fresh := &corev1.Node{} // not into node: a decode leaves fields the answer omits
-		if err := r.Reader.Get(ctx, client.ObjectKeyFromObject(node), fresh); err != nil {
-			return reconcile.Result{}, fmt.Errorf("reading the node again to cordon it: %w", err)
+		fresh, readErr := r.readNodeFresh(ctx, client.ObjectKeyFromObject(node))
+		if readErr != nil {
+			return reconcile.Result{}, fmt.Errorf("reading the node again to cordon it: %w", readErr)
 		}
 		if fresh.UID != node.UID || !ngv1alpha1.TerminatingUnderFinalizer(fresh) {
 			return reconcile.Result{}, fmt.Errorf("cordoning: %w", err) // the next pass sees what happened

@@ -200,9 +200,13 @@ func (w *nodePods) notify(ctx context.Context, node string) {
 	})
 }
 
-// wakeNode asks for a pass of the node through the controller's wake-up
-// channel.
+// wakeNode asks for a pass of the node through one of the controller's
+// wake-up channels. A Reconciler not set up with a manager (unit tests) has
+// none: a send on a nil channel would block until ctx ends.
 func wakeNode(ctx context.Context, wake chan<- event.GenericEvent, node string) {
+	if wake == nil {
+		return
+	}
 	select {
 	case wake <- event.GenericEvent{Object: &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: node}}}:
 	case <-ctx.Done():

@@ -280,9 +280,7 @@ func (r *Reconciler) podsGone(ctx context.Context, name string) {
 		if r.slots.holds(uid) {
 			r.Evictor.Forget(name) // its parked pods are gone
 			r.wakeInLine(ctx, r.slots.emptied(r.Opts.MaxConcurrentNodes, uid, r.Clock.Now()))
-			if r.releaseWakeups != nil {
-				wakeNode(ctx, r.releaseWakeups, name)
-			}
+			wakeNode(ctx, r.releaseWakeups, name)
 		}
 	}
 }
@@ -303,9 +301,7 @@ func (r *Reconciler) stepAside(ctx context.Context, uid types.UID) {
 
 func (r *Reconciler) wakeInLine(ctx context.Context, names []string) {
 	for _, name := range names {
-		if r.slotWakeups != nil {
-			wakeNode(ctx, r.slotWakeups, name)
-		}
+		wakeNode(ctx, r.slotWakeups, name)
 	}
 	if len(names) > 0 {
 		// The line moved: the nodes that take the next slots, not only
