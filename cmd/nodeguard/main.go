@@ -18,6 +18,7 @@ import (
 	"github.com/nodeguard/nodeguard/azure"
 	"github.com/nodeguard/nodeguard/cmd/nodeguard/clientca"
 	"github.com/nodeguard/nodeguard/cmd/nodeguard/leader"
+	"github.com/nodeguard/nodeguard/cmd/nodeguard/memlimit"
 	"github.com/nodeguard/nodeguard/cmd/nodeguard/recorder"
 )
 
@@ -42,6 +43,7 @@ func main() {
 		fmt.Fprintln(os.Stderr, "nodeguard:", err)
 		os.Exit(2)
 	}
+	setMemoryLimit(opts.memoryLimitRatio)
 	// Before anything that reads them starts.
 	ngv1alpha1.SetSignalTaints(opts.signalTaintTable)
 	azure.SetSignalAdminState(opts.signalMode)
@@ -49,6 +51,18 @@ func main() {
 	if err := run(opts); err != nil {
 		ctrl.Log.Error(err, "nodeguard stopped")
 		os.Exit(1)
+	}
+}
+
+// setMemoryLimit sets the Go runtime's soft memory limit from the
+// container's (--memory-limit-ratio). Without it nodeguard runs as before.
+func setMemoryLimit(ratio float64) {
+	soft, container, err := memlimit.Set(ratio)
+	switch {
+	case err != nil:
+		ctrl.Log.Error(err, "Reading the container's memory limit; the Go runtime keeps its default soft limit")
+	case soft > 0:
+		ctrl.Log.Info("Soft memory limit set from the container's", "softLimitBytes", soft, "containerLimitBytes", container, "ratio", ratio)
 	}
 }
 

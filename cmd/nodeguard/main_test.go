@@ -76,6 +76,14 @@ func TestInvalidFlagsFailWithAClearMessage(t *testing.T) {
 	if !strings.Contains(string(out), `--signal-taints: signal taint "bad key": key`) {
 		t.Errorf("unclear --signal-taints error:\n%s", out)
 	}
+	cmd = exec.Command(build(t), "--memory-limit-ratio=1.5")
+	out, err = cmd.CombinedOutput()
+	if code := cmd.ProcessState.ExitCode(); err == nil || code != 2 {
+		t.Fatalf("--memory-limit-ratio: exit code %d (%v), want 2", code, err)
+	}
+	if !strings.Contains(string(out), "--memory-limit-ratio 1.5: want 0 (off) or a fraction up to 1") {
+		t.Errorf("unclear --memory-limit-ratio error:\n%s", out)
+	}
 }
 
 // replica is one nodeguard process.

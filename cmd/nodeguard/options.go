@@ -27,6 +27,7 @@ type options struct {
 	metricsSecure           bool
 	probeAddr               string
 	pprofAddr               string
+	memoryLimitRatio        float64
 	webhookPort             int
 	webhookCertDir          string
 	leaderElect             bool
@@ -82,6 +83,8 @@ func (o *options) bind(fs *flag.FlagSet) {
 		"Address of the /healthz and /readyz endpoints.")
 	fs.StringVar(&o.pprofAddr, "pprof-bind-address", "0",
 		"Address of Go's /debug/pprof endpoints (plain HTTP, no authentication: bind it to localhost or a port-forward only); \"0\" disables it.")
+	fs.Float64Var(&o.memoryLimitRatio, "memory-limit-ratio", 0.9,
+		"Fraction of the container's memory limit (its cgroup's) set as the Go runtime's soft memory limit, so that garbage collection tightens before the kernel kills the process at the limit; 0 leaves the runtime's default. GOMEMLIMIT, when set, wins.")
 	fs.IntVar(&o.webhookPort, "webhook-port", 9443,
 		"Port of the admission webhook server (HTTPS); a negative value disables it.")
 	fs.StringVar(&o.webhookCertDir, "webhook-cert-dir", "/tmp/k8s-webhook-server/serving-certs",
@@ -162,6 +165,9 @@ func (o *options) bind(fs *flag.FlagSet) {
 func (o *options) unconfirmedFloor() time.Duration { return 3 * o.deleteTimeout }
 
 func (o *options) validate() error {
+	if o.memoryLimitRatio < 0 || o.memoryLimitRatio > 1 {
+		return fmt.Errorf("--memory-limit-ratio %v: want 0 (off) or a fraction up to 1", o.memoryLimitRatio)
+	}
 	table, err := ngv1alpha1.ParseSignalTaints(o.signalTaints)
 	if err != nil {
 		return fmt.Errorf("--signal-taints: %w", err)
