@@ -495,7 +495,7 @@ func (r *Reconciler) forget(ctx context.Context, uid types.UID) {
 	r.giveDrainSlot(ctx, uid)
 	if name != "" {
 		r.pods.unwatch(name)
-		r.Evictor.Forget(name)
+		r.Evictor.ForgetNode(name)
 	}
 	r.mu.Lock()
 	defer r.mu.Unlock()

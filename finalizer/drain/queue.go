@@ -76,13 +76,21 @@ func (e *Evictor) Waiting(pdb types.UID) bool {
 	return len(e.waiting[pdb]) > 0
 }
 
-// Forget drops what the Evictor keeps for the node: its parked queues and the
-// pods it evicted.
+// Forget drops what the Evictor keeps for the node's pods: its parked queues
+// and the pods it evicted. It keeps the controllers it evicted from, which
+// tell their replacements from originals until the node is gone (ForgetNode).
 func (e *Evictor) Forget(node string) {
 	e.unparkOthers(node, nil)
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	delete(e.evicted, node)
+}
+
+// ForgetNode drops everything the Evictor keeps for a node that is gone.
+func (e *Evictor) ForgetNode(node string) {
+	e.Forget(node)
+	e.mu.Lock()
+	defer e.mu.Unlock()
 	delete(e.evictedControllers, node)
 }
 

@@ -215,7 +215,8 @@ func TestUnprotectedPodIsEvictedOnce(t *testing.T) {
 
 // TestEvictedControllersAreThoseOfGrantedEvictions: the controllers whose pod
 // was granted an eviction from the node, not those refused, nor those of
-// another node; forgotten with the node.
+// another node. They outlast the node's pods (Forget: its replacements may
+// come after its pods are gone) and go with the node (ForgetNode).
 func TestEvictedControllersAreThoseOfGrantedEvictions(t *testing.T) {
 	api := &evictionAPI{refuse: map[string]bool{"refused": true}}
 	e := &Evictor{Client: api.client(), Parallel: 4}
@@ -229,6 +230,10 @@ func TestEvictedControllersAreThoseOfGrantedEvictions(t *testing.T) {
 		t.Errorf("evicted controllers %v, want only proxy-ds (csi-ds was refused, agent-ds is another node's)", got)
 	}
 	e.Forget("node")
+	if got := e.EvictedControllers("node"); !maps.Equal(got, map[types.UID]bool{"proxy-ds": true}) {
+		t.Errorf("evicted controllers %v once the node's pods were forgotten, want proxy-ds still", got)
+	}
+	e.ForgetNode("node")
 	if got := e.EvictedControllers("node"); len(got) != 0 {
 		t.Errorf("evicted controllers %v after the node was forgotten, want none", got)
 	}
