@@ -436,6 +436,62 @@ func TestTiersAndReturningPods(t *testing.T) {
 	}
 }
 
+// TestDaemonSetPodOfTheDeletionsSecondIsEvictedOnce: a node deleted in the
+// second its DaemonSet pod was created (creation and deletion times have
+// whole seconds, so they are equal). The pod is the original and is evicted;
+// the DaemonSet's new pod, whatever its second, is its replacement and is
+// not, and the node is released.
+func TestDaemonSetPodOfTheDeletionsSecondIsEvictedOnce(t *testing.T) {
+	f := newFixture(t, "samesecond")
+	proxy := []podOption{controlledBy("DaemonSet"), priority("system-node-critical")}
+	node := f.nodeDeletedInTheSecondOf(t, "proxy", proxy...)
+	f.pass(t, node)
+	if got := f.podState(t, "proxy"); got != "terminating" {
+		t.Fatalf("the DaemonSet pod created in the second of the node's deletion is %s, want terminating (evicted)", got)
+	}
+	f.finish(t, "proxy")
+	f.pod(t, "proxy-2", node, proxy...)
+	f.clock.Step(time.Second)
+	f.pass(t, node)
+	if gone, err := harness.NodeGone(context.Background(), env.Client, node); err != nil || !gone {
+		t.Fatalf("the node is not released once only the DaemonSet's replacement is left (%v)", err)
+	}
+	if got := f.podState(t, "proxy-2"); got != "running" {
+		t.Errorf("the DaemonSet's replacement is %s, want running", got)
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if got := f.evictions[drain.ResultEvicted]; got != 1 {
+		t.Errorf("%d evictions, want 1: %v", got, f.evictions)
+	}
+}
+
+// nodeDeletedInTheSecondOf creates a node and a pod on it, then deletes the
+// node in the second the pod was created, and returns the node's name. When
+// the second ran out in between, it tries again on a new node.
+func (f *fixture) nodeDeletedInTheSecondOf(t *testing.T, pod string, opts ...podOption) string {
+	t.Helper()
+	for attempt := 1; attempt <= 3; attempt++ {
+		node := fmt.Sprintf("%s-node-%d", f.ns, attempt)
+		f.node(t, node, builder.Ready())
+		time.Sleep(time.Until(time.Now().Truncate(time.Second).Add(time.Second + 10*time.Millisecond)))
+		created := f.pod(t, pod, node, opts...)
+		if err := env.Client.Delete(context.Background(), &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: node}}); err != nil {
+			t.Fatal(err)
+		}
+		if err := env.Client.Get(context.Background(), client.ObjectKeyFromObject(created), created); err != nil {
+			t.Fatal(err)
+		}
+		if deleted := getNode(t, node).DeletionTimestamp; deleted != nil && deleted.Equal(&created.CreationTimestamp) {
+			return node
+		}
+		f.finish(t, pod)
+		harness.Eventually(t, 30*time.Second, func(context.Context) (bool, error) { return f.podState(t, pod) == "gone", nil }, "pod %s is gone", pod)
+	}
+	t.Fatal("three times the second ran out between creating the pod and deleting its node")
+	return ""
+}
+
 func TestUnreachable(t *testing.T) {
 	ready := func(s corev1.ConditionStatus) builder.NodeOption {
 		return func(n *corev1.Node) {
