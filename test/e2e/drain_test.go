@@ -100,6 +100,9 @@ func TestDeleteNodeCutsTrafficThenDrainsWithinBudgets(t *testing.T) {
 		t.Errorf("during the drain the node should carry DrainInProgress=True (KEP-5683): %+v (%v)", draining.Status.Conditions, err)
 	}
 	// The draining node uses up the pool's budget: a second delete is refused.
+	// nodeguard added its finalizer to the spare when it started, as to the
+	// target: until that mark's hold has passed, a delete is told to retry.
+	harness.WaitForTerminationFinalizer(t, env.Client, top.spares[0])
 	if out, err := harness.Kubectl(env.Kubeconfig, "", "delete", "node", top.spares[0], "--wait=false"); err == nil || !strings.Contains(out, `NodeDisruptionBudget "`+top.ns+`" allows no`) {
 		t.Errorf("kubectl delete node %s while %s drains under maxUnavailable 1: %v, want refused by the budget:\n%s", top.spares[0], top.target, err, out)
 	}
