@@ -60,6 +60,7 @@ func TestKarpenterNodeDeleteFollowsTheBudget(t *testing.T) {
 		return err == nil && slices.Contains(n.Finalizers, ngv1alpha1.KarpenterTerminationFinalizer) &&
 			slices.Contains(n.Finalizers, ngv1alpha1.TerminationFinalizer), err
 	}, "Karpenter registered %s (its finalizer) and nodeguard guards it", node)
+	harness.WaitForTerminationFinalizer(t, env.Client, node) // past the hold, if nodeguard added its finalizer after the create
 
 	out, err := harness.Kubectl(env.Kubeconfig, "", "delete", "node", node, "--wait=false")
 	if err == nil || !strings.Contains(out, `NodeDisruptionBudget "`+pool+`" allows no`) {
