@@ -37,7 +37,7 @@ func drainTable(rs []*drainResult) *bench.Table {
 			r.Profile, r.Chain, max(r.Chain-1, 0), bench.Millis(r.Cycle), len(r.IdleCycles), bench.Millis(bench.StdErr(r.IdleCycles)), bench.Millis(bench.Percentile(r.IdleCycles, 0)), bench.Millis(bench.Percentile(r.IdleCycles, 100)), bench.Seconds(r.Bound.Chain),
 			orNone(r.Busiest), writesPerPod(replacementsOf(k), r.Busiest, r.PodsPerNode), writesPerPod(replacementsOf(n), r.Busiest, r.PodsPerNode), r.WritesPerPod, r.Gating, kcmClientBurst,
 			max(r.WritesPerPod*float64(r.Gating)-kcmClientBurst, 0), kcmClientQPS, bench.Seconds(r.Bound.Throughput), r.Bound.Binds())
-		if longest := bench.LongestOfChains(r.Chains, r.Chain-1, r.IdleCycles, longestDraws); r.Bound.Binds() == "chain" && longest > r.Bound.Chain {
+		if longest := longestChain(r); longest > r.Bound.Chain {
 			t.Note("%s: the chain term is one chain's expected time; the drain waits for the longest of the node's %d chains at once, which with these idle cycles is expected at %s (the mean of %d trials, each chain %d cycles drawn from the %d measured), %s the chain term; nodeguard's median is %s of it. The bound and the ratios above stay one chain's.",
 				r.Profile, r.Chains, bench.Seconds(longest), longestDraws, r.Chain-1, len(r.IdleCycles),
 				bench.Times(bench.Ratio(longest, r.Bound.Chain)), bench.Times(bench.Ratio(r.Nodeguard.Median, longest)))
@@ -55,6 +55,15 @@ func drainTable(rs []*drainResult) *bench.Table {
 
 // longestDraws are the trials of bench.LongestOfChains.
 const longestDraws = 10000
+
+// longestChain is when the longest of the node's chains is expected to end,
+// when the chain term binds; zero otherwise (the estimate is not drawn).
+func longestChain(r *drainResult) time.Duration {
+	if r.Bound.Binds() != "chain" {
+		return 0
+	}
+	return bench.LongestOfChains(r.Chains, r.Chain-1, r.IdleCycles, longestDraws)
+}
 
 func orNone(s string) string {
 	if s == "" {
