@@ -167,7 +167,7 @@ func (m *Manager) recordMembership(pools []listedPool, members map[string]map[st
 			case !ok:
 				n.pools[k] = &work{pending: true}
 			case resync && !w.pending:
-				*w = work{pending: true}
+				w.again()
 			}
 		}
 		if resync && n.failed != nil {

@@ -69,9 +69,17 @@ type errorClass int
 const (
 	// classStale: the pool is gone (404): drop quietly.
 	classStale errorClass = iota
-	// classThrottled: 429: park the pool until RetryAfter, then retry.
+	// classThrottled: 429 for the subscription's request budget: park the
+	// pool until RetryAfter, then retry.
 	classThrottled
-	// classRetriable: 409, 412, a canceled long-running write: retry after a fresh Get.
+	// classBusy: 429 RetryableError, another operation is updating the load
+	// balancer: park the pool until RetryAfter, spending no retry; ARM asks
+	// to come back, for as long as the desired state stands.
+	classBusy
+	// classReread: 412, someone wrote since the Get: re-read and re-apply,
+	// spending no retry.
+	classReread
+	// classRetriable: 409, a canceled long-running write: retry after a fresh Get.
 	classRetriable
 	// classTerminal: everything else, including statuses the SDK already retried.
 	classTerminal
@@ -101,6 +109,9 @@ func classify(ctx context.Context, err error) (class errorClass, retryAfter time
 	}
 	var te *armclient.ThrottleError
 	if errors.As(err, &te) {
+		if te.ResourceBusy {
+			return classBusy, te.RetryAfter
+		}
 		return classThrottled, te.RetryAfter
 	}
 	var re *azcore.ResponseError
@@ -108,7 +119,9 @@ func classify(ctx context.Context, err error) (class errorClass, retryAfter time
 		switch {
 		case re.StatusCode == http.StatusNotFound:
 			return classStale, time.Time{}
-		case re.StatusCode == http.StatusConflict, re.StatusCode == http.StatusPreconditionFailed:
+		case re.StatusCode == http.StatusPreconditionFailed:
+			return classReread, time.Time{}
+		case re.StatusCode == http.StatusConflict:
 			return classRetriable, time.Time{}
 		case re.StatusCode == http.StatusOK && re.ErrorCode == errorCodeCanceled:
 			// A long-running write that failed reports 200 with the

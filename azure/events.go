@@ -47,14 +47,22 @@ func retryingEvent(pool string, attempt, maxRetries int, err string, at time.Tim
 		note: fmt.Sprintf("Updating backend pool %s failed (attempt %d of %d), retrying after %s: %s", pool, attempt, maxRetries+1, at.UTC().Format(time.RFC3339), err)}
 }
 
-func failedEvent(pool string, err string) event {
-	return event{warning: true, reason: ReasonUpdateFailed,
-		note: fmt.Sprintf("Backend pool %s update failed and is not retried now: %s. It is tried again at the next resync or when the node's desired admin state changes.", pool, err)}
+// busyEvent: the load balancer is busy with another writer's operation.
+// Busy is not failure: no retry is spent, and the entry is written once the
+// operation ends.
+func busyEvent(pool string, err string, at time.Time) event {
+	return event{warning: true, reason: ReasonUpdateRetrying,
+		note: fmt.Sprintf("Backend pool %s: another operation is updating its load balancer (on AKS usually cloud-provider-azure); nodeguard waits for it and tries again after %s, for as long as the node's desired admin state stands, without spending a retry: %s", pool, at.UTC().Format(time.RFC3339), err)}
 }
 
-func exhaustedEvent(pool string, retries int, err string, resync time.Duration) event {
+func failedEvent(pool string, err string, next time.Time) event {
 	return event{warning: true, reason: ReasonUpdateFailed,
-		note: fmt.Sprintf("Backend pool %s update failed after %d retries: %s. It is tried again at the next resync (every %s) or when the node's desired admin state changes; check ARM throttling and other writers of the pool.", pool, retries, err, resync)}
+		note: fmt.Sprintf("Backend pool %s update failed: %s. It is tried again at %s, then at that interval for as long as the node's desired admin state stands (reported once).", pool, err, next.UTC().Format(time.RFC3339))}
+}
+
+func exhaustedEvent(pool string, retries int, err string, next time.Time, ceiling time.Duration) event {
+	return event{warning: true, reason: ReasonUpdateFailed,
+		note: fmt.Sprintf("Backend pool %s update failed after %d retries: %s. It is tried again at %s, then with a backoff of up to %s for as long as the node's desired admin state stands (reported once); check ARM throttling and other writers of the pool.", pool, retries, err, next.UTC().Format(time.RFC3339), ceiling)}
 }
 
 func noEntryEvent(pool string) event {

@@ -162,8 +162,28 @@ type nodeState struct {
 // work is a node's state in one pool.
 type work struct {
 	pending bool
+	// retries spent on retriable errors in this attempt series (busy
+	// answers and 412s spend none).
 	retries int
 	failed  bool
+	// failures counts the series that ended failed since the desired state
+	// last changed: it sets the backoff before the next series, and only
+	// the first is reported.
+	failures int
+	// retryAt is when a failed entry is tried again (retryFailed).
+	retryAt time.Time
+	// busyReported: the load balancer's "another operation" answer was
+	// reported in this series.
+	busyReported bool
+	// openSince is when a verification found the entry of a node held Down
+	// not Down; zero when it was not found so.
+	openSince time.Time
+}
+
+// again makes the entry pending for a new attempt series, keeping what
+// outlives one: the failures behind it and since when it is open.
+func (w *work) again() {
+	*w = work{pending: true, failures: w.failures, openSince: w.openSince}
 }
 
 // poolState is one backend pool's group state.
@@ -174,6 +194,9 @@ type poolState struct {
 	notBefore time.Time
 	// lastAttempt is the attempt number of the pool's last attempt.
 	lastAttempt uint64
+	// conflicts counts the 412s in a row: each re-reads the pool at once,
+	// and a run of them backs off (conflictDelay).
+	conflicts int
 	// writes counts nodeguard's completed writes to the pool: a
 	// verification that read the pool before one of them ignores it.
 	writes uint64

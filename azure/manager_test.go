@@ -447,32 +447,29 @@ func TestThrottleRetryAfterNotInFutureFallsBackToNextTick(t *testing.T) {
 	}
 }
 
-func TestConflictsRetryAfterFreshGet(t *testing.T) {
-	for _, status := range []int{http.StatusConflict, http.StatusPreconditionFailed} {
-		t.Run(http.StatusText(status), func(t *testing.T) {
-			e := newEnv(t, 2, false)
-			n0 := e.nodes[0]
-			e.emu.AddFault(armemulator.Fault{Method: http.MethodPut, Path: publicPool, Status: status, Times: 1})
-			before := successes()
-			failuresBefore := failures()
-			e.m.SetDesired(n0, AdminStateDown)
-			e.tick()
-			e.wantReasons(n0.Name, ReasonUpdateRetrying)
-			gets := e.gets(publicPool)
-			e.step(e.m.cfg.RetryInterval)
-			e.tick()
-			if e.gets(publicPool) != gets+1 {
-				t.Errorf("retry without a fresh Get")
-			}
-			e.wantStates(n0.Name, AdminStateDown)
-			e.wantReasons(n0.Name, ReasonUpdateRetrying, ReasonDown)
-			if got := successes() - before; got != 2 {
-				t.Errorf("success metric +%v, want +2 (one per pool, the retried one counted once)", got)
-			}
-			if failures() != failuresBefore {
-				t.Errorf("failure metric recorded for a retried-then-succeeded update")
-			}
-		})
+// A 409 spends a retry and is retried after a fresh Get.
+func TestConflictRetriesAfterFreshGet(t *testing.T) {
+	e := newEnv(t, 2, false)
+	n0 := e.nodes[0]
+	e.emu.AddFault(armemulator.Fault{Method: http.MethodPut, Path: publicPool, Status: http.StatusConflict, Times: 1})
+	before := successes()
+	failuresBefore := failures()
+	e.m.SetDesired(n0, AdminStateDown)
+	e.tick()
+	e.wantReasons(n0.Name, ReasonUpdateRetrying)
+	gets := e.gets(publicPool)
+	e.step(e.m.cfg.RetryInterval)
+	e.tick()
+	if e.gets(publicPool) != gets+1 {
+		t.Errorf("retry without a fresh Get")
+	}
+	e.wantStates(n0.Name, AdminStateDown)
+	e.wantReasons(n0.Name, ReasonUpdateRetrying, ReasonDown)
+	if got := successes() - before; got != 2 {
+		t.Errorf("success metric +%v, want +2 (one per pool, the retried one counted once)", got)
+	}
+	if failures() != failuresBefore {
+		t.Errorf("failure metric recorded for a retried-then-succeeded update")
 	}
 }
 
@@ -494,10 +491,9 @@ func TestConcurrentWriterBetweenGetAndPut(t *testing.T) {
 	if !saw412 {
 		t.Fatalf("the stale ETag was not refused with 412")
 	}
-	e.wantReasons(n0.Name, ReasonUpdateRetrying)
-	e.step(e.m.cfg.RetryInterval)
-	e.tick()
+	// A 412 is re-read and re-applied at once: no retry spent, no event.
 	e.wantStates(n0.Name, AdminStateDown)
+	e.wantReasons(n0.Name, ReasonDown)
 	if got := e.state("kubernetes", "kubernetes", "other-writer-node"); got != "None" {
 		t.Errorf("the other writer's entry was lost (state %q)", got)
 	}
@@ -510,16 +506,17 @@ func TestRetryExhaustion(t *testing.T) {
 	e.emu.AddFault(armemulator.Fault{Method: http.MethodPut, Path: publicPool, Status: http.StatusConflict})
 	before := failures()
 	e.m.SetDesired(n0, AdminStateDown)
-	for range 5 {
+	for range 3 {
 		e.tick()
 		e.step(e.m.cfg.RetryInterval)
 	}
+	e.tick() // within the backoff that follows: no call
 	if got := e.puts(publicPool); got != 3 {
 		t.Errorf("%d PUTs, want 3 (one attempt and 2 retries)", got)
 	}
 	e.wantReasons(n0.Name, ReasonUpdateRetrying, ReasonUpdateRetrying, ReasonUpdateFailed)
 	evs := e.rec.all()
-	if last := evs[len(evs)-1].note; !strings.Contains(last, "after 2 retries") || !strings.Contains(last, "resync") {
+	if last := evs[len(evs)-1].note; !strings.Contains(last, "after 2 retries") || !strings.Contains(last, "tried again at") {
 		t.Errorf("exhaustion event lacks retry count or guidance: %q", last)
 	}
 	if got := failures() - before; got != 1 {
@@ -624,7 +621,7 @@ func TestTerminalErrors(t *testing.T) {
 				t.Errorf("terminal error retried: %d calls", got)
 			}
 			e.wantReasons(n0.Name, ReasonUpdateFailed)
-			if evs := e.rec.all(); !strings.Contains(evs[0].note, "not retried now") || evs[0].typ != corev1.EventTypeWarning {
+			if evs := e.rec.all(); !strings.Contains(evs[0].note, "tried again at") || evs[0].typ != corev1.EventTypeWarning {
 				t.Errorf("failed event = %+v", evs[0])
 			}
 			if got := failures() - before; got != 1 {

@@ -66,6 +66,12 @@ var (
 		Name:      "reverts_total",
 		Help:      "Entries of nodes held Down that a verification found not Down (another writer put them back to None or added them at None) and nodeguard set Down again, by pool (load balancer/pool). Each has a LoadBalancerAdminStateReverted Warning event.",
 	}, []string{labelPool})
+	revertOpen = prometheus.NewHistogramVec(prometheus.HistogramOpts{
+		Namespace: metricsNamespace,
+		Name:      "revert_open_seconds",
+		Help:      "Time an entry of a node held Down stayed not Down after a verification found it reverted by another writer, until nodeguard's rewrite confirmed Down again, by pool (load balancer/pool). It starts at the finding, so the entry was open up to one --azure-admin-state-verify-interval longer.",
+		Buckets:   prometheus.ExponentialBuckets(0.5, 2, 10),
+	}, []string{labelPool})
 	confirmDuration = prometheus.NewHistogramVec(prometheus.HistogramOpts{
 		Namespace: metricsNamespace,
 		Name:      "confirmation_duration_seconds",
@@ -75,5 +81,5 @@ var (
 )
 
 func init() {
-	metrics.Registry.MustRegister(lockWait, poolUpdates, parkedTicks, noEntryDown, recordWrites, recordedEntries, unreadableRecords, goneRestored, reverts, confirmDuration)
+	metrics.Registry.MustRegister(lockWait, poolUpdates, parkedTicks, noEntryDown, recordWrites, recordedEntries, unreadableRecords, goneRestored, reverts, revertOpen, confirmDuration)
 }

@@ -28,7 +28,7 @@ func (m *Manager) apply(ctx context.Context, g group, snap snapshot, res result,
 	p := m.pools[g.pool.key]
 	switch {
 	case res.err == nil:
-		events = m.applySuccess(g, snap, res)
+		events = m.applySuccess(g, snap, res, now)
 	case class == classShutdown:
 		// Abandoned because we are stopping: nothing to report.
 	case class == classStale:
@@ -36,6 +36,20 @@ func (m *Manager) apply(ctx context.Context, g group, snap snapshot, res result,
 		for _, n := range m.nodes {
 			delete(n.pools, g.pool.key)
 			events = append(events, m.updateConfirmed(n)...)
+		}
+	case class == classBusy:
+		at := now.Add(m.cfg.RetryInterval)
+		if retryAfter.After(now) {
+			at = retryAfter
+		}
+		if p != nil {
+			p.notBefore = at
+		}
+		events = m.applyBusy(g, res.err, at)
+	case class == classReread:
+		if p != nil {
+			p.conflicts++
+			p.notBefore = now.Add(conflictDelay(p.conflicts, m.cfg.RetryInterval))
 		}
 	case class == classThrottled, class == classRetriable:
 		at := now.Add(m.cfg.RetryInterval)
@@ -45,10 +59,10 @@ func (m *Manager) apply(ctx context.Context, g group, snap snapshot, res result,
 		if p != nil {
 			p.notBefore = at
 		}
-		events = m.applyRetriable(g, res.err, at)
+		events = m.applyRetriable(g, res.err, now, at)
 	default:
 		poolUpdates.WithLabelValues(resultFailure).Inc()
-		events = m.applyTerminal(g, res.err)
+		events = m.applyTerminal(g, res.err, now)
 	}
 	m.mu.Unlock()
 	if res.err != nil && class != classShutdown && class != classStale {
@@ -59,12 +73,12 @@ func (m *Manager) apply(ctx context.Context, g group, snap snapshot, res result,
 
 // applySuccess confirms the pool for every node whose desired state is still
 // the one applied. Call with m.mu held.
-func (m *Manager) applySuccess(g group, snap snapshot, res result) []pendingEvent {
+func (m *Manager) applySuccess(g group, snap snapshot, res result, now time.Time) []pendingEvent {
 	if res.wrote {
 		poolUpdates.WithLabelValues(resultSuccess).Inc()
 	}
 	if p := m.pools[g.pool.key]; p != nil {
-		p.notBefore = time.Time{}
+		p.notBefore, p.conflicts = time.Time{}, 0
 		if res.wrote {
 			p.writes++
 		}
@@ -108,6 +122,9 @@ func (m *Manager) applySuccess(g group, snap snapshot, res result) []pendingEven
 		default:
 			// Entries match the desired state, or (None) there is no entry
 			// that could be Down.
+			if !w.openSince.IsZero() && n.desired == AdminStateDown {
+				revertOpen.WithLabelValues(g.pool.key).Observe(now.Sub(w.openSince).Seconds())
+			}
 			*w = work{}
 		}
 		if res.changed[k] {
@@ -121,9 +138,45 @@ func (m *Manager) applySuccess(g group, snap snapshot, res result) []pendingEven
 	return events
 }
 
+// applyBusy reports, once per attempt series, that another operation is
+// updating the load balancer. It spends no retry: the work stays pending and
+// is tried again at the answer's Retry-After. Call with m.mu held.
+func (m *Manager) applyBusy(g group, err error, at time.Time) []pendingEvent {
+	var events []pendingEvent
+	msg := armclient.Summary(err)
+	for uid, gen := range g.participants {
+		n := m.nodes[uid]
+		if n == nil || n.gen != gen {
+			continue
+		}
+		w := n.pools[g.pool.key]
+		if w == nil || !w.pending || w.busyReported {
+			continue
+		}
+		w.busyReported = true
+		events = append(events, pendingEvent{n, busyEvent(g.pool.key, msg, at)})
+	}
+	return events
+}
+
+// conflictDelay is how long a pool waits after its n-th 412 in a row: the
+// first is re-read at once (it is the normal answer to If-Match after
+// another writer's change); a run of them backs off, up to the retry
+// interval, so that two writers never spin against each other.
+func conflictDelay(n int, ceiling time.Duration) time.Duration {
+	if n <= 1 {
+		return 0
+	}
+	d := 250 * time.Millisecond
+	for i := 2; i < n && d < ceiling; i++ {
+		d *= 2
+	}
+	return min(d, ceiling)
+}
+
 // applyRetriable spends one retry of every participant; those out of
-// retries fail. Call with m.mu held.
-func (m *Manager) applyRetriable(g group, err error, at time.Time) []pendingEvent {
+// retries fail until their backoff passes. Call with m.mu held.
+func (m *Manager) applyRetriable(g group, err error, now, at time.Time) []pendingEvent {
 	var events []pendingEvent
 	exhausted := false
 	msg := armclient.Summary(err)
@@ -138,10 +191,10 @@ func (m *Manager) applyRetriable(g group, err error, at time.Time) []pendingEven
 		}
 		if w.retries >= m.cfg.MaxRetries {
 			exhausted = true
-			w.pending, w.failed = false, true
 			n.failed = &UpdateFailedError{Pool: g.pool.key, Retries: w.retries, Err: err}
-			n.signal()
-			events = append(events, pendingEvent{n, exhaustedEvent(g.pool.key, w.retries, msg, m.cfg.ResyncInterval)})
+			if m.fail(n, w, now, false) {
+				events = append(events, pendingEvent{n, exhaustedEvent(g.pool.key, w.retries, msg, w.retryAt, m.failedRetryCeiling())})
+			}
 			continue
 		}
 		w.retries++
@@ -153,8 +206,9 @@ func (m *Manager) applyRetriable(g group, err error, at time.Time) []pendingEven
 	return events
 }
 
-// applyTerminal fails every participant. Call with m.mu held.
-func (m *Manager) applyTerminal(g group, err error) []pendingEvent {
+// applyTerminal fails every participant until the backoff's ceiling. Call
+// with m.mu held.
+func (m *Manager) applyTerminal(g group, err error, now time.Time) []pendingEvent {
 	var events []pendingEvent
 	msg := armclient.Summary(err)
 	for uid, gen := range g.participants {
@@ -166,12 +220,65 @@ func (m *Manager) applyTerminal(g group, err error) []pendingEvent {
 		if w == nil || !w.pending {
 			continue
 		}
-		w.pending, w.failed = false, true
 		n.failed = &UpdateFailedError{Pool: g.pool.key, Err: err}
-		n.signal()
-		events = append(events, pendingEvent{n, failedEvent(g.pool.key, msg)})
+		if m.fail(n, w, now, true) {
+			events = append(events, pendingEvent{n, failedEvent(g.pool.key, msg, w.retryAt)})
+		}
 	}
 	return events
+}
+
+// failedRetryCeiling is the longest wait between the attempt series of a
+// failed entry (at most --azure-admin-state-resync).
+const failedRetryCeiling = time.Minute
+
+func (m *Manager) failedRetryCeiling() time.Duration {
+	if r := m.cfg.ResyncInterval; r > 0 && r < failedRetryCeiling {
+		return r
+	}
+	return failedRetryCeiling
+}
+
+// fail ends an entry's attempt series as failed and sets when the next one
+// starts: a terminal error waits the backoff's ceiling, exhausted retries
+// twice the retry interval, doubled per failure before, up to that ceiling. It
+// reports whether this is the first failure since the desired state
+// changed, the only one with an event. Call with m.mu held.
+func (m *Manager) fail(n *nodeState, w *work, now time.Time, terminal bool) bool {
+	ceiling := m.failedRetryCeiling()
+	wait := ceiling
+	if !terminal {
+		wait = 2 * m.cfg.RetryInterval
+		for i := 0; i < w.failures && wait < ceiling; i++ {
+			wait *= 2
+		}
+		wait = min(wait, ceiling)
+	}
+	w.pending, w.failed = false, true
+	w.failures++
+	w.retryAt = now.Add(wait)
+	n.signal()
+	return w.failures == 1
+}
+
+// retryFailed starts a new attempt series for every failed entry whose
+// backoff has passed: an entry that failed is still wanted in its desired
+// state, whatever the last write's outcome. Gone nodes have their own retry
+// (reviewGone).
+func (m *Manager) retryFailed() {
+	now := m.clock.Now()
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	for _, n := range m.nodes {
+		if n.gone != nil || !n.known {
+			continue
+		}
+		for _, w := range n.pools {
+			if w.failed && !w.retryAt.IsZero() && !now.Before(w.retryAt) {
+				w.again()
+			}
+		}
+	}
 }
 
 func (n *nodeState) anyFailed() bool {
@@ -249,6 +356,9 @@ func (m *Manager) nextWake() time.Duration {
 			continue
 		}
 		for k, w := range n.pools {
+			if w.failed && !w.retryAt.IsZero() && n.gone == nil {
+				d = min(d, w.retryAt.Sub(now))
+			}
 			if !w.pending {
 				continue
 			}

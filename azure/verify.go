@@ -149,6 +149,7 @@ func (m *Manager) verifyTargetLocked() verifyTarget {
 // Down and are not Down. An entry nodeguard is writing, or wrote since the
 // read began, is left to that write.
 func (m *Manager) reverted(p listedPool, keys []string, target verifyTarget) []pendingEvent {
+	now := m.clock.Now()
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	ps := m.pools[p.key]
@@ -169,7 +170,8 @@ func (m *Manager) reverted(p listedPool, keys []string, target verifyTarget) []p
 		}
 		w := n.pools[p.key]
 		if w != nil && (w.pending || w.failed) {
-			// Being written, or failed for good (the resync retries it).
+			// Being written, or failed and waiting for its backoff
+			// (retryFailed): either way already wanted.
 			continue
 		}
 		seen[uid] = true
@@ -177,7 +179,8 @@ func (m *Manager) reverted(p listedPool, keys []string, target verifyTarget) []p
 			w = &work{}
 			n.pools[p.key] = w
 		}
-		*w = work{pending: true}
+		w.again()
+		w.openSince = now
 		n.confirmed = false // not cut until the rewrite lands: a drain starting now waits for it
 		reverts.WithLabelValues(p.key).Inc()
 		events = append(events, pendingEvent{n, revertedEvent(p.key, entryName(e))})

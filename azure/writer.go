@@ -74,6 +74,7 @@ func (m *Manager) round(ctx context.Context, writers *sync.WaitGroup) time.Durat
 		return m.cfg.RetryInterval
 	}
 	m.reviewGone(ctx)
+	m.retryFailed()
 	if err := m.discover(ctx, ev); err != nil && ctx.Err() == nil {
 		ctrl.LoggerFrom(ctx).Error(err, "Listing load balancers failed; retrying")
 	}

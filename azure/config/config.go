@@ -179,7 +179,8 @@ func (o *Options) BindFlags(fs *flag.FlagSet) {
 	fs.StringVar(&o.Credential, "azure-credential", o.Credential,
 		"How to authenticate: auto (workload identity if a federated token file is configured, else managed identity if useManagedIdentityExtension, else client secret), workload-identity, managed-identity, client-secret, or none (a placeholder token, for an ARM emulator only).")
 	fs.Var(&o.MaxRetries, "azure-admin-state-max-retries",
-		"Retries of a backend pool update after a retriable failure (429, 409, 412) before giving up with a LoadBalancerAdminStateUpdateFailed event; 0 disables retries, negative means 0 (overrides azure.json 'loadBalancerBackendPoolUpdateMaxRetries'; default 3).")
+		"Retries of a backend pool update after a retriable failure (the subscription's 429, 409, a canceled write) before the entry is reported failed with a LoadBalancerAdminStateUpdateFailed event and tried again with a backoff (twice --azure-admin-state-retry-interval, doubling up to 1m); "+
+			"a load balancer busy with another operation (429 RetryableError) and a 412 spend none. 0 disables retries, negative means 0 (overrides azure.json 'loadBalancerBackendPoolUpdateMaxRetries'; default 3).")
 	fs.DurationVar(&o.ResyncInterval, "azure-admin-state-resync", o.ResyncInterval,
 		"How often every backend pool is re-read and desired admin state re-applied, which repairs pools another writer rewrote.")
 	fs.DurationVar(&o.RetryInterval, "azure-admin-state-retry-interval", o.RetryInterval,

@@ -36,6 +36,7 @@ func writeJSON(w http.ResponseWriter, status int, v any) {
 // serveARM routes /subscriptions/{s}/resourceGroups/{rg}/providers/Microsoft.Network/...
 // and the operation status endpoint, case-insensitively.
 func (s *Server) serveARM(w http.ResponseWriter, r *http.Request, f *Fault) {
+	s.settle()
 	parts := strings.Split(strings.Trim(r.URL.Path, "/"), "/")
 	lower := make([]string, len(parts))
 	for i, p := range parts {
@@ -213,9 +214,21 @@ func (s *Server) putPool(w http.ResponseWriter, r *http.Request, lb, name string
 	if f != nil && f.OperationStatus != "" {
 		op.status = f.OperationStatus
 	}
+	if op.status == "Succeeded" {
+		// ARM stores the goal state when it accepts the PUT: from then on a
+		// GET shows it, Updating, with a new ETag; the operation's end sets
+		// Succeeded, which changes the ETag once more. (An operation that
+		// will fail is applied never, as if ARM rolled it back.)
+		apply()
+		p.data.Properties.ProvisioningState = ptr(armnetwork.ProvisioningStateUpdating)
+		op.apply = func() {
+			p.data.Properties.ProvisioningState = ptr(armnetwork.ProvisioningStateSucceeded)
+			s.bump(p.lb)
+		}
+	}
 	s.ops[strings.ToLower(op.id)] = op
 	// Until it completes, the load balancer refuses other writes.
-	s.busy[strings.ToLower(p.lb)] = &busyOp{name: fmt.Sprintf("PutLoadBalancerBackendAddressPoolOperation (%s)", op.id), op: op}
+	s.busy[strings.ToLower(p.lb)] = &busyOp{lb: p.lb, name: fmt.Sprintf("PutLoadBalancerBackendAddressPoolOperation (%s)", op.id), op: op}
 	c := s.view(p)
 	c.Properties.LoadBalancerBackendAddresses = entries
 	c.Properties.ProvisioningState = ptr(armnetwork.ProvisioningStateUpdating)

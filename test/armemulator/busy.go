@@ -19,12 +19,14 @@ import (
 // seconds" or so).
 const defaultBusyRetryAfter = 10 * time.Second
 
-// opLifetime is how long an asynchronous operation nobody polls stays in
-// progress: ARM finishes operations whether or not the caller watches.
-const opLifetime = 30 * time.Second
+// UnpolledOperationLifetime is how long an asynchronous operation nobody
+// polls stays in progress (a large load balancer's update can take that
+// long on Azure): ARM finishes operations whether or not the caller watches.
+const UnpolledOperationLifetime = 30 * time.Second
 
 // busyOp is an operation in progress on a load balancer.
 type busyOp struct {
+	lb   string
 	name string     // e.g. "PutLoadBalancerOperation (ext-000001)"
 	op   *operation // nil for one begun with BeginOperation
 }
@@ -36,7 +38,7 @@ func (s *Server) BeginOperation(lb string) (end func()) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.opSeq++
-	b := &busyOp{name: fmt.Sprintf("PutLoadBalancerOperation (ext-%06d)", s.opSeq)}
+	b := &busyOp{lb: lb, name: fmt.Sprintf("PutLoadBalancerOperation (ext-%06d)", s.opSeq)}
 	s.busy[strings.ToLower(lb)] = b
 	return func() {
 		s.mu.Lock()
@@ -48,13 +50,13 @@ func (s *Server) BeginOperation(lb string) (end func()) {
 }
 
 // busyWith returns the operation updating the load balancer, if any, first
-// finishing an asynchronous one that outlived opLifetime. Call with s.mu held.
+// finishing an asynchronous one that outlived UnpolledOperationLifetime. Call with s.mu held.
 func (s *Server) busyWith(lb string) (*busyOp, bool) {
 	b, ok := s.busy[strings.ToLower(lb)]
 	if !ok {
 		return nil, false
 	}
-	if b.op != nil && !b.op.completed && time.Since(b.op.accepted) > opLifetime {
+	if b.op != nil && !b.op.completed && time.Since(b.op.accepted) > UnpolledOperationLifetime {
 		s.complete(b.op)
 	}
 	if b.op != nil && b.op.completed {
@@ -62,6 +64,18 @@ func (s *Server) busyWith(lb string) (*busyOp, bool) {
 		return nil, false
 	}
 	return b, true
+}
+
+// settle ends every operation nobody polled once it outlived UnpolledOperationLifetime, as
+// ARM finishes operations on its own time: any request sees the end.
+func (s *Server) settle() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, b := range s.busy {
+		if b.op != nil {
+			s.busyWith(b.lb)
+		}
+	}
 }
 
 // writeBusy answers a write to a load balancer another operation is updating.

@@ -42,6 +42,11 @@ type CloudProvider struct {
 	Client *http.Client
 	// CacheTTL defaults to DefaultLBCacheTTL.
 	CacheTTL time.Duration
+	// Unpolled leaves its asynchronous operations to ARM instead of polling
+	// them, so that each keeps its load balancer busy for
+	// UnpolledOperationLifetime, as a long cloud-provider-azure operation
+	// does.
+	Unpolled bool
 
 	mu    sync.Mutex
 	cache map[string]cachedLB
@@ -270,7 +275,7 @@ func (c *CloudProvider) do(ctx context.Context, method, url, ifMatch string, bod
 	if resp.StatusCode >= 300 {
 		return &StatusError{Status: resp.StatusCode, Body: string(data)}
 	}
-	if op := resp.Header.Get("Azure-AsyncOperation"); op != "" {
+	if op := resp.Header.Get("Azure-AsyncOperation"); op != "" && !c.Unpolled {
 		return c.poll(ctx, op)
 	}
 	if out != nil {

@@ -92,6 +92,16 @@ func (s *Server) Status(method, pathContains string, status int) int {
 	return n
 }
 
+// Busy reports whether an operation is updating the load balancer (its
+// writes are answered 429 RetryableError).
+func (s *Server) Busy(lb string) bool {
+	s.settle()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	_, busy := s.busyWith(lb)
+	return busy
+}
+
 // DeletePool removes a pool (later requests for it get 404).
 func (s *Server) DeletePool(lb, name string) {
 	s.mu.Lock()

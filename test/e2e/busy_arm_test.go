@@ -1,0 +1,160 @@
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	ngv1alpha1 "github.com/nodeguard/nodeguard/api/v1alpha1"
+	"github.com/nodeguard/nodeguard/test/armemulator"
+	"github.com/nodeguard/nodeguard/test/builder"
+	"github.com/nodeguard/nodeguard/test/harness"
+)
+
+// TestCutHoldsThroughAnotherWritersLongOperations: two nodes drain (held by
+// do-not-evict pods) behind a public and an internal load balancer. Three
+// times in a row, another writer that read the load balancers before the
+// cut (the cloud-provider-azure actor, while a node joins) PUTs both pools
+// back as it read them, without If-Match, and leaves its operations to ARM:
+// each keeps its load balancer busy for 30 s, so nodeguard's rewrite is
+// answered "another operation is updating the resource" again and again,
+// then 412 once the operation ends. Busy is not failure: every entry is
+// Down again within 15 s of the operation's end, nothing is reported
+// failed, and the revert-open histogram records each revert as open for
+// about the operation's length.
+func TestCutHoldsThroughAnotherWritersLongOperations(t *testing.T) {
+	harness.SkipWithoutEnv(t, env)
+	ctx := context.Background()
+	name := freshName("busy")
+	harness.MustCreate(t, env.Client, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: name}})
+	var seedNodes []armemulator.Node
+	node := func(i int) string {
+		n := fmt.Sprintf("%s-%d", name, i)
+		ip := fmt.Sprintf("10.%d.2.%d", len(name), i+4)
+		harness.MustCreate(t, env.Client, builder.Node(n, builder.WithLabels("pool", name), builder.WithProviderID(vmssProviderID(i)), builder.WithInternalIP(ip)))
+		seedNodes = append(seedNodes, armemulator.Node{Name: n, IPs: []string{ip}, ProviderID: vmssProviderID(i)})
+		return n
+	}
+	var leaving []string
+	for i := range 4 {
+		n := node(i)
+		if i < 2 {
+			leaving = append(leaving, n)
+			harness.MustCreate(t, env.Client, &corev1.Pod{
+				ObjectMeta: metav1.ObjectMeta{Namespace: name, Name: "hold-" + n, Annotations: map[string]string{ngv1alpha1.DoNotEvictAnnotation: "true"}},
+				Spec:       corev1.PodSpec{NodeName: n, Containers: []corev1.Container{{Name: "c", Image: "example.com/hold"}}},
+			})
+		}
+	}
+	emu, err := armemulator.Start("127.0.0.1:0", armemulator.SeedForNodes(subscription, resourceGroup, seedNodes, armemulator.Topology{Internal: true}),
+		armemulator.Options{Async: true, AsyncPolls: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { emu.Close() })
+	metricsPort := harness.FreePort(t)
+	startNodeguard(t, env.Kubeconfig, emu, fmt.Sprintf("--metrics-bind-address=127.0.0.1:%d", metricsPort), "--metrics-secure=false")
+	for _, n := range leaving {
+		harness.WaitForTerminationFinalizer(t, env.Client, n)
+	}
+	other := armemulator.NewCloudProvider(emu)
+	other.Unpolled = true
+	before, err := other.Read(ctx) // a reconcile that starts before the cut
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	harness.MustKubectl(t, env.Kubeconfig, "", append([]string{"delete", "node", "--wait=false"}, leaving...)...)
+	allDown := func() bool {
+		states := emu.AdminStates()
+		for _, p := range coexistPools {
+			for _, n := range leaving {
+				if states[p[0]+"/"+p[1]+"/"+n] != "Down" {
+					return false
+				}
+			}
+		}
+		return true
+	}
+	harness.Eventually(t, time.Minute, func(context.Context) (bool, error) { return allDown(), nil }, "every leaving node is Down in both pools")
+
+	const rounds = 3
+	for round := range rounds {
+		node(4 + round) // joins: the other writer's reconcile adds it
+		nodes, err := clusterNodes(ctx, name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		// nodeguard's own last write may still be an operation in progress.
+		harness.Eventually(t, 10*time.Second, func(context.Context) (bool, error) {
+			return !emu.Busy(coexistPools[0][0]) && !emu.Busy(coexistPools[1][0]), nil
+		}, "round %d: no operation in progress", round+1)
+		for _, p := range coexistPools {
+			if _, err := before.EnsureHostsInPool(ctx, p[0], p[1], nodes); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if allDown() {
+			t.Fatalf("round %d: the stale PUTs left the cut in place, want it undone until nodeguard rewrites it", round+1)
+		}
+		t.Logf("round %d: both pools PUT back from before the cut, operations left in progress", round+1)
+		harness.Eventually(t, armemulator.UnpolledOperationLifetime+2*revertBound, func(context.Context) (bool, error) { return allDown(), nil },
+			"round %d: the leaving nodes are Down again after the other writer's operations", round+1)
+	}
+
+	// Every revert was undone within revertBound of its operation's end:
+	// the stale PUT was applied when ARM accepted it, and its operation
+	// ended UnpolledOperationLifetime later.
+	durations, open := revertDurations(emu.History(), leaving)
+	t.Logf("reverts undone in %v", durations)
+	if want := rounds * len(coexistPools) * len(leaving); len(durations) < want {
+		t.Errorf("%d reverts seen in the history, want %d", len(durations), want)
+	}
+	for _, d := range durations {
+		if d > armemulator.UnpolledOperationLifetime+revertBound {
+			t.Errorf("a revert was undone %s after the other writer's PUT, want within %s of its operation's end (%s)", d, revertBound, armemulator.UnpolledOperationLifetime)
+		}
+	}
+	if len(open) > 0 {
+		t.Errorf("reverts never undone: %v", open)
+	}
+	if busy := emu.Status(http.MethodPut, "/backendAddressPools/", http.StatusTooManyRequests); busy == 0 {
+		t.Errorf("no nodeguard write met a busy load balancer: the test did not exercise the wait")
+	}
+	for _, n := range leaving {
+		if notes := eventNotes(ctx, t, n, "LoadBalancerAdminStateUpdateFailed"); len(notes) > 0 {
+			t.Errorf("%s: LoadBalancerAdminStateUpdateFailed %q while ARM was only busy", n, notes)
+		}
+	}
+
+	// The histogram: every revert observed, each open for about the
+	// operation's length (found within a verification interval of the PUT,
+	// closed after the operation).
+	const metric = "loadbalancer_adminstate_revert_open_seconds"
+	var count, short float64
+	for _, p := range coexistPools {
+		pool := fmt.Sprintf(`pool="%s/%s"`, p[0], p[1])
+		count += scrapeCounter(t, metricsPort, metric+"_count{"+pool+"}")
+		short += scrapeCounter(t, metricsPort, metric+"_bucket{"+pool+`,le="16"}`)
+	}
+	if want := float64(rounds * len(coexistPools) * len(leaving)); count < want {
+		t.Errorf("%s counts %v reverts, want at least %v", metric, count, want)
+	}
+	if short > 0 {
+		t.Errorf("%s has %v of %v reverts open 16 s or less, want none (each waited out a 30 s operation)", metric, short, count)
+	}
+
+	// Release the nodes, so that no finalizer outlives the test.
+	if err := env.Client.DeleteAllOf(ctx, &corev1.Pod{}, client.InNamespace(name)); err != nil {
+		t.Fatal(err)
+	}
+	for _, n := range leaving {
+		harness.Eventually(t, time.Minute, func(ctx context.Context) (bool, error) { return harness.NodeGone(ctx, env.Client, n) }, "node %s is released", n)
+	}
+}
