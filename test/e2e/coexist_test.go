@@ -118,13 +118,32 @@ func clusterNodes(ctx context.Context, pool string) ([]armemulator.Node, error) 
 	return out, nil
 }
 
+// revertSpan is the time a leaving node's entry spent back at None: from
+// the write that put it there to the one that made it Down again (or
+// removed it).
+type revertSpan struct{ from, to time.Time }
+
 // revertDurations walks the emulator's history: for each leaving node's
 // entry, every time a write put it to None after it had been Down, how long
 // until a write made it Down again or removed it.
 func revertDurations(history []armemulator.PoolWrite, leaving []string) (durations []time.Duration, open []string) {
+	spans, open := revertSpans(history, leaving)
+	for _, s := range spans {
+		durations = append(durations, s.to.Sub(s.from))
+	}
+	return durations, open
+}
+
+func revertSpans(history []armemulator.PoolWrite, leaving []string) (spans []revertSpan, open []string) {
 	type entryKey struct{ pool, name string }
 	wasDown := map[entryKey]bool{}
 	since := map[entryKey]time.Time{}
+	closeAt := func(k entryKey, at time.Time) {
+		if from, reverted := since[k]; reverted {
+			spans = append(spans, revertSpan{from, at})
+			delete(since, k)
+		}
+	}
 	for _, w := range history {
 		pool := w.LoadBalancer + "/" + w.Pool
 		present := map[string]string{}
@@ -136,27 +155,21 @@ func revertDurations(history []armemulator.PoolWrite, leaving []string) (duratio
 			state, ok := present[name]
 			switch {
 			case ok && state == "Down":
-				if at, reverted := since[k]; reverted {
-					durations = append(durations, w.Time.Sub(at))
-					delete(since, k)
-				}
+				closeAt(k, w.Time)
 				wasDown[k] = true
 			case ok && wasDown[k]:
 				if _, reverted := since[k]; !reverted {
 					since[k] = w.Time
 				}
 			case !ok:
-				if at, reverted := since[k]; reverted {
-					durations = append(durations, w.Time.Sub(at))
-					delete(since, k)
-				}
+				closeAt(k, w.Time)
 			}
 		}
 	}
 	for k := range since {
 		open = append(open, k.pool+"/"+k.name)
 	}
-	return durations, open
+	return spans, open
 }
 
 func p99(ds []time.Duration) time.Duration {
