@@ -144,19 +144,29 @@ func (m *Manager) applySuccess(g group, snap snapshot, res result, now time.Time
 func (m *Manager) applyBusy(g group, err error, at time.Time) []pendingEvent {
 	var events []pendingEvent
 	msg := armclient.Summary(err)
+	m.eachPending(g, func(n *nodeState, w *work) {
+		if !w.busyReported {
+			w.busyReported = true
+			events = append(events, pendingEvent{n, busyEvent(g.pool.key, msg, at)})
+		}
+	})
+	return events
+}
+
+// eachPending calls f for every participant of an attempt whose desired
+// state is still the one attempted and whose work in the pool is pending
+// (one forgotten or changed meanwhile is dropped quietly). Call with m.mu
+// held.
+func (m *Manager) eachPending(g group, f func(n *nodeState, w *work)) {
 	for uid, gen := range g.participants {
 		n := m.nodes[uid]
 		if n == nil || n.gen != gen {
 			continue
 		}
-		w := n.pools[g.pool.key]
-		if w == nil || !w.pending || w.busyReported {
-			continue
+		if w := n.pools[g.pool.key]; w != nil && w.pending {
+			f(n, w)
 		}
-		w.busyReported = true
-		events = append(events, pendingEvent{n, busyEvent(g.pool.key, msg, at)})
 	}
-	return events
 }
 
 // conflictDelay is how long a pool waits after its n-th 412 in a row: the
@@ -180,26 +190,18 @@ func (m *Manager) applyRetriable(g group, err error, now, at time.Time) []pendin
 	var events []pendingEvent
 	exhausted := false
 	msg := armclient.Summary(err)
-	for uid, gen := range g.participants {
-		n := m.nodes[uid]
-		if n == nil || n.gen != gen {
-			continue // forgotten or changed: dropped quietly
-		}
-		w := n.pools[g.pool.key]
-		if w == nil || !w.pending {
-			continue
-		}
+	m.eachPending(g, func(n *nodeState, w *work) {
 		if w.retries >= m.cfg.MaxRetries {
 			exhausted = true
 			n.failed = &UpdateFailedError{Pool: g.pool.key, Retries: w.retries, Err: err}
 			if m.fail(n, w, now, false) {
 				events = append(events, pendingEvent{n, exhaustedEvent(g.pool.key, w.retries, msg, w.retryAt, m.failedRetryCeiling())})
 			}
-			continue
+			return
 		}
 		w.retries++
 		events = append(events, pendingEvent{n, retryingEvent(g.pool.key, w.retries, m.cfg.MaxRetries, msg, at)})
-	}
+	})
 	if exhausted {
 		poolUpdates.WithLabelValues(resultFailure).Inc()
 	}
@@ -211,20 +213,12 @@ func (m *Manager) applyRetriable(g group, err error, now, at time.Time) []pendin
 func (m *Manager) applyTerminal(g group, err error, now time.Time) []pendingEvent {
 	var events []pendingEvent
 	msg := armclient.Summary(err)
-	for uid, gen := range g.participants {
-		n := m.nodes[uid]
-		if n == nil || n.gen != gen {
-			continue
-		}
-		w := n.pools[g.pool.key]
-		if w == nil || !w.pending {
-			continue
-		}
+	m.eachPending(g, func(n *nodeState, w *work) {
 		n.failed = &UpdateFailedError{Pool: g.pool.key, Err: err}
 		if m.fail(n, w, now, true) {
 			events = append(events, pendingEvent{n, failedEvent(g.pool.key, msg, w.retryAt)})
 		}
-	}
+	})
 	return events
 }
 

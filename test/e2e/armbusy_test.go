@@ -8,12 +8,9 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
-	ngv1alpha1 "github.com/nodeguard/nodeguard/api/v1alpha1"
 	"github.com/nodeguard/nodeguard/test/armemulator"
-	"github.com/nodeguard/nodeguard/test/builder"
 	"github.com/nodeguard/nodeguard/test/harness"
 )
 
@@ -32,38 +29,8 @@ import (
 func TestCutHoldsThroughAnotherWritersLongOperations(t *testing.T) {
 	harness.SkipWithoutEnv(t, env)
 	ctx := context.Background()
-	name := freshName("busy")
-	harness.MustCreate(t, env.Client, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: name}})
-	var seedNodes []armemulator.Node
-	node := func(i int) string {
-		n := fmt.Sprintf("%s-%d", name, i)
-		ip := fmt.Sprintf("10.%d.2.%d", len(name), i+4)
-		harness.MustCreate(t, env.Client, builder.Node(n, builder.WithLabels("pool", name), builder.WithProviderID(vmssProviderID(i)), builder.WithInternalIP(ip)))
-		seedNodes = append(seedNodes, armemulator.Node{Name: n, IPs: []string{ip}, ProviderID: vmssProviderID(i)})
-		return n
-	}
-	var leaving []string
-	for i := range 4 {
-		n := node(i)
-		if i < 2 {
-			leaving = append(leaving, n)
-			harness.MustCreate(t, env.Client, &corev1.Pod{
-				ObjectMeta: metav1.ObjectMeta{Namespace: name, Name: "hold-" + n, Annotations: map[string]string{ngv1alpha1.DoNotEvictAnnotation: "true"}},
-				Spec:       corev1.PodSpec{NodeName: n, Containers: []corev1.Container{{Name: "c", Image: "example.com/hold"}}},
-			})
-		}
-	}
-	emu, err := armemulator.Start("127.0.0.1:0", armemulator.SeedForNodes(subscription, resourceGroup, seedNodes, armemulator.Topology{Internal: true}),
-		armemulator.Options{Async: true, AsyncPolls: 1})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { emu.Close() })
-	metricsPort := harness.FreePort(t)
-	startNodeguard(t, env.Kubeconfig, emu, fmt.Sprintf("--metrics-bind-address=127.0.0.1:%d", metricsPort), "--metrics-secure=false")
-	for _, n := range leaving {
-		harness.WaitForTerminationFinalizer(t, env.Client, n)
-	}
+	f := newCoexistFixture(t, "busy", 2, 4, 2)
+	name, emu, metricsPort, leaving := f.name, f.emu, f.metricsPort, f.leaving
 	other := armemulator.NewCloudProvider(emu)
 	other.Unpolled = true
 	before, err := other.Read(ctx) // a reconcile that starts before the cut
@@ -72,27 +39,15 @@ func TestCutHoldsThroughAnotherWritersLongOperations(t *testing.T) {
 	}
 
 	harness.MustKubectl(t, env.Kubeconfig, "", append([]string{"delete", "node", "--wait=false"}, leaving...)...)
-	allDown := func() bool {
-		states := emu.AdminStates()
-		for _, p := range coexistPools {
-			for _, n := range leaving {
-				if states[p[0]+"/"+p[1]+"/"+n] != "Down" {
-					return false
-				}
-			}
-		}
-		return true
-	}
+	allDown := f.allDown
 	harness.Eventually(t, time.Minute, func(context.Context) (bool, error) { return allDown(), nil }, "every leaving node is Down in both pools")
 
 	// revert adds a node (the other writer's reconcile puts it in the
 	// pools) and PUTs both pools from the copy read before the cut, as soon
 	// as no operation is in progress on either load balancer.
-	joined := 0
 	revert := func(what string) {
 		t.Helper()
-		node(4 + joined)
-		joined++
+		f.addNode()
 		nodes, err := clusterNodes(ctx, name)
 		if err != nil {
 			t.Fatal(err)

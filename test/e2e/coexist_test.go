@@ -210,6 +210,78 @@ func nodeguard412s(emu *armemulator.Server) []string {
 	return out
 }
 
+// coexistFixture is what the coexistence tests share: the nodes of a fresh
+// pool behind a public and an internal load balancer, the first of them held
+// in their drain by a do-not-evict pod, and nodeguard running (metrics on
+// metricsPort) against an emulator seeded with them, whose writes are
+// asynchronous operations.
+type coexistFixture struct {
+	t           *testing.T
+	name        string
+	subnet      int
+	added       int
+	emu         *armemulator.Server
+	metricsPort int
+	leaving     []string
+}
+
+func newCoexistFixture(t *testing.T, prefix string, subnet, nodes, leaving int) *coexistFixture {
+	t.Helper()
+	f := &coexistFixture{t: t, name: freshName(prefix), subnet: subnet}
+	harness.MustCreate(t, env.Client, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: f.name}})
+	var seed []armemulator.Node
+	for i := range nodes {
+		n, ip := f.addNode()
+		seed = append(seed, armemulator.Node{Name: n, IPs: []string{ip}, ProviderID: vmssProviderID(i)})
+		if i < leaving {
+			f.leaving = append(f.leaving, n)
+			// A do-not-evict pod holds the node in its drain until released.
+			harness.MustCreate(t, env.Client, &corev1.Pod{
+				ObjectMeta: metav1.ObjectMeta{Namespace: f.name, Name: "hold-" + n, Annotations: map[string]string{ngv1alpha1.DoNotEvictAnnotation: "true"}},
+				Spec:       corev1.PodSpec{NodeName: n, Containers: []corev1.Container{{Name: "c", Image: "example.com/hold"}}},
+			})
+		}
+	}
+	emu, err := armemulator.Start("127.0.0.1:0", armemulator.SeedForNodes(subscription, resourceGroup, seed, armemulator.Topology{Internal: true}),
+		armemulator.Options{Async: true, AsyncPolls: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { emu.Close() })
+	f.emu = emu
+	f.metricsPort = harness.FreePort(t)
+	startNodeguard(t, env.Kubeconfig, emu, fmt.Sprintf("--metrics-bind-address=127.0.0.1:%d", f.metricsPort), "--metrics-secure=false")
+	for _, n := range f.leaving {
+		harness.WaitForTerminationFinalizer(t, env.Client, n)
+	}
+	return f
+}
+
+// addNode creates the pool's next node and returns its name and address.
+// One created after the fixture is in no backend pool until another writer
+// (cloud-provider-azure) adds it.
+func (f *coexistFixture) addNode() (string, string) {
+	i := f.added
+	f.added++
+	n := fmt.Sprintf("%s-%d", f.name, i)
+	ip := fmt.Sprintf("10.%d.%d.%d", len(f.name), f.subnet, i+4)
+	harness.MustCreate(f.t, env.Client, builder.Node(n, builder.WithLabels("pool", f.name), builder.WithProviderID(vmssProviderID(i)), builder.WithInternalIP(ip)))
+	return n, ip
+}
+
+// allDown reports whether every leaving node's entry is Down in both pools.
+func (f *coexistFixture) allDown() bool {
+	states := f.emu.AdminStates()
+	for _, p := range coexistPools {
+		for _, n := range f.leaving {
+			if states[p[0]+"/"+p[1]+"/"+n] != "Down" {
+				return false
+			}
+		}
+	}
+	return true
+}
+
 // TestTrafficCutHoldsWhileCloudProviderReconciles: three nodes drain while
 // the cloud-provider-azure actor reconciles the pools every second and two
 // replacement nodes join. Twice, a reconcile that read the load balancers
@@ -222,39 +294,8 @@ func nodeguard412s(emu *armemulator.Server) []string {
 func TestTrafficCutHoldsWhileCloudProviderReconciles(t *testing.T) {
 	harness.SkipWithoutEnv(t, env)
 	ctx := context.Background()
-	name := freshName("coexist")
-	harness.MustCreate(t, env.Client, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: name}})
-	var seedNodes []armemulator.Node
-	node := func(i int) string {
-		n := fmt.Sprintf("%s-%d", name, i)
-		ip := fmt.Sprintf("10.%d.1.%d", len(name), i+4)
-		harness.MustCreate(t, env.Client, builder.Node(n, builder.WithLabels("pool", name), builder.WithProviderID(vmssProviderID(i)), builder.WithInternalIP(ip)))
-		seedNodes = append(seedNodes, armemulator.Node{Name: n, IPs: []string{ip}, ProviderID: vmssProviderID(i)})
-		return n
-	}
-	var leaving []string
-	for i := range 5 {
-		n := node(i)
-		if i < 3 {
-			leaving = append(leaving, n)
-			// A do-not-evict pod holds the node in its drain until released.
-			harness.MustCreate(t, env.Client, &corev1.Pod{
-				ObjectMeta: metav1.ObjectMeta{Namespace: name, Name: "hold-" + n, Annotations: map[string]string{ngv1alpha1.DoNotEvictAnnotation: "true"}},
-				Spec:       corev1.PodSpec{NodeName: n, Containers: []corev1.Container{{Name: "c", Image: "example.com/hold"}}},
-			})
-		}
-	}
-	emu, err := armemulator.Start("127.0.0.1:0", armemulator.SeedForNodes(subscription, resourceGroup, seedNodes, armemulator.Topology{Internal: true}),
-		armemulator.Options{Async: true, AsyncPolls: 1})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { emu.Close() })
-	metricsPort := harness.FreePort(t)
-	startNodeguard(t, env.Kubeconfig, emu, fmt.Sprintf("--metrics-bind-address=127.0.0.1:%d", metricsPort), "--metrics-secure=false")
-	for _, n := range leaving {
-		harness.WaitForTerminationFinalizer(t, env.Client, n)
-	}
+	f := newCoexistFixture(t, "coexist", 1, 5, 3)
+	name, emu, metricsPort, leaving := f.name, f.emu, f.metricsPort, f.leaving
 	loop := startCloudProvider(t, emu, name)
 	stale := armemulator.NewCloudProvider(emu)
 	before, err := stale.Read(ctx) // a reconcile that starts before the cut
@@ -263,22 +304,12 @@ func TestTrafficCutHoldsWhileCloudProviderReconciles(t *testing.T) {
 	}
 
 	harness.MustKubectl(t, env.Kubeconfig, "", append([]string{"delete", "node", "--wait=false"}, leaving...)...)
-	allDown := func() bool {
-		states := emu.AdminStates()
-		for _, p := range coexistPools {
-			for _, n := range leaving {
-				if states[p[0]+"/"+p[1]+"/"+n] != "Down" {
-					return false
-				}
-			}
-		}
-		return true
-	}
+	allDown := f.allDown
 	harness.Eventually(t, time.Minute, func(context.Context) (bool, error) { return allDown(), nil }, "every leaving node is Down in both pools")
 
 	// Two stale reconciles, each while a replacement node joins.
-	for i, p := range coexistPools {
-		replacement := node(5 + i)
+	for _, p := range coexistPools {
+		replacement, _ := f.addNode()
 		nodes, err := clusterNodes(ctx, name)
 		if err != nil {
 			t.Fatal(err)
