@@ -64,7 +64,7 @@ var (
 	reverts = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Namespace: metricsNamespace,
 		Name:      "reverts_total",
-		Help:      "Entries of nodes held Down that a verification found not Down (another writer put them back to None or added them at None) and nodeguard set Down again, by pool (load balancer/pool). Each has a LoadBalancerAdminStateReverted Warning event.",
+		Help:      "Entries of nodes held Down that a verification, or a write for other nodes, found not Down (another writer put them back to None or added them at None) and nodeguard set Down again, by pool (load balancer/pool). Each has a LoadBalancerAdminStateReverted Warning event.",
 	}, []string{labelPool})
 	revertOpen = prometheus.NewHistogramVec(prometheus.HistogramOpts{
 		Namespace: metricsNamespace,

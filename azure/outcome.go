@@ -125,6 +125,12 @@ func (m *Manager) applySuccess(g group, snap snapshot, res result, now time.Time
 			if !w.openSince.IsZero() && n.desired == AdminStateDown {
 				revertOpen.WithLabelValues(g.pool.key).Observe(now.Sub(w.openSince).Seconds())
 			}
+			if _, wanted := g.participants[uid]; !wanted && !w.pending && !w.failed && res.changed[k] && n.desired == AdminStateDown {
+				// Held Down and done, yet this write (for other nodes) had to
+				// set it Down again: another writer reverted it since.
+				reverts.WithLabelValues(g.pool.key).Inc()
+				events = append(events, pendingEvent{n, revertedEvent(g.pool.key, n.name)})
+			}
 			*w = work{}
 		}
 		if res.changed[k] {

@@ -163,3 +163,31 @@ func TestVerifyWakesTheLoop(t *testing.T) {
 		e.step(time.Second)
 	}
 }
+
+// TestWriteForOtherNodesCountsTheRevertItRepairs: another writer puts a
+// held-down entry back to None, and before the next verification another
+// node's cut writes the same pool: that write sets the reverted entry Down
+// too, and says so as a verification would (event and count).
+func TestWriteForOtherNodesCountsTheRevertItRepairs(t *testing.T) {
+	e := newEnv(t, 3, false)
+	n0, n1 := e.nodes[0], e.nodes[1]
+	stale, err := armemulator.NewCloudProvider(e.emu).Read(e.ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.m.SetDesired(n0, AdminStateDown)
+	e.tick()
+	e.wantStates(n0.Name, AdminStateDown)
+	if _, err := stale.EnsureHostsInPool(e.ctx, "kubernetes", "kubernetes", emuNodes(e, armemulator.Node{Name: "joiner", IPs: []string{"10.224.9.9"}})); err != nil {
+		t.Fatal(err)
+	}
+	before := revertsIn("kubernetes/kubernetes")
+	e.m.SetDesired(n1, AdminStateDown)
+	e.tick()
+	e.wantStates(n0.Name, AdminStateDown)
+	e.wantStates(n1.Name, AdminStateDown)
+	if got := revertsIn("kubernetes/kubernetes") - before; got != 1 {
+		t.Errorf("reverts_total{pool=kubernetes/kubernetes} grew by %v, want 1", got)
+	}
+	e.wantReasons(n0.Name, ReasonDown, ReasonReverted)
+}

@@ -11,6 +11,7 @@ import (
 	"io"
 	"net/http"
 	"net/netip"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -244,23 +245,58 @@ type StatusError struct {
 func (e *StatusError) Error() string { return fmt.Sprintf("status %d: %s", e.Status, e.Body) }
 
 // do sends one request; a PUT answered as an asynchronous operation is
-// polled until it ends.
+// polled until it ends. A 429 is sent again after its Retry-After, as the
+// Azure SDK's retry policy does (cloud-provider-azure's clients keep it), for
+// as long as ctx lasts.
 func (c *CloudProvider) do(ctx context.Context, method, url, ifMatch string, body, out any) error {
-	client := c.Client
-	if client == nil {
-		client = http.DefaultClient
-	}
-	var rd io.Reader
+	var payload []byte
 	if body != nil {
 		b, err := json.Marshal(body)
 		if err != nil {
 			return err
 		}
-		rd = bytes.NewReader(b)
+		payload = b
+	}
+	for {
+		resp, data, err := c.send(ctx, method, url, ifMatch, payload)
+		if err != nil {
+			return err
+		}
+		if resp.StatusCode == http.StatusTooManyRequests {
+			wait, _ := strconv.Atoi(resp.Header.Get("Retry-After"))
+			select {
+			case <-ctx.Done():
+				return &StatusError{Status: resp.StatusCode, Body: string(data)}
+			case <-time.After(time.Duration(max(wait, 1)) * time.Second):
+			}
+			continue
+		}
+		if resp.StatusCode >= 300 {
+			return &StatusError{Status: resp.StatusCode, Body: string(data)}
+		}
+		if op := resp.Header.Get("Azure-AsyncOperation"); op != "" && !c.Unpolled {
+			return c.poll(ctx, op)
+		}
+		if out != nil {
+			return json.Unmarshal(data, out)
+		}
+		return nil
+	}
+}
+
+// send makes one HTTP request and reads its answer.
+func (c *CloudProvider) send(ctx context.Context, method, url, ifMatch string, payload []byte) (*http.Response, []byte, error) {
+	client := c.Client
+	if client == nil {
+		client = http.DefaultClient
+	}
+	var rd io.Reader
+	if payload != nil {
+		rd = bytes.NewReader(payload)
 	}
 	req, err := http.NewRequestWithContext(ctx, method, url, rd)
 	if err != nil {
-		return err
+		return nil, nil, err
 	}
 	req.Header.Set("Content-Type", "application/json")
 	if ifMatch != "" {
@@ -268,20 +304,11 @@ func (c *CloudProvider) do(ctx context.Context, method, url, ifMatch string, bod
 	}
 	resp, err := client.Do(req)
 	if err != nil {
-		return err
+		return nil, nil, err
 	}
 	defer resp.Body.Close()
-	data, _ := io.ReadAll(resp.Body)
-	if resp.StatusCode >= 300 {
-		return &StatusError{Status: resp.StatusCode, Body: string(data)}
-	}
-	if op := resp.Header.Get("Azure-AsyncOperation"); op != "" && !c.Unpolled {
-		return c.poll(ctx, op)
-	}
-	if out != nil {
-		return json.Unmarshal(data, out)
-	}
-	return nil
+	data, err := io.ReadAll(resp.Body)
+	return resp, data, err
 }
 
 // poll waits for an asynchronous operation to end.

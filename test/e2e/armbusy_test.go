@@ -29,7 +29,7 @@ import (
 func TestCutHoldsThroughAnotherWritersLongOperations(t *testing.T) {
 	harness.SkipWithoutEnv(t, env)
 	ctx := context.Background()
-	f := newCoexistFixture(t, "busy", 2, 4, 2)
+	f := newCoexistFixture(t, "busy", 2, 4, 2, armemulator.Options{})
 	name, emu, metricsPort, leaving := f.name, f.emu, f.metricsPort, f.leaving
 	other := armemulator.NewCloudProvider(emu)
 	other.Unpolled = true
