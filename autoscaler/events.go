@@ -19,6 +19,8 @@ const (
 	ReasonScaleDownCancelled = "ScaleDownCancelled"
 	// ReasonDisruptionClaimed, on a budget: it was charged with a scale-down.
 	ReasonDisruptionClaimed = "DisruptionClaimed"
+	// ReasonDisruptionDenied (Warning), on a budget: it refused a scale-down.
+	ReasonDisruptionDenied = "DisruptionDenied"
 
 	actionHold = "HoldScaleDown"
 )

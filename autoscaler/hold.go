@@ -22,7 +22,6 @@ import (
 	"strconv"
 	"time"
 
-	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/labels"
@@ -77,6 +76,9 @@ type HoldReconciler struct {
 	// AdminState is nil when Azure is not configured: the hold then waits for
 	// the budget claim only.
 	AdminState TrafficCut
+	// Instances, when set, says whether a NotReady node's instance is gone
+	// (a scale-down of such a node charges no budget).
+	Instances budget.InstanceChecker
 	// AdminStateTimeout bounds the wait for Azure to confirm Down, counted
 	// from the claim; past it the hold is released with a Warning event.
 	AdminStateTimeout time.Duration
@@ -237,15 +239,15 @@ func (r *HoldReconciler) claim(ctx context.Context, node *corev1.Node) (reconcil
 	}
 	ctx, cancel := context.WithTimeout(ctx, claimTimeout)
 	defer cancel()
-	names, refusal, err := r.chargeBudgets(ctx, node)
+	v, err := r.judge(ctx, node)
 	if err != nil {
 		return reconcile.Result{}, false, err
 	}
-	if refusal != "" {
+	if !v.Allowed {
 		scaleDownClaims.WithLabelValues(resultDenied).Inc()
 		r.event(node, corev1.EventTypeWarning, ReasonScaleDownDenied,
 			"cluster-autoscaler's scale-down is held (%s stays on the node): %s; cluster-autoscaler deletes the VM anyway once its --node-deletion-delay-timeout passes",
-			ngv1alpha1.DelayDeletionAnnotation, refusal)
+			ngv1alpha1.DelayDeletionAnnotation, v.Message)
 		return reconcile.Result{RequeueAfter: deniedRetry}, false, nil
 	}
 	if err := r.patchAnnotations(ctx, node, func(a map[string]string) {
@@ -254,55 +256,27 @@ func (r *HoldReconciler) claim(ctx context.Context, node *corev1.Node) (reconcil
 		return reconcile.Result{}, false, err // the charge stays; the next pass finds it (claims are idempotent)
 	}
 	scaleDownClaims.WithLabelValues(resultGranted).Inc()
-	within := "no NodeDisruptionBudget selects the node"
-	if len(names) > 0 {
-		within = fmt.Sprintf("charged to NodeDisruptionBudget(s) %v", names)
-	}
-	r.event(node, corev1.EventTypeNormal, ReasonScaleDownClaimed, "cluster-autoscaler's scale-down is admitted: %s", within)
+	r.event(node, corev1.EventTypeNormal, ReasonScaleDownClaimed, "cluster-autoscaler's scale-down is admitted: %s", v.Message)
 	return reconcile.Result{}, true, nil
 }
 
-// chargeBudgets returns the budgets charged, or why the scale-down is refused.
-func (r *HoldReconciler) chargeBudgets(ctx context.Context, node *corev1.Node) ([]string, string, error) {
-	if hold, err := r.maintenanceHold(ctx, node); err != nil || hold != "" {
-		return nil, hold, err
+// judge applies the disruption rule to the scale-down, with an event on each
+// budget it charged and on the one that refused.
+func (r *HoldReconciler) judge(ctx context.Context, node *corev1.Node) (budget.Verdict, error) {
+	rule := budget.Rule{Claimer: r.Claimer, Budgets: r.Client, Leases: r.Reader, Instances: r.Instances, Clock: r.Clock}
+	v, err := rule.Decide(ctx, node, false)
+	if err != nil || r.Recorder == nil {
+		return v, err
 	}
-	budgets, err := budget.Matching(ctx, r.Client, node)
-	if err != nil {
-		return nil, "", err
+	for _, b := range v.Charged {
+		r.Recorder.Eventf(b, node, corev1.EventTypeNormal, ReasonDisruptionClaimed, actionHold,
+			"charged cluster-autoscaler's scale-down of node %s", node.Name)
 	}
-	charge, err := r.Claimer.ChargeAll(ctx, budgets, node, false)
-	if err != nil {
-		return nil, "", err
+	if v.Denier != nil {
+		r.Recorder.Eventf(v.Denier, node, corev1.EventTypeWarning, ReasonDisruptionDenied, actionHold,
+			"refused cluster-autoscaler's scale-down of node %s: %s", node.Name, v.Message)
 	}
-	if charge.Denial != nil {
-		return nil, charge.Denial.Message, nil
-	}
-	for _, b := range charge.Newly {
-		if r.Recorder != nil {
-			r.Recorder.Eventf(b, node, corev1.EventTypeNormal, ReasonDisruptionClaimed, actionHold,
-				"charged cluster-autoscaler's scale-down of node %s", node.Name)
-		}
-	}
-	names := make([]string, 0, len(budgets))
-	for _, b := range budgets {
-		names = append(names, b.Name)
-	}
-	return names, "", nil
-}
-
-// maintenanceHold names who else holds the node's maintenance Lease, if anyone.
-func (r *HoldReconciler) maintenanceHold(ctx context.Context, node *corev1.Node) (string, error) {
-	var lease coordinationv1.Lease
-	err := r.Reader.Get(ctx, client.ObjectKey{Namespace: ngv1alpha1.MaintenanceLeaseNamespace, Name: node.Name}, &lease)
-	if err != nil {
-		return "", client.IgnoreNotFound(err)
-	}
-	hold := budget.HeldAt(&lease, r.Clock.Now())
-	if hold == nil || budget.IsNodeguardHolder(hold.Holder) {
-		return "", nil
-	}
-	return fmt.Sprintf("the node is under maintenance: its Lease %s/%s is %s", ngv1alpha1.MaintenanceLeaseNamespace, node.Name, hold), nil
+	return v, nil
 }
 
 // giveBack releases the node's charge from every budget selecting it.

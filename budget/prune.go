@@ -252,13 +252,17 @@ func earlier(a, b time.Time) time.Time {
 }
 
 // DisruptionUnderWay reports whether the node shows that a disruption charged
-// to its budgets has begun: it is being deleted, nodeguard drains it, or
-// cluster-autoscaler's scale-down of it is claimed. Each charge is followed by
-// one of these within moments (a Node DELETE, Karpenter deleting the Node of
-// a deleted NodeClaim, the scale-down mark), so a claim that shows none after
-// the unconfirmed-claim timeout was never followed by its disruption.
+// to its budgets has begun: it is being deleted, nodeguard drains it,
+// cluster-autoscaler's scale-down of it is claimed, or its NodeClaim's
+// deletion was charged. Each charge is followed by one of these within
+// moments (a Node DELETE, the NodeClaim mark, the scale-down mark), so a
+// claim that shows none after the unconfirmed-claim timeout was never
+// followed by its disruption.
 func DisruptionUnderWay(node *corev1.Node) bool {
 	if node.DeletionTimestamp != nil || ngv1alpha1.ScaleDownClaimed(node) {
+		return true
+	}
+	if _, charged := node.Annotations[ngv1alpha1.NodeClaimDeleteChargedAtAnnotation]; charged {
 		return true
 	}
 	for _, t := range node.Spec.Taints {

@@ -2,6 +2,7 @@ package webhook_test
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"maps"
@@ -11,18 +12,24 @@ import (
 	"sync"
 	"testing"
 
+	admissionv1 "k8s.io/api/admission/v1"
 	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/utils/clock"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
 
 	ngv1alpha1 "github.com/nodeguard/nodeguard/api/v1alpha1"
 	"github.com/nodeguard/nodeguard/budget"
 	"github.com/nodeguard/nodeguard/test/builder"
 	"github.com/nodeguard/nodeguard/test/harness"
+	ngwebhook "github.com/nodeguard/nodeguard/webhook"
 )
 
 // newReplica is one webhook replica's claimer: its own group commit and its
@@ -38,9 +45,15 @@ func newReplica() *budget.Claimer {
 // webhook for the create.
 func countedBudget(t *testing.T, name string, expected, maxUnavailable int32) {
 	t.Helper()
+	countedBudgetSelecting(t, name, "pool", name, expected, maxUnavailable)
+}
+
+// countedBudgetSelecting is countedBudget selecting the nodes labelled key=value.
+func countedBudgetSelecting(t *testing.T, name, key, value string, expected, maxUnavailable int32) {
+	t.Helper()
 	ctx := context.Background()
 	useGuards(t, startReplica(t))
-	ndb := builder.NDB(name, builder.NDBSelecting("pool", name), builder.NDBMaxUnavailable(fmt.Sprint(maxUnavailable)))
+	ndb := builder.NDB(name, builder.NDBSelecting(key, value), builder.NDBMaxUnavailable(fmt.Sprint(maxUnavailable)))
 	if err := env.Client.Create(ctx, ndb); err != nil {
 		t.Fatal(err)
 	}
@@ -286,5 +299,113 @@ func TestMaintenanceHoldGivesBackTheClaim(t *testing.T) {
 	}
 	if ndb := getBudget(t, "heldclaim"); ndb.Status.DisruptionsAllowed != 0 {
 		t.Errorf("after the other node's delete the budget still allows %d", ndb.Status.DisruptionsAllowed)
+	}
+}
+
+// staleFor is a fresh reader that answers, for one budget, with a copy from
+// before its last change: a read that raced a concurrent write.
+type staleFor struct {
+	client.Reader
+	ndb *ngv1alpha1.NodeDisruptionBudget
+}
+
+func (s staleFor) Get(ctx context.Context, key client.ObjectKey, obj client.Object, opts ...client.GetOption) error {
+	if b, ok := obj.(*ngv1alpha1.NodeDisruptionBudget); ok && key.Name == s.ndb.Name {
+		s.ndb.DeepCopyInto(b)
+		return nil
+	}
+	return s.Reader.Get(ctx, key, obj, opts...)
+}
+
+// TestDryRunDeleteNeverGivesBackARealClaim: a real delete of node x was
+// admitted within budget "dry-a" (x is charged there); budget "dry-b", which
+// selects x too, is full. A `kubectl delete node x --dry-run=server` whose
+// read of dry-a raced that charge finds room there, then is refused by
+// dry-b. A dry run writes nothing: the real delete's charge stays.
+func TestDryRunDeleteNeverGivesBackARealClaim(t *testing.T) {
+	harness.SkipWithoutEnv(t, env)
+	ctx := context.Background()
+	countedBudgetSelecting(t, "dry-a", "dry-a", "yes", 4, 1)
+	countedBudgetSelecting(t, "dry-b", "dry-b", "yes", 4, 1)
+	before := getBudget(t, "dry-a")
+	node := builder.Node("dry-x", builder.Ready(), builder.WithLabels("dry-a", "yes", "dry-b", "yes"))
+	node.Finalizers = []string{ngv1alpha1.TerminationFinalizer}
+	real := newReplica()
+	if _, err := real.Claim(ctx, "dry-a", node, false); err != nil {
+		t.Fatalf("the real delete's claim: %v", err)
+	}
+	if ok, code := claim(t, real, "dry-b", "dry-y"); !ok || code != 0 {
+		t.Fatalf("filling dry-b: charged %v, denial %d", ok, code)
+	}
+
+	h := &ngwebhook.DeleteHandler{Client: env.Client, Reader: env.Client, Budgets: env.Client,
+		Claimer: &budget.Claimer{Client: env.Client, Reader: staleFor{Reader: env.Client, ndb: before}, Clock: clock.RealClock{}},
+		Managed: labels.Everything(), Clock: clock.RealClock{}, Timeout: ngwebhook.DefaultDeleteTimeout}
+	resp := h.Handle(ctx, deleteRequest(t, node, true))
+	if resp.Allowed || resp.Result == nil || resp.Result.Code != http.StatusTooManyRequests || !strings.Contains(resp.Result.Message, "dry-b") {
+		t.Fatalf("dry-run delete = allowed %v, %+v; want dry-b's 429", resp.Allowed, resp.Result)
+	}
+	requireCharged(t, "dry-a", "dry-x")
+	requireCharged(t, "dry-b", "dry-y")
+}
+
+// deleteRequest is the admission request of a Node DELETE the API server
+// decided from node as given.
+func deleteRequest(t *testing.T, node *corev1.Node, dryRun bool) admission.Request {
+	t.Helper()
+	node = node.DeepCopy()
+	node.APIVersion, node.Kind = "v1", "Node"
+	raw, err := json.Marshal(node)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return admission.Request{AdmissionRequest: admissionv1.AdmissionRequest{
+		UID: "delete-" + types.UID(node.Name), Name: node.Name, Operation: admissionv1.Delete, DryRun: ptr.To(dryRun),
+		Kind: metav1.GroupVersionKind{Version: "v1", Kind: "Node"}, OldObject: runtime.RawExtension{Raw: raw}}}
+}
+
+// TestDeleteKeepsAFinalizerAddedMeanwhile: the DELETE of a node that lacks
+// nodeguard's finalizer makes the handler add it. Another controller
+// (Karpenter, at registration) added its own finalizer after the API server
+// read the node for the delete: nodeguard's patch carries the node's
+// resourceVersion, so it is refused and the delete told to retry, and the
+// other finalizer stays. The retry, from the node as it is now, adds
+// nodeguard's finalizer beside it.
+func TestDeleteKeepsAFinalizerAddedMeanwhile(t *testing.T) {
+	harness.SkipWithoutEnv(t, env)
+	ctx := context.Background()
+	useGuards(t) // nodeguard down: the node is created without its finalizer
+	name := createReadyNodes(t, "lock", 1)[0]
+	const other = "example.com/other"
+	t.Cleanup(func() {
+		node := getNode(t, name)
+		patch := client.MergeFrom(node.DeepCopy())
+		node.Finalizers = slices.DeleteFunc(node.Finalizers, func(f string) bool { return f == other })
+		_ = env.Client.Patch(context.Background(), node, patch)
+	})
+	read := getNode(t, name) // what the API server decided the delete from
+	fresh := read.DeepCopy()
+	patch := client.MergeFrom(read.DeepCopy())
+	fresh.Finalizers = append(fresh.Finalizers, other)
+	if err := env.Client.Patch(ctx, fresh, patch); err != nil {
+		t.Fatal(err)
+	}
+
+	h := &ngwebhook.DeleteHandler{Client: env.Client, Reader: env.Client, Budgets: env.Client, Claimer: newReplica(),
+		Managed: labels.Everything(), Clock: clock.RealClock{}, Timeout: ngwebhook.DefaultDeleteTimeout}
+	resp := h.Handle(ctx, deleteRequest(t, read, false))
+	if resp.Allowed || resp.Result == nil || resp.Result.Code != http.StatusTooManyRequests || !strings.Contains(resp.Result.Message, "changed") {
+		t.Fatalf("delete decided from a node changed since = allowed %v, %+v; want a 429 to retry", resp.Allowed, resp.Result)
+	}
+	if got := getNode(t, name).Finalizers; !slices.Equal(got, []string{other}) {
+		t.Fatalf("finalizers after the refused patch = %v, want the other controller's [%s] kept", got, other)
+	}
+
+	resp = h.Handle(ctx, deleteRequest(t, getNode(t, name), false))
+	if resp.Allowed || resp.Result == nil || !strings.Contains(resp.Result.Message, "retry the delete") {
+		t.Fatalf("the retried delete = allowed %v, %+v; want the finalizer added and a retry asked", resp.Allowed, resp.Result)
+	}
+	if got := getNode(t, name).Finalizers; !slices.Contains(got, other) || !slices.Contains(got, ngv1alpha1.TerminationFinalizer) {
+		t.Fatalf("finalizers = %v, want %s beside %s", got, ngv1alpha1.TerminationFinalizer, other)
 	}
 }

@@ -2,23 +2,19 @@ package webhook
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"net/http"
 	"slices"
-	"sort"
-	"strings"
 	"time"
 
 	admissionv1 "k8s.io/api/admission/v1"
-	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/client-go/tools/events"
 	"k8s.io/utils/clock"
 	"sigs.k8s.io/controller-runtime/pkg/client"
-	logf "sigs.k8s.io/controller-runtime/pkg/log"
 	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
 
 	ngv1alpha1 "github.com/nodeguard/nodeguard/api/v1alpha1"
@@ -59,7 +55,12 @@ type DeleteHandler struct {
 	Clock    clock.PassiveClock
 	Timeout  time.Duration
 	// Instances, when set, says whether a NotReady node's instance is gone.
-	Instances InstanceChecker
+	Instances budget.InstanceChecker
+}
+
+// rule is the disruption rule this handler applies.
+func (h *DeleteHandler) rule() *budget.Rule {
+	return &budget.Rule{Claimer: h.Claimer, Budgets: h.Budgets, Leases: h.Reader, Instances: h.Instances, Clock: h.Clock}
 }
 
 // decision is the outcome of a DELETE, for the response, events and metrics.
@@ -121,17 +122,18 @@ func (h *DeleteHandler) decide(ctx context.Context, node *corev1.Node, dryRun bo
 		return decision{allowed: true, reason: reasonKarpenter, message: fmt.Sprintf(
 			"node %s is terminated by Karpenter: %s; nodeguard cuts its traffic and Karpenter drains it", node.Name, how)}, nil
 	}
-	if instanceGone(ctx, h.Instances, node) {
-		return decision{allowed: true, reason: reasonInstanceGone, message: fmt.Sprintf(
-			"node %s is not Ready and its instance %s no longer exists: nothing is left to protect", node.Name, node.Spec.ProviderID)}, nil
-	}
 	missing := !slices.Contains(node.Finalizers, ngv1alpha1.TerminationFinalizer) && !dryRun
 	addedAt, justAdded := finalizerJustAdded(node, h.Clock.Now())
 	if !missing && !justAdded {
-		return h.claimUnlessHeld(ctx, node, dryRun)
+		return h.judge(ctx, node, dryRun)
 	}
-	if d, done, err := h.checkMaintenanceHold(ctx, node); done || err != nil {
-		return d, err
+	// A node without the finalizer is guarded from its next delete on; the
+	// instance and the Lease still decide this one.
+	if v, gone := h.rule().Gone(ctx, node); gone {
+		return fromVerdict(node, v), nil
+	}
+	if v, held, err := h.rule().Held(ctx, node); held || err != nil {
+		return fromVerdict(node, v), err
 	}
 	if missing {
 		return h.addFinalizer(ctx, node)
@@ -141,51 +143,22 @@ func (h *DeleteHandler) decide(ctx context.Context, node *corev1.Node, dryRun bo
 		node.Name, addedAt.UTC().Format(time.RFC3339))}, nil
 }
 
-// claimUnlessHeld claims the budgets while it reads the node's maintenance
-// Lease, instead of after it: read first, the Lease would add an API round
-// trip to every guarded delete. A hold still wins: the claims this request
-// charged are given back and the delete is denied with the hold. The overlap
-// leaves a charge that lives for one round trip; a concurrent delete meeting
-// it is told to retry, never admitted beyond the budget.
-func (h *DeleteHandler) claimUnlessHeld(ctx context.Context, node *corev1.Node, dryRun bool) (decision, error) {
-	type hold struct {
-		d    decision
-		held bool
-		err  error
+// judge applies the disruption rule to a guarded node's delete.
+func (h *DeleteHandler) judge(ctx context.Context, node *corev1.Node, dryRun bool) (decision, error) {
+	v, err := h.rule().Decide(ctx, node, dryRun)
+	if err != nil {
+		return decision{}, err
 	}
-	holds := make(chan hold, 1)
-	go func() {
-		d, held, err := h.checkMaintenanceHold(ctx, node)
-		holds <- hold{d, held, err}
-	}()
-	d, err := h.claimBudgets(ctx, node, dryRun)
-	if found := <-holds; found.held || found.err != nil {
-		if err == nil {
-			h.release(ctx, node.Name, d.claimed)
-		}
-		return found.d, found.err
-	}
-	return d, err
+	return fromVerdict(node, v), nil
 }
 
-// checkMaintenanceHold denies while someone other than nodeguard holds the
-// node's maintenance Lease.
-func (h *DeleteHandler) checkMaintenanceHold(ctx context.Context, node *corev1.Node) (decision, bool, error) {
-	var lease coordinationv1.Lease
-	err := h.Reader.Get(ctx, client.ObjectKey{Namespace: ngv1alpha1.MaintenanceLeaseNamespace, Name: node.Name}, &lease)
-	if client.IgnoreNotFound(err) != nil {
-		return decision{}, false, fmt.Errorf("reading maintenance Lease of node %s: %w", node.Name, err)
+// fromVerdict words the rule's verdict for a Node DELETE.
+func fromVerdict(node *corev1.Node, v budget.Verdict) decision {
+	d := decision{allowed: v.Allowed, code: v.Code, reason: v.Why, message: v.Message, claimed: v.Charged, denier: v.Denier}
+	if v.Why == budget.WhyBudget {
+		d.message = fmt.Sprintf("deleting node %s: %s", node.Name, v.Message)
 	}
-	if err != nil {
-		return decision{}, false, nil // no Lease: no hold
-	}
-	hold := budget.HeldAt(&lease, h.Clock.Now())
-	if hold == nil || budget.IsNodeguardHolder(hold.Holder) {
-		return decision{}, false, nil
-	}
-	return decision{code: http.StatusTooManyRequests, reason: reasonMaintenanceHold, message: fmt.Sprintf(
-		"node %s is under maintenance: its Lease %s/%s is %s; retry after the holder releases it",
-		node.Name, ngv1alpha1.MaintenanceLeaseNamespace, node.Name, hold)}, true, nil
+	return d
 }
 
 // addFinalizer puts the finalizer (and the time it was added) on a node that
@@ -193,82 +166,24 @@ func (h *DeleteHandler) checkMaintenanceHold(ctx context.Context, node *corev1.N
 // from the object it read before admission; seeing the node changed, it runs
 // admission again within the same request, and finalizerJustAdded denies that
 // too. Only a fresh delete, which sees the finalizer, is guarded.
+//
+// The patch carries the node's resourceVersion: a merge patch replaces the
+// whole finalizer list, so without the lock a finalizer another controller
+// added since the API server read the node would be lost. A node changed
+// since is told to retry.
 func (h *DeleteHandler) addFinalizer(ctx context.Context, node *corev1.Node) (decision, error) {
-	patch := client.MergeFrom(node.DeepCopy())
+	patch := client.MergeFromWithOptions(node.DeepCopy(), client.MergeFromWithOptimisticLock{})
 	markFinalizerAdded(node, h.Clock.Now())
 	if err := h.Client.Patch(ctx, node, patch); err != nil {
+		if apierrors.IsConflict(err) {
+			return decision{code: http.StatusTooManyRequests, reason: reasonNodeChanged, message: fmt.Sprintf(
+				"node %s changed while nodeguard added its %s finalizer: retry the delete", node.Name, ngv1alpha1.TerminationFinalizer)}, nil
+		}
 		return decision{}, fmt.Errorf("adding finalizer to node %s: %w", node.Name, err)
 	}
 	return decision{code: http.StatusTooManyRequests, reason: reasonFinalizerAdded, message: fmt.Sprintf(
 		"node %s had no %s finalizer; nodeguard added it so that the node is drained before it goes: retry the delete",
 		node.Name, ngv1alpha1.TerminationFinalizer)}, nil
-}
-
-// claimBudgets charges one disruption to every budget selecting the node, in
-// name order; when one denies, it gives back what it charged before.
-func (h *DeleteHandler) claimBudgets(ctx context.Context, node *corev1.Node, dryRun bool) (decision, error) {
-	budgets, err := h.matchingBudgets(ctx, labels.Set(node.Labels))
-	if err != nil {
-		return decision{}, err
-	}
-	var claimed []*ngv1alpha1.NodeDisruptionBudget
-	names := make([]string, 0, len(budgets))
-	for _, b := range budgets {
-		names = append(names, b.Name)
-		newly, err := h.Claimer.Claim(ctx, b.Name, node, dryRun)
-		if err != nil {
-			h.release(ctx, node.Name, claimed)
-			var denial *budget.Denial
-			if errors.As(err, &denial) {
-				return decision{code: denial.Code, reason: reasonBudget, denier: b,
-					message: fmt.Sprintf("deleting node %s: %s", node.Name, denial.Message)}, nil
-			}
-			return decision{}, err
-		}
-		if newly {
-			claimed = append(claimed, b)
-		}
-	}
-	msg := fmt.Sprintf("within %d NodeDisruptionBudget(s)", len(names))
-	if len(names) > 0 {
-		msg += ": " + strings.Join(names, ", ")
-	}
-	d := decision{allowed: true, message: msg, claimed: claimed}
-	if unavailable, why := budget.Unavailable(node); unavailable && len(names) > 0 {
-		// The claims charged nothing: the budgets count this node unavailable
-		// already (their unhealthyNodeDeletionPolicy let it go).
-		d.reason = reasonUnavailableNode
-		d.message = fmt.Sprintf("node %s is already unavailable (%s): its deletion consumes no disruption of %s",
-			node.Name, why, strings.Join(names, ", "))
-	}
-	return d, nil
-}
-
-// matchingBudgets returns the budgets selecting the node, sorted by name.
-func (h *DeleteHandler) matchingBudgets(ctx context.Context, nodeLabels labels.Set) ([]*ngv1alpha1.NodeDisruptionBudget, error) {
-	var list ngv1alpha1.NodeDisruptionBudgetList
-	if err := h.Budgets.List(ctx, &list); err != nil {
-		return nil, fmt.Errorf("listing NodeDisruptionBudgets: %w", err)
-	}
-	var matching []*ngv1alpha1.NodeDisruptionBudget
-	for i := range list.Items {
-		sel, err := budget.Selector(&list.Items[i])
-		if err != nil || !sel.Matches(nodeLabels) {
-			continue // an invalid selector selects nothing, as for PodDisruptionBudgets
-		}
-		matching = append(matching, &list.Items[i])
-	}
-	sort.Slice(matching, func(i, j int) bool { return matching[i].Name < matching[j].Name })
-	return matching, nil
-}
-
-func (h *DeleteHandler) release(ctx context.Context, node string, claimed []*ngv1alpha1.NodeDisruptionBudget) {
-	for _, b := range claimed {
-		if err := h.Claimer.Release(ctx, b.Name, node); err != nil {
-			// The status controller gives the claim back after the claim timeout.
-			logf.FromContext(ctx).Error(err, "Releasing a disruption claim", "node", node, "ndb", b.Name)
-		}
-	}
 }
 
 // record emits the events of a decision on the node and on the budgets.

@@ -113,8 +113,8 @@ func postReview(t *testing.T, h http.Handler, body []byte) *admissionv1.Admissio
 	if err := json.Unmarshal(rec.Body.Bytes(), &answer); err != nil || answer.Response == nil {
 		t.Fatalf("answer is no AdmissionReview with a response (%v): %.300s", err, rec.Body.String())
 	}
-	// 5 operation labels (4 and "other") times at most 4 results and 7 reasons.
-	if n := testutil.CollectAndCount(decisions); n > 5*4*7 {
+	// 5 operation labels (4 and "other") times at most 4 results and 8 reasons.
+	if n := testutil.CollectAndCount(decisions); n > 5*4*8 {
 		t.Fatalf("%d admission decision series: a label takes values from the request", n)
 	}
 	if answer.Response.Allowed {

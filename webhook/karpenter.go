@@ -128,6 +128,27 @@ func (h *NodeClaimDeleteHandler) markDenied(ctx context.Context, node *corev1.No
 	}
 }
 
+// markCharged records on the node that its NodeClaim's deletion was charged
+// to its budgets: Karpenter deletes the Node only after the NodeClaim's
+// finalizer ran, which a backlog or a leader change can delay past
+// --unconfirmed-claim-timeout, and until then the mark is the disruption
+// under way that keeps the charge (budget.DisruptionUnderWay). A failure is
+// logged: the charge then lasts until the node shows its deletion or the
+// unconfirmed-claim timeout.
+func (h *NodeClaimDeleteHandler) markCharged(ctx context.Context, node *corev1.Node) {
+	if h.Client == nil {
+		return
+	}
+	patch := client.MergeFrom(node.DeepCopy())
+	if node.Annotations == nil {
+		node.Annotations = map[string]string{}
+	}
+	node.Annotations[ngv1alpha1.NodeClaimDeleteChargedAtAnnotation] = ngv1alpha1.FormatTime(h.Clock.Now())
+	if err := h.Client.Patch(ctx, node, patch); client.IgnoreNotFound(err) != nil {
+		logf.FromContext(ctx).Error(err, "Marking the NodeClaim deletion charged", "node", node.Name)
+	}
+}
+
 // deniedBy names what denied a NodeClaim DELETE, for the denial mark.
 func (d nodeClaimDecision) deniedBy(node *corev1.Node) string {
 	switch {

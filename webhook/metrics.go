@@ -4,6 +4,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	admissionv1 "k8s.io/api/admission/v1"
 	"sigs.k8s.io/controller-runtime/pkg/metrics"
+
+	"github.com/nodeguard/nodeguard/budget"
 )
 
 // Metric labels.
@@ -21,18 +23,22 @@ const (
 	resultDenied  = "denied"
 	resultError   = "error"
 
-	reasonNone            = ""
-	reasonBudget          = "budget"
-	reasonMaintenanceHold = "maintenance_hold"
+	reasonNone = ""
+	// The rule's reasons (budget.Verdict.Why).
+	reasonBudget          = budget.WhyBudget
+	reasonMaintenanceHold = budget.WhyMaintenanceHold
 	reasonFinalizerAdded  = "finalizer_added"
-	reasonInvalidRequest  = "invalid_request"
-	reasonInternal        = "internal"
+	// reasonNodeChanged (denied): the node changed while the DELETE handler
+	// added its finalizer (an optimistic-lock conflict); the delete is retried.
+	reasonNodeChanged    = "node_changed"
+	reasonInvalidRequest = "invalid_request"
+	reasonInternal       = "internal"
 	// reasonUnavailableNode (allowed): a node the budgets count unavailable
 	// already, deleted without consuming a disruption.
-	reasonUnavailableNode = "unavailable_node"
+	reasonUnavailableNode = budget.WhyUnavailableNode
 	// reasonInstanceGone (allowed): a NotReady node whose cloud instance is
 	// gone (the cloud node lifecycle controller's delete).
-	reasonInstanceGone = "instance_gone"
+	reasonInstanceGone = budget.WhyInstanceGone
 	// reasonKarpenter (allowed): a node Karpenter terminates.
 	reasonKarpenter = "karpenter"
 )

@@ -8,7 +8,6 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	admissionv1 "k8s.io/api/admission/v1"
-	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/runtime"
@@ -86,7 +85,7 @@ type NodeClaimDeleteHandler struct {
 	Recorder  events.EventRecorder
 	Clock     clock.PassiveClock
 	Timeout   time.Duration
-	Instances InstanceChecker
+	Instances budget.InstanceChecker
 }
 
 // Handle implements admission.Handler.
@@ -112,6 +111,9 @@ func (h *NodeClaimDeleteHandler) Handle(ctx context.Context, req admission.Reque
 		h.record(node, claim.Metadata.Name, d)
 		if !d.allowed {
 			h.markDenied(ctx, node, d.deniedBy(node))
+		}
+		if len(d.claimed) > 0 {
+			h.markCharged(ctx, node)
 		}
 	}
 	if d.allowed {
@@ -163,46 +165,20 @@ func (h *NodeClaimDeleteHandler) decideForNode(ctx context.Context, claim *nodeC
 		return nodeClaimDecision{allowed: true, message: fmt.Sprintf("node %s is already being deleted", node.Name)}, nil
 	case !h.Managed.Matches(labels.Set(node.Labels)):
 		return nodeClaimDecision{allowed: true, message: fmt.Sprintf("node %s is not managed by nodeguard", node.Name)}, nil
-	case instanceGone(ctx, h.Instances, node):
-		return nodeClaimDecision{allowed: true, reason: reasonInstanceGone, message: fmt.Sprintf(
-			"node %s is not Ready and its instance %s no longer exists: nothing is left to protect", node.Name, node.Spec.ProviderID)}, nil
 	}
-	if hold, err := h.maintenanceHold(ctx, node); err != nil || hold != "" {
-		return nodeClaimDecision{code: http.StatusTooManyRequests, reason: reasonMaintenanceHold, message: hold}, err
-	}
-	budgets, err := budget.Matching(ctx, h.Budgets, node)
+	rule := budget.Rule{Claimer: h.Claimer, Budgets: h.Budgets, Leases: h.Reader, Instances: h.Instances, Clock: h.Clock}
+	v, err := rule.Decide(ctx, node, dryRun)
 	if err != nil {
 		return nodeClaimDecision{}, err
 	}
-	charge, err := h.Claimer.ChargeAll(ctx, budgets, node, dryRun)
-	if err != nil {
-		return nodeClaimDecision{}, err
+	d := nodeClaimDecision{allowed: v.Allowed, code: v.Code, reason: v.Why, message: v.Message, claimed: v.Charged, denier: v.Denier}
+	switch {
+	case v.Why == budget.WhyBudget:
+		d.message = fmt.Sprintf("deleting NodeClaim %s (node %s): %s", claim.Metadata.Name, node.Name, v.Message)
+	case v.Allowed && v.Why == "":
+		d.message = fmt.Sprintf("NodeClaim %s (node %s) %s", claim.Metadata.Name, node.Name, v.Message)
 	}
-	if charge.Denial != nil {
-		return nodeClaimDecision{code: charge.Denial.Code, reason: reasonBudget, denier: charge.Denier, message: fmt.Sprintf(
-			"deleting NodeClaim %s (node %s): %s", claim.Metadata.Name, node.Name, charge.Denial.Message)}, nil
-	}
-	return nodeClaimDecision{allowed: true, claimed: charge.Newly, message: fmt.Sprintf(
-		"NodeClaim %s (node %s) within %d NodeDisruptionBudget(s)", claim.Metadata.Name, node.Name, len(budgets))}, nil
-}
-
-// maintenanceHold describes the hold of someone other than nodeguard on the
-// node's maintenance Lease ("" when none).
-func (h *NodeClaimDeleteHandler) maintenanceHold(ctx context.Context, node *corev1.Node) (string, error) {
-	var lease coordinationv1.Lease
-	err := h.Reader.Get(ctx, client.ObjectKey{Namespace: ngv1alpha1.MaintenanceLeaseNamespace, Name: node.Name}, &lease)
-	if err != nil {
-		if client.IgnoreNotFound(err) != nil {
-			return "", fmt.Errorf("reading maintenance Lease of node %s: %w", node.Name, err)
-		}
-		return "", nil
-	}
-	hold := budget.HeldAt(&lease, h.Clock.Now())
-	if hold == nil || budget.IsNodeguardHolder(hold.Holder) {
-		return "", nil
-	}
-	return fmt.Sprintf("node %s is under maintenance: its Lease %s/%s is %s; retry after the holder releases it",
-		node.Name, ngv1alpha1.MaintenanceLeaseNamespace, node.Name, hold), nil
+	return d, nil
 }
 
 // record emits the decision's events on the node and the budgets.

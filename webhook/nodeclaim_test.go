@@ -204,3 +204,53 @@ func TestKarpenterNodeDeleteIsAdmittedOnlyWhileItsNodeClaimIsDeleting(t *testing
 	wantDeleting(t, node)
 	harness.WaitForEvent(t, env.Client, node, ngwebhook.ReasonDeletionAdmitted)
 }
+
+// TestChargedNodeClaimDeletionKeepsItsClaimUntilItsNodeGoes: Karpenter
+// deleted a NodeClaim and nodeguard charged it; Karpenter deletes the Node
+// only after the NodeClaim's finalizer ran, which a backlog or a leader
+// change can delay past --unconfirmed-claim-timeout. The charge marks the
+// node, so the status controller keeps the claim as a disruption under way.
+// A forged DELETE review charged after it is the control: once the status
+// controller has given that one back as unconfirmed, it has judged the
+// NodeClaim's claim past its own deadline too. The late Node delete is then
+// admitted on the claim it already has.
+func TestChargedNodeClaimDeletionKeepsItsClaimUntilItsNodeGoes(t *testing.T) {
+	harness.SkipWithoutEnv(t, env)
+	mgr, addr, answers := newManager(t)
+	setupGuard(t, mgr, true, false, func(r *budget.StatusReconciler) { r.UnconfirmedTimeout = testUnconfirmedTimeout })
+	g := run(t, mgr, addr, answers)
+	useGuards(t, g)
+	installNodeClaimCRD(t)
+	pool := uniqueName("late-karp")
+	nodes := createReadyNodes(t, pool, 3)
+	releaseOnCleanup(t, nodes...)
+	createBudget(t, pool, 2, builder.NDBMaxUnavailable("2"))
+	claim := pool + "-claim"
+	createNodeClaim(t, claim, nodes[0])
+
+	if out, err := deleteNodeClaim(claim); err != nil {
+		t.Fatalf("NodeClaim delete refused: %v\n%s", err, out)
+	}
+	if _, marked := getNode(t, nodes[0]).Annotations[ngv1alpha1.NodeClaimDeleteChargedAtAnnotation]; !marked {
+		t.Fatalf("node %s carries no %s mark after its NodeClaim's deletion was charged", nodes[0], ngv1alpha1.NodeClaimDeleteChargedAtAnnotation)
+	}
+	if resp := postDeleteReview(t, g, nodes[1], false); !resp.Allowed {
+		t.Fatalf("the control's forged review denied: %+v", resp.Result)
+	}
+	harness.Eventually(t, testUnconfirmedTimeout+10*time.Second, func(context.Context) (bool, error) {
+		_, control := getBudget(t, pool).Status.DisruptedNodes[nodes[1]]
+		return !control, nil
+	}, "the control's forged claim of %s is given back as unconfirmed", nodes[1])
+	if _, kept := getBudget(t, pool).Status.DisruptedNodes[nodes[0]]; !kept {
+		t.Fatalf("the NodeClaim deletion's claim of %s was given back before its node went: disruptedNodes %v",
+			nodes[0], getBudget(t, pool).Status.DisruptedNodes)
+	}
+
+	if err := deleteNode(nodes[0]); err != nil {
+		t.Fatalf("Karpenter's late Node delete refused: %v", err)
+	}
+	wantDeleting(t, nodes[0])
+	if ndb := getBudget(t, pool); ndb.Status.DisruptionsAllowed != 1 {
+		t.Errorf("after the late Node delete the budget allows %d, want 1 (one disruption, charged once)", ndb.Status.DisruptionsAllowed)
+	}
+}

@@ -18,7 +18,7 @@ type Options struct {
 	// DeleteTimeout is the time budget of one DELETE decision.
 	DeleteTimeout time.Duration
 	// Instances says whether a node's cloud instance exists (nil: no cloud).
-	Instances InstanceChecker
+	Instances budget.InstanceChecker
 	// Claimer charges budgets; share it with the status controller (nil: a
 	// claimer of the webhook's own).
 	Claimer *budget.Claimer

@@ -107,6 +107,11 @@ const (
 	// NodeClaimDeleteDeniedByAnnotation: what denied it, such as
 	// `NodeDisruptionBudget "web"`.
 	NodeClaimDeleteDeniedByAnnotation = "nodeguard.io/nodeclaim-delete-denied-by"
+	// NodeClaimDeleteChargedAtAnnotation (RFC 3339 time): nodeguard charged
+	// the deletion of the node's NodeClaim to its budgets. The node's own
+	// deletion follows once Karpenter's NodeClaim finalizer ran; the mark
+	// keeps the charge until then (the disruption is under way).
+	NodeClaimDeleteChargedAtAnnotation = "nodeguard.io/nodeclaim-delete-charged-at"
 )
 
 // cluster-autoscaler's node annotations.

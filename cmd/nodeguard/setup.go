@@ -116,6 +116,7 @@ func setupGuard(mgr ctrl.Manager, opts options, adminState *azure.Manager) error
 		AdminStateTimeout: opts.adminStateTimeout, Disabled: !opts.scaleDownHold}
 	if adminState != nil { // never a typed nil in the interface
 		hold.AdminState = adminState
+		hold.Instances = adminState
 	}
 	if err := hold.SetupWithManager(mgr); err != nil {
 		return err

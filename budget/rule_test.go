@@ -1,0 +1,119 @@
+package budget
+
+import (
+	"context"
+	"net/http"
+	"slices"
+	"sync/atomic"
+	"testing"
+
+	coordinationv1 "k8s.io/api/coordination/v1"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	utilruntime "k8s.io/apimachinery/pkg/util/runtime"
+	clocktesting "k8s.io/utils/clock/testing"
+	"k8s.io/utils/ptr"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/client/fake"
+	"sigs.k8s.io/controller-runtime/pkg/client/interceptor"
+
+	ngv1alpha1 "github.com/nodeguard/nodeguard/api/v1alpha1"
+)
+
+type instances map[string]bool
+
+func (i instances) InstanceExists(_ context.Context, n *corev1.Node) (bool, error) { return i[n.Name], nil }
+
+// ruleFixture: budget "a" allows one more disruption, budget "z" none; both
+// select every node. It counts the status writes.
+func ruleFixture(t *testing.T, objs ...client.Object) (*Rule, client.Client, *atomic.Int32) {
+	t.Helper()
+	scheme := runtime.NewScheme()
+	utilruntime.Must(ngv1alpha1.AddToScheme(scheme))
+	utilruntime.Must(coordinationv1.AddToScheme(scheme))
+	a := counted(4, 4, maxUnavailable("1"))
+	a.Name = "a"
+	z := counted(4, 3, maxUnavailable("1"))
+	z.Name = "z"
+	var writes atomic.Int32
+	cl := fake.NewClientBuilder().WithScheme(scheme).WithStatusSubresource(a, z).WithObjects(append(objs, a, z)...).
+		WithInterceptorFuncs(interceptor.Funcs{SubResourceUpdate: func(ctx context.Context, c client.Client, sub string, obj client.Object, opts ...client.SubResourceUpdateOption) error {
+			writes.Add(1)
+			return c.SubResource(sub).Update(ctx, obj, opts...)
+		}}).Build()
+	clk := clocktesting.NewFakePassiveClock(now)
+	rule := &Rule{Claimer: &Claimer{Client: cl, Reader: cl, Clock: clk}, Budgets: cl, Leases: cl, Clock: clk}
+	return rule, cl, &writes
+}
+
+func disrupted(t *testing.T, c client.Client, budget string) []string {
+	t.Helper()
+	var b ngv1alpha1.NodeDisruptionBudget
+	if err := c.Get(context.Background(), client.ObjectKey{Name: budget}, &b); err != nil {
+		t.Fatal(err)
+	}
+	var out []string
+	for n := range b.Status.DisruptedNodes {
+		out = append(out, n)
+	}
+	slices.Sort(out)
+	return out
+}
+
+// TestRuleRefusalLeavesNothingCharged: the first budget charges, the second
+// refuses; the verdict names the refusing budget and the first charge is
+// given back. The same as a dry run reads the same and writes nothing.
+func TestRuleRefusalLeavesNothingCharged(t *testing.T) {
+	for _, dryRun := range []bool{false, true} {
+		rule, c, writes := ruleFixture(t)
+		v, err := rule.Decide(context.Background(), node("x"), dryRun)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if v.Allowed || v.Why != WhyBudget || v.Denier == nil || v.Denier.Name != "z" || v.Code != http.StatusTooManyRequests || len(v.Charged) != 0 {
+			t.Errorf("dry run %v: verdict %+v, want z's 429 with nothing charged", dryRun, v)
+		}
+		if got := disrupted(t, c, "a"); len(got) != 0 {
+			t.Errorf("dry run %v: a charges %v after the refusal, want nothing", dryRun, got)
+		}
+		if dryRun && writes.Load() != 0 {
+			t.Errorf("a refused dry run wrote %d budget statuses, want none", writes.Load())
+		}
+	}
+}
+
+// TestRuleHoldAndGoneInstance: a maintenance Lease held by an administrator
+// refuses with 429 and leaves nothing charged; a NotReady node whose
+// instance is gone is let go without a charge or a read of the budgets.
+func TestRuleHoldAndGoneInstance(t *testing.T) {
+	lease := &coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Namespace: ngv1alpha1.MaintenanceLeaseNamespace, Name: "held"},
+		Spec: coordinationv1.LeaseSpec{HolderIdentity: ptr.To(ngv1alpha1.AdminHolderPrefix + "-alice")}}
+	rule, c, _ := ruleFixture(t, lease)
+	v, err := rule.Decide(context.Background(), node("held"), false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if v.Allowed || v.Why != WhyMaintenanceHold || v.Code != http.StatusTooManyRequests {
+		t.Errorf("held node: verdict %+v, want the hold's 429", v)
+	}
+	if got := disrupted(t, c, "a"); len(got) != 0 {
+		t.Errorf("a charges %v after the hold refused, want nothing", got)
+	}
+
+	rule.Instances = instances{"alive": true}
+	v, err = rule.Decide(context.Background(), node("gone", notReady), false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !v.Allowed || v.Why != WhyInstanceGone || len(v.Charged) != 0 {
+		t.Errorf("NotReady node with its instance gone: verdict %+v, want allowed uncharged", v)
+	}
+	v, err = rule.Decide(context.Background(), node("alive", notReady), false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if v.Why == WhyInstanceGone {
+		t.Errorf("NotReady node whose instance exists: verdict %+v, want the budgets to decide", v)
+	}
+}
