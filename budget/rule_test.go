@@ -23,7 +23,9 @@ import (
 
 type instances map[string]bool
 
-func (i instances) InstanceExists(_ context.Context, n *corev1.Node) (bool, error) { return i[n.Name], nil }
+func (i instances) InstanceExists(_ context.Context, n *corev1.Node) (bool, error) {
+	return i[n.Name], nil
+}
 
 // ruleFixture: budget "a" allows one more disruption, budget "z" none; both
 // select every node. It counts the status writes.
