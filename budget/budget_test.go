@@ -277,3 +277,21 @@ func TestCheckAnswersWhatTheClientCanDo(t *testing.T) {
 		})
 	}
 }
+
+// TestWindowsCondition: a budget whose windows all fire says so; one with a
+// window that never fires (February 31st) names it, and none is set without
+// windows.
+func TestWindowsCondition(t *testing.T) {
+	if c := windowsCondition(ndb(), now); c != nil {
+		t.Errorf("condition without windows = %+v, want none", c)
+	}
+	c := windowsCondition(ndb(window("0 8 * * 1-5", time.Hour, nil)), now)
+	if c == nil || c.Status != metav1.ConditionTrue || c.Reason != ngv1alpha1.ReasonWindowsFire {
+		t.Errorf("condition with a weekday window = %+v, want True", c)
+	}
+	c = windowsCondition(ndb(window("0 8 * * 1-5", time.Hour, nil), window("0 0 31 2 *", time.Hour, nil)), now)
+	if c == nil || c.Status != metav1.ConditionFalse || c.Reason != ngv1alpha1.ReasonWindowNeverOpens ||
+		!strings.Contains(c.Message, `windows[1] ("0 0 31 2 *")`) || strings.Contains(c.Message, "windows[0]") {
+		t.Errorf("condition with a February 31st window = %+v, want False naming windows[1]", c)
+	}
+}

@@ -3,6 +3,7 @@ package budget
 import (
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -34,4 +35,19 @@ func allowedCondition(n Numbers, err error, generation int64) metav1.Condition {
 		cond.Status, cond.Reason, cond.Message = metav1.ConditionFalse, ngv1alpha1.ReasonInsufficientNodes, n.String()
 	}
 	return cond
+}
+
+// windowsCondition says whether every window of the budget can open, or nil
+// when it has none.
+func windowsCondition(ndb *ngv1alpha1.NodeDisruptionBudget, now time.Time) *metav1.Condition {
+	if len(ndb.Spec.Windows) == 0 {
+		return nil
+	}
+	cond := metav1.Condition{Type: ngv1alpha1.ConditionWindowsFire, ObservedGeneration: ndb.Generation,
+		Status: metav1.ConditionTrue, Reason: ngv1alpha1.ReasonWindowsFire, Message: "every window's schedule fires"}
+	if never := NeverFiring(ndb.Spec.Windows, now); len(never) > 0 {
+		cond.Status, cond.Reason = metav1.ConditionFalse, ngv1alpha1.ReasonWindowNeverOpens
+		cond.Message = fmt.Sprintf("%s never fire(s): such a window never opens; fix its schedule", strings.Join(never, ", "))
+	}
+	return &cond
 }

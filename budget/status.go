@@ -215,6 +215,11 @@ func (r *StatusReconciler) computeStatus(ndb *ngv1alpha1.NodeDisruptionBudget, s
 	status.ExpectedNodes, status.CurrentAvailable = n.Expected, n.Available
 	status.DesiredAvailable, status.DisruptionsAllowed = n.Desired, n.Allowed
 	meta.SetStatusCondition(&status.Conditions, allowedCondition(n, err, ndb.Generation))
+	if cond := windowsCondition(ndb, now); cond != nil {
+		meta.SetStatusCondition(&status.Conditions, *cond)
+	} else {
+		meta.RemoveStatusCondition(&status.Conditions, ngv1alpha1.ConditionWindowsFire)
+	}
 
 	if change := NextWindowChange(ndb.Spec.Windows, now); !change.IsZero() && (requeueAt.IsZero() || change.Before(requeueAt)) {
 		requeueAt = change

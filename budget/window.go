@@ -29,6 +29,19 @@ func ParseSchedule(schedule string) (cron.Schedule, error) {
 	return cron.ParseStandard(schedule)
 }
 
+// NeverFiring returns the windows whose schedule parses but fires never
+// (within the five years the cron parser looks ahead), such as "0 0 31 2 *":
+// each as "windows[i] (schedule)". Such a window never opens.
+func NeverFiring(windows []ngv1alpha1.DisruptionWindow, now time.Time) []string {
+	var never []string
+	for i, w := range windows {
+		if schedule, err := ParseSchedule(w.Schedule); err == nil && schedule.Next(now.UTC()).IsZero() {
+			never = append(never, fmt.Sprintf("windows[%d] (%q)", i, w.Schedule))
+		}
+	}
+	return never
+}
+
 // activeWindow returns the open window that allows the fewest unavailable
 // nodes, or nil when none is open at now. Schedules are evaluated in UTC.
 func activeWindow(windows []ngv1alpha1.DisruptionWindow, expected int32, now time.Time) (*ActiveWindow, error) {

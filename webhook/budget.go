@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	admissionv1 "k8s.io/api/admission/v1"
@@ -58,7 +59,12 @@ func (v *BudgetValidator) Handle(_ context.Context, req admission.Request) admis
 		return admission.Response{AdmissionResponse: admissionv1.AdmissionResponse{Allowed: false, Result: &invalid.ErrStatus}}
 	}
 	observeBudgetValidation(resultAllowed)
-	return admission.Allowed("")
+	resp := admission.Allowed("")
+	for _, w := range budget.NeverFiring(ndb.Spec.Windows, time.Now()) {
+		// Stored as asked (it parses), but said: kubectl prints warnings.
+		resp.Warnings = append(resp.Warnings, fmt.Sprintf("spec.%s never fires: that disruption window never opens", w))
+	}
+	return resp
 }
 
 // validateBudgetSpec returns what in a budget's spec nodeguard cannot

@@ -110,6 +110,32 @@ spec:
 	}
 }
 
+// A window whose schedule parses but never fires ("0 0 31 2 *", February
+// 31st) is stored as asked, with a warning kubectl prints naming it.
+func TestBudgetWindowThatNeverFiresIsWarnedOf(t *testing.T) {
+	harness.SkipWithoutEnv(t, env)
+	useGuards(t, startReplica(t))
+	name := uniqueName("never-fires")
+	manifest := fmt.Sprintf(`apiVersion: nodeguard.io/v1alpha1
+kind: NodeDisruptionBudget
+metadata: {name: %s}
+spec:
+  selector: {}
+  maxUnavailable: 1
+  windows:
+  - {schedule: "@daily", duration: 1h}
+  - {schedule: "0 0 31 2 *", duration: 1h}
+`, name)
+	out, err := harness.Kubectl(env.Kubeconfig, manifest, "create", "-f", "-")
+	if err != nil {
+		t.Fatalf("kubectl create: %v\n%s", err, out)
+	}
+	t.Cleanup(func() { _, _ = harness.Kubectl(env.Kubeconfig, "", "delete", "ndb", name) })
+	if !strings.Contains(out, `Warning: spec.windows[1] ("0 0 31 2 *") never fires`) || strings.Contains(out, "windows[0]") {
+		t.Fatalf("kubectl create printed:\n%s\nwant a warning naming spec.windows[1] only", out)
+	}
+}
+
 // The webhook is called only for writes that change the spec: with nodeguard
 // down, a budget's labels can still change (so can its finalizers, and its
 // status), while a spec change fails closed.

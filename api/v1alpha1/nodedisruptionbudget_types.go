@@ -167,6 +167,17 @@ type NodeDisruptionBudgetStatus struct {
 // ConditionDisruptionAllowed is True when the budget allows one more disruption.
 const ConditionDisruptionAllowed = "DisruptionAllowed"
 
+// ConditionWindowsFire is True when every disruption window's schedule fires
+// within the next five years, False (reason WindowNeverOpens) naming the
+// windows that never open; absent when the budget has no window.
+const ConditionWindowsFire = "WindowsFire"
+
+// Reasons of the WindowsFire condition.
+const (
+	ReasonWindowsFire      = "WindowsFire"
+	ReasonWindowNeverOpens = "WindowNeverOpens"
+)
+
 // Reasons of the DisruptionAllowed condition.
 const (
 	ReasonSufficientNodes   = "SufficientNodes"
