@@ -45,14 +45,15 @@ func newReplica() *budget.Claimer {
 // webhook for the create.
 func countedBudget(t *testing.T, name string, expected, maxUnavailable int32) {
 	t.Helper()
+	useGuards(t, startReplica(t))
 	countedBudgetSelecting(t, name, "pool", name, expected, maxUnavailable)
 }
 
-// countedBudgetSelecting is countedBudget selecting the nodes labelled key=value.
+// countedBudgetSelecting is countedBudget selecting the nodes labelled
+// key=value; a webhook replica must serve the budget webhook (useGuards).
 func countedBudgetSelecting(t *testing.T, name, key, value string, expected, maxUnavailable int32) {
 	t.Helper()
 	ctx := context.Background()
-	useGuards(t, startReplica(t))
 	ndb := builder.NDB(name, builder.NDBSelecting(key, value), builder.NDBMaxUnavailable(fmt.Sprint(maxUnavailable)))
 	if err := env.Client.Create(ctx, ndb); err != nil {
 		t.Fatal(err)
@@ -325,6 +326,7 @@ func (s staleFor) Get(ctx context.Context, key client.ObjectKey, obj client.Obje
 func TestDryRunDeleteNeverGivesBackARealClaim(t *testing.T) {
 	harness.SkipWithoutEnv(t, env)
 	ctx := context.Background()
+	useGuards(t, startReplica(t))
 	countedBudgetSelecting(t, "dry-a", "dry-a", "yes", 4, 1)
 	countedBudgetSelecting(t, "dry-b", "dry-b", "yes", 4, 1)
 	before := getBudget(t, "dry-a")

@@ -14,6 +14,7 @@ import (
 	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -279,9 +280,13 @@ func TestDisruptionWindowDeniesWithItsEnd(t *testing.T) {
 		!strings.Contains(out, "retry after the window ends") {
 		t.Errorf("delete inside a window: %v\n%s", err, out)
 	}
-	cond := getBudget(t, "window").Status.Conditions
-	if len(cond) != 1 || cond[0].Reason != ngv1alpha1.ReasonWindowActive || cond[0].Status != metav1.ConditionFalse {
-		t.Errorf("conditions = %+v, want DisruptionAllowed False with reason %s", cond, ngv1alpha1.ReasonWindowActive)
+	conds := getBudget(t, "window").Status.Conditions
+	cond := meta.FindStatusCondition(conds, ngv1alpha1.ConditionDisruptionAllowed)
+	if cond == nil || cond.Reason != ngv1alpha1.ReasonWindowActive || cond.Status != metav1.ConditionFalse {
+		t.Errorf("conditions = %+v, want DisruptionAllowed False with reason %s", conds, ngv1alpha1.ReasonWindowActive)
+	}
+	if fires := meta.FindStatusCondition(conds, ngv1alpha1.ConditionWindowsFire); fires == nil || fires.Status != metav1.ConditionTrue {
+		t.Errorf("conditions = %+v, want WindowsFire True (the window fires every minute)", conds)
 	}
 }
 
