@@ -268,8 +268,8 @@ func (r *HoldReconciler) judge(ctx context.Context, node *corev1.Node) (budget.V
 	if err != nil || r.Recorder == nil {
 		return v, err
 	}
-	for _, b := range v.Charged {
-		r.Recorder.Eventf(b, node, corev1.EventTypeNormal, ReasonDisruptionClaimed, actionHold,
+	for _, c := range v.Charged {
+		r.Recorder.Eventf(c.Budget, node, corev1.EventTypeNormal, ReasonDisruptionClaimed, actionHold,
 			"charged cluster-autoscaler's scale-down of node %s", node.Name)
 	}
 	if v.Denier != nil {

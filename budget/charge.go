@@ -7,6 +7,7 @@ import (
 	"sort"
 
 	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	ngv1alpha1 "github.com/nodeguard/nodeguard/api/v1alpha1"
@@ -29,12 +30,20 @@ func Matching(ctx context.Context, reader client.Reader, node *corev1.Node) ([]*
 	return out, nil
 }
 
+// Charged is one budget's charge made by one decision: the entry it wrote,
+// which only that decision may give back.
+type Charged struct {
+	Budget *ngv1alpha1.NodeDisruptionBudget
+	Stamp  metav1.Time
+}
+
 // Charge is the outcome of charging one disruption of a node to several
 // budgets.
 type Charge struct {
-	// Newly are the budgets this call charged (not those charged before).
-	Newly []*ngv1alpha1.NodeDisruptionBudget
-	// Denial, when set, is the refusal of Denier; nothing stays charged.
+	// Newly are the charges this call made (not those made before).
+	Newly []Charged
+	// Denial, when set, is the refusal of Denier; nothing this call charged
+	// stays charged.
 	Denial *Denial
 	Denier *ngv1alpha1.NodeDisruptionBudget
 }
@@ -45,9 +54,9 @@ type Charge struct {
 func (c *Claimer) ChargeAll(ctx context.Context, budgets []*ngv1alpha1.NodeDisruptionBudget, node *corev1.Node, dryRun bool) (Charge, error) {
 	var ch Charge
 	for _, b := range budgets {
-		newly, err := c.Claim(ctx, b.Name, node, dryRun)
+		stamp, err := c.claim(ctx, b.Name, node, dryRun)
 		if err != nil {
-			releaseErr := c.ReleaseAll(ctx, ch.Newly, node.Name)
+			releaseErr := c.GiveBack(ctx, ch.Newly, node.Name)
 			ch.Newly = nil
 			var denial *Denial
 			if errors.As(err, &denial) {
@@ -56,15 +65,25 @@ func (c *Claimer) ChargeAll(ctx context.Context, budgets []*ngv1alpha1.NodeDisru
 			}
 			return ch, errors.Join(err, releaseErr)
 		}
-		if newly && !dryRun {
-			ch.Newly = append(ch.Newly, b)
+		if !stamp.IsZero() {
+			ch.Newly = append(ch.Newly, Charged{Budget: b, Stamp: stamp})
 		}
 	}
 	return ch, nil
 }
 
-// ReleaseAll gives back the node's charge to each budget (one that does not
-// charge it is left as it is).
+// GiveBack releases charges a decision made, each only while its entry is
+// still the one that decision wrote.
+func (c *Claimer) GiveBack(ctx context.Context, charged []Charged, node string) error {
+	var errs []error
+	for _, ch := range charged {
+		errs = append(errs, c.release(ctx, ch.Budget.Name, node, ch.Stamp))
+	}
+	return errors.Join(errs...)
+}
+
+// ReleaseAll gives back the node's charge to each budget, whoever made it
+// (one that does not charge it is left as it is).
 func (c *Claimer) ReleaseAll(ctx context.Context, budgets []*ngv1alpha1.NodeDisruptionBudget, node string) error {
 	var errs []error
 	for _, b := range budgets {

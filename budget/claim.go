@@ -10,6 +10,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/clock"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -81,14 +82,22 @@ func NewClaimer(mgr ctrl.Manager) *Claimer {
 // writes nothing. When ctx ends before the claim is decided, it returns a 429
 // Denial.
 func (c *Claimer) Claim(ctx context.Context, budget string, node *corev1.Node, dryRun bool) (bool, error) {
+	stamp, err := c.claim(ctx, budget, node, dryRun)
+	return !stamp.IsZero(), err
+}
+
+// claim is Claim returning the stamp of the entry this call wrote (zero when
+// it charged nothing), which a release of this claim names.
+func (c *Claimer) claim(ctx context.Context, budget string, node *corev1.Node, dryRun bool) (metav1.Time, error) {
 	if unavailable, why := Unavailable(node); unavailable || dryRun {
-		return c.evaluate(ctx, budget, node.Name, unavailable, why)
+		_, err := c.evaluate(ctx, budget, node.Name, unavailable, why)
+		return metav1.Time{}, err
 	}
 	v := c.submit(ctx, budget, change{node: node.Name})
 	if v.err != nil {
-		return false, c.contextDenial(ctx, budget, v.err)
+		return metav1.Time{}, c.contextDenial(ctx, budget, v.err)
 	}
-	return v.charged, nil
+	return v.stamp, nil
 }
 
 // evaluate decides a claim that writes nothing (a dry run, or a node already
@@ -194,14 +203,20 @@ func (c *Claimer) Recompute(ctx context.Context, budget string, fn func(*ngv1alp
 	return c.submit(ctx, budget, change{recompute: fn}).err
 }
 
-// Release gives back a disruption this admission charged, when a later budget
-// denied the same delete. It runs on its own context, bounded by
+// Release gives back the node's charge to the budget, whoever made it (a
+// scale-down that is called off). It runs on its own context, bounded by
 // releaseTimeout, so that it happens even when the admission's time is up; it
 // joins the budget's group commit like a claim.
 func (c *Claimer) Release(ctx context.Context, budget, node string) error {
+	return c.release(ctx, budget, node, metav1.Time{})
+}
+
+// release gives back the node's charge; with a stamp, only while the entry
+// carries it.
+func (c *Claimer) release(ctx context.Context, budget, node string, stamp metav1.Time) error {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), releaseTimeout)
 	defer cancel()
-	if v := c.submit(ctx, budget, change{node: node, release: true}); v.err != nil {
+	if v := c.submit(ctx, budget, change{node: node, release: true, stamp: stamp}); v.err != nil {
 		return fmt.Errorf("releasing node %s from NodeDisruptionBudget %q: %w", node, budget, v.err)
 	}
 	return nil

@@ -45,21 +45,29 @@ const (
 	// seconds without a heartbeat).
 	recomputeDelay   = 100 * time.Millisecond
 	claimBurstWindow = time.Second
+	// claimInFlight bounds how long the request that made a claim may still
+	// give it back: its admission's time (the webhooks' timeoutSeconds, at
+	// most 30 s) and then releaseTimeout, with room for replicas' clocks.
+	claimInFlight = time.Minute
 )
 
 // change is one claim (charge node), release (give node back), or status
 // recomputation (recompute changes the budget's status in place and reports
-// whether it changed anything).
+// whether it changed anything). A release with a stamp gives the node back
+// only while its entry still carries that stamp: it is the claim the
+// releasing request made, not one another request made or relies on.
 type change struct {
 	node      string
 	release   bool
+	stamp     metav1.Time
 	recompute func(*ngv1alpha1.NodeDisruptionBudget) bool
 }
 
-// verdict answers one change: charged is true when a claim charged its node;
-// err is a *Denial or a failure.
+// verdict answers one change: charged is true when a claim charged its node,
+// and stamp is the entry it wrote; err is a *Denial or a failure.
 type verdict struct {
 	charged bool
+	stamp   metav1.Time
 	err     error
 }
 
@@ -301,21 +309,29 @@ func (c *Claimer) apply(base *ngv1alpha1.NodeDisruptionBudget, changes []change,
 	vs := make([]verdict, len(changes))
 	changed, counted := false, false
 	for i, ch := range changes {
-		_, charged := ndb.Status.DisruptedNodes[ch.node]
+		at, charged := ndb.Status.DisruptedNodes[ch.node]
 		switch {
 		case ch.recompute != nil:
 			if ch.recompute(ndb) {
 				changed = true // it set the condition itself
 			}
-		case ch.release && charged:
+		case ch.release && charged && (ch.stamp.IsZero() || ch.stamp.Equal(&at)):
 			delete(ndb.Status.DisruptedNodes, ch.node)
 			ndb.Status.CurrentAvailable++
 			if n, err := FromStatus(ndb, now); err == nil {
 				ndb.Status.DisruptionsAllowed = n.Allowed
 			}
 			changed, counted = true, true
-		case ch.release || charged:
-			// nothing to give back; or already charged: claims are idempotent
+		case ch.release:
+			// nothing to give back, or the entry is another request's claim
+		case charged:
+			// Claims are idempotent. A claim still in flight may be given
+			// back by the request that made it; stamping the entry anew
+			// makes it this request's too, so that release misses it.
+			if now.Sub(at.Time) < claimInFlight {
+				ndb.Status.DisruptedNodes[ch.node] = restamp(at, now)
+				changed = true
+			}
 		default:
 			n, err := c.check(ndb, now)
 			if err != nil {
@@ -325,7 +341,8 @@ func (c *Claimer) apply(base *ngv1alpha1.NodeDisruptionBudget, changes []change,
 			if ndb.Status.DisruptedNodes == nil {
 				ndb.Status.DisruptedNodes = map[string]metav1.Time{}
 			}
-			ndb.Status.DisruptedNodes[ch.node] = metav1.NewTime(now)
+			vs[i].stamp = metav1.NewTime(now.Truncate(time.Second))
+			ndb.Status.DisruptedNodes[ch.node] = vs[i].stamp
 			ndb.Status.CurrentAvailable = max(n.Available-1, 0)
 			ndb.Status.DisruptionsAllowed = n.Allowed - 1
 			vs[i].charged = true
@@ -336,6 +353,16 @@ func (c *Claimer) apply(base *ngv1alpha1.NodeDisruptionBudget, changes []change,
 		setAllowedCondition(ndb, now)
 	}
 	return ndb, vs, changed
+}
+
+// restamp is a new stamp for a claim's entry, later than at: the API keeps
+// stamps to the second, so a second claim within at's second stamps the next.
+func restamp(at metav1.Time, now time.Time) metav1.Time {
+	next := now.Truncate(time.Second)
+	if !next.After(at.Time) {
+		next = at.Add(time.Second)
+	}
+	return metav1.NewTime(next)
 }
 
 // setAllowedCondition brings the DisruptionAllowed condition up to the

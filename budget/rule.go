@@ -56,9 +56,9 @@ type Verdict struct {
 	Why string
 	// Message says why, without the door's own words ("deleting node X").
 	Message string
-	// Charged are the budgets this decision newly charged: empty on a dry
-	// run and on a refusal.
-	Charged []*ngv1alpha1.NodeDisruptionBudget
+	// Charged are the charges this decision made: none on a dry run and on
+	// a refusal.
+	Charged []Charged
 	// Denier is the budget that refused, if one did.
 	Denier *ngv1alpha1.NodeDisruptionBudget
 }
@@ -158,8 +158,8 @@ func (r *Rule) charge(ctx context.Context, node *corev1.Node, dryRun bool) (Verd
 
 // giveBack releases the charges of a disruption that a hold refused after
 // they were made.
-func (r *Rule) giveBack(ctx context.Context, node string, charged []*ngv1alpha1.NodeDisruptionBudget) {
-	if err := r.Claimer.ReleaseAll(ctx, charged, node); err != nil {
+func (r *Rule) giveBack(ctx context.Context, node string, charged []Charged) {
+	if err := r.Claimer.GiveBack(ctx, charged, node); err != nil {
 		// The status controller gives the claim back after the claim timeout.
 		logf.FromContext(ctx).Error(err, "Giving back the charges of a disruption refused by a maintenance hold", "node", node)
 	}

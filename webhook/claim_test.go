@@ -23,6 +23,7 @@ import (
 	"k8s.io/utils/clock"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/client/interceptor"
 	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
 
 	ngv1alpha1 "github.com/nodeguard/nodeguard/api/v1alpha1"
@@ -410,4 +411,65 @@ func TestDeleteKeepsAFinalizerAddedMeanwhile(t *testing.T) {
 	if got := getNode(t, name).Finalizers; !slices.Contains(got, other) || !slices.Contains(got, ngv1alpha1.TerminationFinalizer) {
 		t.Fatalf("finalizers = %v, want %s beside %s", got, ngv1alpha1.TerminationFinalizer, other)
 	}
+}
+
+func charges(ndb *ngv1alpha1.NodeDisruptionBudget, node string) bool {
+	_, ok := ndb.Status.DisruptedNodes[node]
+	return ok
+}
+
+// TestRefusedDeleteGivesBackOnlyItsOwnClaim: two real deletes of node x on two
+// replicas, with x under budgets "own-a" (room) and "own-b" (full: y holds
+// its one disruption). Delete A charges own-a and is refused by own-b. Before
+// A's give-back is written, y's disruption ends and delete B runs: it finds x
+// charged in own-a, takes own-b's freed disruption and is admitted. A's
+// give-back must not remove the own-a charge that B's admitted delete of x
+// relies on.
+func TestRefusedDeleteGivesBackOnlyItsOwnClaim(t *testing.T) {
+	harness.SkipWithoutEnv(t, env)
+	ctx := context.Background()
+	useGuards(t, startReplica(t))
+	countedBudgetSelecting(t, "own-a", "own-a", "yes", 4, 1)
+	countedBudgetSelecting(t, "own-b", "own-b", "yes", 4, 1)
+	if ok, code := claim(t, newReplica(), "own-b", "own-y"); !ok || code != 0 {
+		t.Fatalf("filling own-b: charged %v, denial %d", ok, code)
+	}
+	node := builder.Node("own-x", builder.Ready(), builder.WithLabels("own-a", "yes", "own-b", "yes"))
+	node.Finalizers = []string{ngv1alpha1.TerminationFinalizer}
+	handler := func(c *budget.Claimer) *ngwebhook.DeleteHandler {
+		return &ngwebhook.DeleteHandler{Client: env.Client, Reader: env.Client, Budgets: env.Client, Claimer: c,
+			Managed: labels.Everything(), Clock: clock.RealClock{}, Timeout: ngwebhook.DefaultDeleteTimeout}
+	}
+
+	var respB admission.Response
+	var once sync.Once
+	beforeGiveBack := func(obj client.Object) {
+		if ndb, ok := obj.(*ngv1alpha1.NodeDisruptionBudget); ok && ndb.Name == "own-a" && !charges(ndb, "own-x") {
+			once.Do(func() {
+				if err := newReplica().Release(ctx, "own-b", "own-y"); err != nil {
+					t.Error(err)
+				}
+				respB = handler(newReplica()).Handle(ctx, deleteRequest(t, node, false))
+			})
+		}
+	}
+	direct, err := client.NewWithWatch(env.Config, client.Options{Scheme: env.Scheme})
+	if err != nil {
+		t.Fatal(err)
+	}
+	writesA := interceptor.NewClient(direct, interceptor.Funcs{
+		SubResourceUpdate: func(ctx context.Context, c client.Client, sub string, obj client.Object, opts ...client.SubResourceUpdateOption) error {
+			beforeGiveBack(obj)
+			return c.SubResource(sub).Update(ctx, obj, opts...)
+		}})
+	respA := handler(&budget.Claimer{Client: writesA, Reader: env.Client, Clock: clock.RealClock{}}).Handle(ctx, deleteRequest(t, node, false))
+
+	if respA.Allowed || respA.Result == nil || respA.Result.Code != http.StatusTooManyRequests || !strings.Contains(respA.Result.Message, "own-b") {
+		t.Fatalf("delete A = allowed %v, %+v; want own-b's 429", respA.Allowed, respA.Result)
+	}
+	if !respB.Allowed {
+		t.Fatalf("delete B = %+v; want it admitted", respB.Result)
+	}
+	requireCharged(t, "own-a", "own-x")
+	requireCharged(t, "own-b", "own-x")
 }

@@ -70,7 +70,7 @@ type decision struct {
 	message string
 	reason  string
 	// claimed are the budgets this request newly charged (for events).
-	claimed []*ngv1alpha1.NodeDisruptionBudget
+	claimed []budget.Charged
 	// denier is the budget that denied, if any.
 	denier *ngv1alpha1.NodeDisruptionBudget
 }
@@ -202,8 +202,8 @@ func (h *DeleteHandler) record(node *corev1.Node, d decision) {
 	case d.reason == reasonUnavailableNode || d.reason == reasonInstanceGone || d.reason == reasonKarpenter:
 		h.Recorder.Eventf(node, nil, corev1.EventTypeNormal, ReasonDeletionAdmitted, actionAdmit, "deletion admitted: %s", d.message)
 	case len(d.claimed) > 0:
-		for _, b := range d.claimed {
-			h.Recorder.Eventf(b, node, corev1.EventTypeNormal, ReasonDisruptionClaimed, actionAdmit, "charged the deletion of node %s", node.Name)
+		for _, c := range d.claimed {
+			h.Recorder.Eventf(c.Budget, node, corev1.EventTypeNormal, ReasonDisruptionClaimed, actionAdmit, "charged the deletion of node %s", node.Name)
 		}
 		h.Recorder.Eventf(node, nil, corev1.EventTypeNormal, ReasonDeletionAdmitted, actionAdmit, "deletion admitted %s", d.message)
 	}

@@ -63,7 +63,7 @@ type nodeClaimDecision struct {
 	reason  string
 	// claimed are the budgets this request newly charged; denier the budget
 	// that denied.
-	claimed []*ngv1alpha1.NodeDisruptionBudget
+	claimed []budget.Charged
 	denier  *ngv1alpha1.NodeDisruptionBudget
 }
 
@@ -193,8 +193,8 @@ func (h *NodeClaimDeleteHandler) record(node *corev1.Node, claim string, d nodeC
 		}
 		h.Recorder.Eventf(node, nil, corev1.EventTypeWarning, ReasonNodeClaimDeletionDenied, actionAdmit, "%s", d.message)
 	case len(d.claimed) > 0 || d.reason == reasonInstanceGone:
-		for _, b := range d.claimed {
-			h.Recorder.Eventf(b, node, corev1.EventTypeNormal, ReasonDisruptionClaimed, actionAdmit,
+		for _, c := range d.claimed {
+			h.Recorder.Eventf(c.Budget, node, corev1.EventTypeNormal, ReasonDisruptionClaimed, actionAdmit,
 				"charged the deletion of NodeClaim %s (node %s)", claim, node.Name)
 		}
 		h.Recorder.Eventf(node, nil, corev1.EventTypeNormal, ReasonNodeClaimDeletionAdmitted, actionAdmit, "%s", d.message)
