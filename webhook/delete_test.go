@@ -397,3 +397,45 @@ func TestAPIServerDeletesANodeWhoseFinalizerWasAddedDuringItsDelete(t *testing.T
 		t.Fatalf("the node survived (err %v): a finalizer added during DELETE admission now protects that delete", err)
 	}
 }
+
+// TestFinalizerAddedByAnUpdateHoldsDeletesBriefly: a node that came up while
+// nodeguard was down gets the finalizer from the mutating webhook on its next
+// update, marked with the time. A delete the API server decided from the node
+// as it was before that update runs its admission on the node as it is now;
+// the mark makes that admission (like any delete in the next few seconds)
+// retry, so that no delete decided without the finalizer is carried out.
+func TestFinalizerAddedByAnUpdateHoldsDeletesBriefly(t *testing.T) {
+	harness.SkipWithoutEnv(t, env)
+	ctx := context.Background()
+	useGuards(t) // nodeguard down: the finalizer webhook fails open
+	createReadyNodes(t, "updated", 1)
+	useGuards(t, startGuard(t, false))
+	createBudget(t, "updated", 1, builder.NDBMaxUnavailable("1"))
+
+	node := getNode(t, "updated-0")
+	patch := client.MergeFrom(node.DeepCopy())
+	node.Labels["touched"] = "yes"
+	if err := env.Client.Patch(ctx, node, patch); err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Contains(node.Finalizers, ngv1alpha1.TerminationFinalizer) {
+		t.Fatalf("the update should have added the finalizer: %v", node.Finalizers)
+	}
+	if _, marked := node.Annotations[ngv1alpha1.FinalizerAddedAtAnnotation]; !marked {
+		t.Fatalf("the update added the finalizer without the %s mark: %v", ngv1alpha1.FinalizerAddedAtAnnotation, node.Annotations)
+	}
+	err := env.Client.Delete(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "updated-0"}})
+	if err == nil || !strings.Contains(err.Error(), "retry the delete in a few seconds") {
+		t.Fatalf("a delete right after the update should be told to retry: %v", err)
+	}
+	harness.Eventually(t, 15*time.Second, func(context.Context) (bool, error) {
+		err := env.Client.Delete(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "updated-0"}})
+		if err != nil && !strings.Contains(err.Error(), "retry the delete in a few seconds") {
+			return false, fmt.Errorf("unexpected denial: %w", err)
+		}
+		return err == nil, nil
+	}, "a later delete is admitted")
+	if node := getNode(t, "updated-0"); node.DeletionTimestamp == nil || !slices.Contains(node.Finalizers, ngv1alpha1.TerminationFinalizer) {
+		t.Fatalf("admitted node should be deleting and held by the finalizer: %+v", node.ObjectMeta)
+	}
+}

@@ -5,11 +5,13 @@ import (
 	"errors"
 	"net/http"
 	"slices"
+	"strings"
 	"time"
 
 	"gomodules.xyz/jsonpatch/v2"
 	admissionv1 "k8s.io/api/admission/v1"
 	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/utils/clock"
 	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
 
 	ngv1alpha1 "github.com/nodeguard/nodeguard/api/v1alpha1"
@@ -28,9 +30,14 @@ const FinalizerPath = "/mutate-node-finalizer"
 //
 // FinalizerHandler adds the termination finalizer to every managed node that
 // lacks it and is not being deleted, with a JSON patch that touches nothing else.
+// On an UPDATE it also marks when (FinalizerAddedAtAnnotation): a delete the
+// API server decided from the node as it was before this update would
+// otherwise be admitted with the finalizer in view and carried out without it.
 type FinalizerHandler struct {
 	// Managed selects the nodes nodeguard manages.
 	Managed labels.Selector
+	// Clock stamps the mark; nil is the real clock.
+	Clock clock.PassiveClock
 }
 
 // Handle implements admission.Handler.
@@ -58,7 +65,31 @@ func (h *FinalizerHandler) decide(req admission.Request) (admission.Response, st
 		slices.Contains(node.Finalizers, ngv1alpha1.TerminationFinalizer) {
 		return admission.Allowed(""), resultAllowed, reasonNone
 	}
-	return admission.Patched("added the "+ngv1alpha1.TerminationFinalizer+" finalizer", addFinalizerPatch(node.Finalizers)), resultPatched, reasonNone
+	patches := []jsonpatch.Operation{addFinalizerPatch(node.Finalizers)}
+	if req.Operation == admissionv1.Update {
+		patches = append(patches, markPatch(node.Annotations, h.now()))
+	}
+	return admission.Patched("added the "+ngv1alpha1.TerminationFinalizer+" finalizer", patches...), resultPatched, reasonNone
+}
+
+func (h *FinalizerHandler) now() time.Time {
+	if h.Clock == nil {
+		return time.Now()
+	}
+	return h.Clock.Now()
+}
+
+// markPatch records when the finalizer was added (the mark markFinalizerAdded
+// writes), creating the annotations if there are none.
+func markPatch(existing map[string]string, now time.Time) jsonpatch.Operation {
+	at := ngv1alpha1.FormatTime(now)
+	if len(existing) == 0 {
+		return jsonpatch.Operation{Operation: "add", Path: "/metadata/annotations",
+			Value: map[string]string{ngv1alpha1.FinalizerAddedAtAnnotation: at}}
+	}
+	// A JSON pointer writes "/" in a key as "~1".
+	key := strings.ReplaceAll(ngv1alpha1.FinalizerAddedAtAnnotation, "/", "~1")
+	return jsonpatch.Operation{Operation: "add", Path: "/metadata/annotations/" + key, Value: at}
 }
 
 // addFinalizerPatch appends the finalizer, creating the list if there is none.

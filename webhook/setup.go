@@ -34,7 +34,7 @@ func Register(mgr ctrl.Manager, opts Options) {
 	if claimer == nil {
 		claimer = budget.NewClaimer(mgr)
 	}
-	server.Register(FinalizerPath, &webhook.Admission{Handler: &FinalizerHandler{Managed: opts.Managed}})
+	server.Register(FinalizerPath, &webhook.Admission{Handler: &FinalizerHandler{Managed: opts.Managed, Clock: clock.RealClock{}}})
 	server.Register(BudgetPath, &webhook.Admission{Handler: &BudgetValidator{}})
 	server.Register(DeletePath, &webhook.Admission{Handler: &DeleteHandler{
 		Client:   mgr.GetClient(),
