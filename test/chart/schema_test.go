@@ -54,6 +54,7 @@ azure:
 metrics: {serviceMonitor: {enabled: true, interval: 30s}, prometheusRule: {enabled: true}}
 grafanaDashboard: {enabled: true}
 uninstallHook: {drainWait: 2m}
+protectedFields: {karpenterUsers: [system:serviceaccount:karpenter:karpenter], managedLabelRemovers: [system:serviceaccount:platform:labeller]}
 `,
 	} {
 		if errs := helmLint(t, values); len(errs) > 0 {

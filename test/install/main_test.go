@@ -48,9 +48,22 @@ func kustomizeWith(dir string, components ...string) (string, error) {
 	if err := os.WriteFile(filepath.Join(dir, "kustomization.yaml"), []byte(k), 0o644); err != nil {
 		return "", err
 	}
+	out, err := kubectlKustomize(dir)
+	if err != nil {
+		return "", fmt.Errorf("manifests/default with %v: %w", components, err)
+	}
+	return out, nil
+}
+
+// kubectlKustomize builds the kustomization in dir.
+func kubectlKustomize(dir string) (string, error) {
 	out, err := exec.Command("kubectl", "kustomize", dir).Output()
 	if err != nil {
-		return "", fmt.Errorf("kubectl kustomize manifests/default with %v: %w", components, err)
+		var stderr []byte
+		if ee, ok := err.(*exec.ExitError); ok {
+			stderr = ee.Stderr
+		}
+		return "", fmt.Errorf("kubectl kustomize %s: %w\n%s", dir, err, stderr)
 	}
 	return string(out), nil
 }

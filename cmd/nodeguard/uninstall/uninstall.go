@@ -1,6 +1,8 @@
 // Package uninstall removes nodeguard from a cluster without leaving nodes that
 // cannot be deleted: webhooks first, then the drains in progress are let finish,
-// then nodeguard is stopped and its finalizer, taint and annotations are removed.
+// then nodeguard is stopped, the bindings of the admission policies that guard
+// its finalizer are deleted, and its finalizer, taint and annotations are
+// removed.
 package uninstall
 
 import (
@@ -32,10 +34,22 @@ type Options struct {
 	Validating string
 	Namespace  string
 	Deployment string
-	DrainWait  time.Duration
-	StopWait   time.Duration
+	// PolicyBindings are the ValidatingAdmissionPolicyBindings that refuse
+	// the removal of nodeguard's finalizer by anyone but nodeguard.
+	PolicyBindings []string
+	DrainWait      time.Duration
+	StopWait       time.Duration
+	// PolicyWait bounds how long a node write refused by one of
+	// PolicyBindings is retried after the binding was deleted: the API
+	// server stops enforcing a deleted binding a moment later.
+	PolicyWait time.Duration
 	Poll       time.Duration
 }
+
+// DefaultPolicyBindings are the bindings of manifests/policy and
+// manifests/components/managed-nodes (the chart's, for the release name
+// nodeguard).
+var DefaultPolicyBindings = []string{"nodeguard-protected-fields", "nodeguard-managed-nodes"}
 
 // BindFlags registers the flags on fs.
 func (o *Options) BindFlags(fs *flag.FlagSet) {
@@ -48,6 +62,18 @@ func (o *Options) BindFlags(fs *flag.FlagSet) {
 	fs.StringVar(&o.Namespace, "namespace", "nodeguard-system", "Namespace of nodeguard's Deployment.")
 	fs.StringVar(&o.Deployment, "deployment", "nodeguard",
 		"Name of nodeguard's Deployment, scaled to 0 once drains in progress are done (otherwise it would put the finalizer back); empty leaves stopping nodeguard to you.")
+	o.PolicyBindings = slices.Clone(DefaultPolicyBindings)
+	fs.Func("admission-policy-bindings",
+		"Comma-separated names of nodeguard's ValidatingAdmissionPolicyBindings, the only ones deleted, once nodeguard is stopped and before any finalizer is removed (they refuse that to everyone but nodeguard); empty deletes none. (default \""+strings.Join(DefaultPolicyBindings, ",")+"\")",
+		func(v string) error {
+			o.PolicyBindings = nil
+			for _, name := range strings.Split(v, ",") {
+				if name = strings.TrimSpace(name); name != "" {
+					o.PolicyBindings = append(o.PolicyBindings, name)
+				}
+			}
+			return nil
+		})
 	fs.DurationVar(&o.DrainWait, "drain-wait", 10*time.Minute,
 		"How long to let a running nodeguard finish the drains in progress. Nodes still deleting after it are released without a complete drain, and listed.")
 	fs.DurationVar(&o.StopWait, "stop-wait", 2*time.Minute,
@@ -64,16 +90,20 @@ const Usage = `nodeguard uninstall removes what keeps nodes from going once node
      under the nodeguard.io/termination finalizer), for up to --drain-wait;
   3. scales nodeguard's Deployment to 0 and waits for its pods to go, so that
      nothing puts the finalizer back;
-  4. removes the finalizer, and nodeguard's draining taint and bookkeeping
+  4. deletes the bindings of nodeguard's ValidatingAdmissionPolicies, by name
+     (--admission-policy-bindings), which refuse the removal of the finalizer
+     to everyone but nodeguard;
+  5. removes the finalizer, and nodeguard's draining taint and bookkeeping
      annotations, from every node that is not being deleted;
-  5. releases the nodes still deleting (their drain did not finish), and lists them;
-  6. lists the Azure load-balancer entries nodeguard set Down for nodes that
+  6. releases the nodes still deleting (their drain did not finish), and lists them;
+  7. lists the Azure load-balancer entries nodeguard set Down for nodes that
      are gone and would have restored to None after their grace period: no
      one restores them now (their records stay in kube-node-maintenance, so a
      reinstalled nodeguard restores them).
 
-It deletes no CRD, NodeDisruptionBudget or Deployment: remove those afterwards
-(kubectl delete -k manifests/default, or helm uninstall).
+It deletes no CRD, NodeDisruptionBudget, Deployment or policy: remove those
+afterwards (kubectl delete -k manifests/uninstall --ignore-not-found, or helm
+uninstall).
 
 Usage: nodeguard uninstall [flags]
 
@@ -84,6 +114,9 @@ Flags:
 func Run(ctx context.Context, c client.Client, o Options, out io.Writer) error {
 	if o.Poll == 0 {
 		o.Poll = 2 * time.Second
+	}
+	if o.PolicyWait == 0 {
+		o.PolicyWait = time.Minute
 	}
 	return (&uninstaller{c: c, o: o, out: out}).run(ctx)
 }
@@ -98,7 +131,7 @@ type uninstaller struct {
 func (u *uninstaller) say(format string, args ...any) { fmt.Fprintf(u.out, format+"\n", args...) }
 
 func (u *uninstaller) run(ctx context.Context) error {
-	u.say("1/6 webhook configurations")
+	u.say("1/7 webhook configurations")
 	if err := u.deleteWebhooks(ctx); err != nil {
 		return err
 	}
@@ -106,23 +139,27 @@ func (u *uninstaller) run(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	u.say("2/6 drains in progress")
+	u.say("2/7 drains in progress")
 	if err := u.waitForDrains(ctx, running); err != nil {
 		return err
 	}
-	u.say("3/6 stopping nodeguard")
+	u.say("3/7 stopping nodeguard")
 	if err := u.stopNodeguard(ctx); err != nil {
 		return err
 	}
-	u.say("4/6 nodes not being deleted")
+	u.say("4/7 admission policy bindings")
+	if err := u.deletePolicyBindings(ctx); err != nil {
+		return err
+	}
+	u.say("5/7 nodes not being deleted")
 	if err := u.cleanIdleNodes(ctx); err != nil {
 		return err
 	}
-	u.say("5/6 nodes still being deleted")
+	u.say("6/7 nodes still being deleted")
 	if err := u.releaseDeleting(ctx); err != nil {
 		return err
 	}
-	u.say("6/6 load-balancer entries nodeguard set Down for nodes that are gone")
+	u.say("7/7 load-balancer entries nodeguard set Down for nodes that are gone")
 	if err := u.reportRecordedDowns(ctx); err != nil {
 		return err
 	}
@@ -157,6 +194,45 @@ func (u *uninstaller) deleteWebhooks(ctx context.Context) error {
 		u.say("   none found (already removed)")
 	}
 	return nil
+}
+
+// deletePolicyBindings deletes nodeguard's ValidatingAdmissionPolicyBindings,
+// by name and nothing else. They bind cluster-admins too, so that removing
+// the finalizer (steps 5 and 6) would be refused with them in place; with
+// nodeguard stopped, nothing needs them any more. Their policies go with
+// kubectl delete -k or helm uninstall.
+func (u *uninstaller) deletePolicyBindings(ctx context.Context) error {
+	deleted := 0
+	for _, name := range u.o.PolicyBindings {
+		err := u.c.Delete(ctx, &admissionregistrationv1.ValidatingAdmissionPolicyBinding{ObjectMeta: metav1.ObjectMeta{Name: name}})
+		if apierrors.IsNotFound(err) {
+			continue
+		}
+		if err != nil {
+			return fmt.Errorf("deleting ValidatingAdmissionPolicyBinding %s: %w", name, err)
+		}
+		deleted++
+		u.say("   deleted ValidatingAdmissionPolicyBinding %s", name)
+	}
+	if deleted == 0 {
+		u.say("   none found")
+	}
+	return nil
+}
+
+// refusedByPolicyBinding tells whether err is a denial by one of nodeguard's
+// policy bindings, which the API server still enforces for a moment after
+// their deletion.
+func (u *uninstaller) refusedByPolicyBinding(err error) bool {
+	if err == nil {
+		return false
+	}
+	for _, name := range u.o.PolicyBindings {
+		if strings.Contains(err.Error(), "ValidatingAdmissionPolicy") && strings.Contains(err.Error(), "binding '"+name+"'") {
+			return true
+		}
+	}
+	return false
 }
 
 // nodeguardRunning reports whether nodeguard's Deployment has a ready replica
@@ -424,9 +500,25 @@ func removeFinalizer(node *corev1.Node) bool {
 }
 
 // updateNode applies change to a fresh copy of the node and writes it with an
-// optimistic lock, retrying on conflicts; it returns what change reported.
-// A node that is gone needs nothing.
+// optimistic lock, retrying on conflicts, and for up to PolicyWait on a
+// refusal by a policy binding deleted in step 4; it returns what change
+// reported. A node that is gone needs nothing.
 func (u *uninstaller) updateNode(ctx context.Context, name string, change func(*corev1.Node) []string) ([]string, error) {
+	deadline := time.Now().Add(u.o.PolicyWait)
+	for {
+		did, err := u.updateNodeOnce(ctx, name, change)
+		if !u.refusedByPolicyBinding(err) || time.Now().After(deadline) {
+			return did, err
+		}
+		select {
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case <-time.After(u.o.Poll / 4):
+		}
+	}
+}
+
+func (u *uninstaller) updateNodeOnce(ctx context.Context, name string, change func(*corev1.Node) []string) ([]string, error) {
 	var did []string
 	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
 		var node corev1.Node
