@@ -2,6 +2,7 @@ package install
 
 import (
 	"context"
+	"os"
 	"os/exec"
 	"path/filepath"
 	"slices"
@@ -9,10 +10,12 @@ import (
 	"testing"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
 	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/yaml"
 
 	"github.com/nodeguard/nodeguard/test/harness"
-	"sigs.k8s.io/controller-runtime/pkg/client"
 )
 
 // stubCRDs stand in for the Prometheus Operator's CRDs, which this cluster
@@ -88,5 +91,92 @@ func TestKustomizeIsValidOnTheServer(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestKustomizeUninstallKeepsTheCRDAndTheSharedNamespace: manifests/uninstall
+// (the documented kubectl delete -k) lists every object manifests/default
+// installs, unchanged, but the NodeDisruptionBudget CRD (deleting it deletes
+// every budget) and the namespace kube-node-maintenance (other tools' Leases),
+// so that it leaves nothing else behind; the component does the same to an
+// overlay (the AKS example). Then, on the API server, a server-side dry run
+// of the delete deletes neither, though both exist.
+func TestKustomizeUninstallKeepsTheCRDAndTheSharedNamespace(t *testing.T) {
+	harness.SkipWithoutEnv(t, env)
+	applyRBAC(t) // kube-node-maintenance and nodeguard's objects exist
+	kept := []string{"CustomResourceDefinition /nodedisruptionbudgets.nodeguard.io", "Namespace /kube-node-maintenance"}
+	build := func(dir string) map[string]string {
+		t.Helper()
+		out, err := kubectlKustomize(dir)
+		if err != nil {
+			t.Fatal(err)
+		}
+		objs := map[string]string{}
+		for _, doc := range strings.Split(out, "\n---\n") {
+			var o struct {
+				Kind     string `json:"kind"`
+				Metadata struct{ Namespace, Name string }
+			}
+			if err := yaml.Unmarshal([]byte(doc), &o); err != nil {
+				t.Fatal(err)
+			}
+			objs[o.Kind+" "+o.Metadata.Namespace+"/"+o.Metadata.Name] = strings.TrimSpace(doc)
+		}
+		return objs
+	}
+	manifests := filepath.Join(harness.RepoRoot(), "manifests")
+	overlay := t.TempDir()
+	rel, err := filepath.Rel(overlay, manifests)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(overlay, "kustomization.yaml"), []byte("resources:\n- "+filepath.Join(rel, "overlays", "aks")+
+		"\ncomponents:\n- "+filepath.Join(rel, "components", "uninstall")+"\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for install, uninstall := range map[string]string{
+		filepath.Join(manifests, "default"):         filepath.Join(manifests, "uninstall"),
+		filepath.Join(manifests, "overlays", "aks"): overlay,
+	} {
+		installed, deleted := build(install), build(uninstall)
+		for _, k := range kept {
+			if _, ok := installed[k]; !ok {
+				t.Errorf("%s does not install %s", install, k)
+			}
+			if _, ok := deleted[k]; ok {
+				t.Errorf("%s deletes %s", uninstall, k)
+			}
+		}
+		for k, doc := range installed {
+			if slices.Contains(kept, k) {
+				continue
+			}
+			if got, ok := deleted[k]; !ok {
+				t.Errorf("%s leaves %s behind", uninstall, k)
+			} else if got != doc {
+				t.Errorf("%s deletes %s as another object:\n%s\nwant\n%s", uninstall, k, got, doc)
+			}
+		}
+		for k := range deleted {
+			if _, ok := installed[k]; !ok {
+				t.Errorf("%s deletes %s, which %s does not install", uninstall, k, install)
+			}
+		}
+	}
+
+	got := harness.MustKubectl(t, env.Kubeconfig, "", "delete", "-k", filepath.Join(manifests, "uninstall"), "--dry-run=server", "--ignore-not-found")
+	for _, want := range []string{"serviceaccount \"nodeguard\" deleted", "role.rbac.authorization.k8s.io \"nodeguard\" deleted", "namespace \"nodeguard-system\" deleted"} {
+		if !strings.Contains(got, want) {
+			t.Errorf("the dry run of kubectl delete -k manifests/uninstall does not say %s:\n%s", want, got)
+		}
+	}
+	for _, never := range []string{"customresourcedefinition", "kube-node-maintenance"} {
+		if strings.Contains(got, never) {
+			t.Errorf("kubectl delete -k manifests/uninstall deletes %s:\n%s", never, got)
+		}
+	}
+	var ns corev1.Namespace
+	if err := env.Client.Get(context.Background(), client.ObjectKey{Name: "kube-node-maintenance"}, &ns); err != nil || ns.DeletionTimestamp != nil {
+		t.Errorf("kube-node-maintenance: %v (deleting since %v)", err, ns.DeletionTimestamp)
 	}
 }

@@ -51,12 +51,17 @@ func baseDeployment(t *testing.T) *appsv1.Deployment {
 // with the nodeguard process run by the test as its ServiceAccount), puts
 // nodes in every state, and runs nodeguard uninstall: the webhook
 // configurations go first, a drain in progress is let finish, a drain that
-// cannot finish is cut short and reported, nodeguard is stopped, and no node
-// is left with the finalizer, the draining taint or a bookkeeping mark. Then
-// kubectl delete node works without nodeguard.
+// cannot finish is cut short and reported, nodeguard is stopped, the bindings
+// of the policies that refuse the finalizer's removal to the uninstall's
+// cluster-admin are deleted, and no node is left with the finalizer, the
+// draining taint or a bookkeeping mark. Then kubectl delete node works without
+// nodeguard.
 func TestUninstallReleasesEveryNode(t *testing.T) {
 	harness.SkipWithoutEnv(t, env)
 	applyRBAC(t)
+	// The install's policies (and the managed-nodes component's), enforced
+	// for the admin that runs the uninstall as for everyone.
+	installPolicies(t)
 	ctx := context.Background()
 	const ns = "uninstall"
 	harness.MustCreate(t, env.Client, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}})
@@ -180,6 +185,8 @@ func TestUninstallReleasesEveryNode(t *testing.T) {
 		"deleted ValidatingWebhookConfiguration nodeguard-validating-webhook-configuration",
 		"drained and released: un-finishes",
 		"scaled Deployment nodeguard-system/nodeguard to 0",
+		"deleted ValidatingAdmissionPolicyBinding nodeguard-protected-fields",
+		"deleted ValidatingAdmissionPolicyBinding nodeguard-managed-nodes",
 		"un-marked: removed finalizer, taint nodeguard.io/draining, annotation nodeguard.io/finalizer-added-at",
 		"un-stuck: released WITHOUT a complete drain",
 		"WARNING backend pool kubernetes/kubernetes, entry un-gone-entry: nodeguard set it Down for node un-gone, which is gone",
@@ -196,6 +203,15 @@ func TestUninstallReleasesEveryNode(t *testing.T) {
 	}
 	if strings.Index(out.String(), "deleted ValidatingWebhookConfiguration") > strings.Index(out.String(), "removed finalizer") {
 		t.Error("the webhook configurations must go before any finalizer")
+	}
+	if i := strings.Index(out.String(), "deleted ValidatingAdmissionPolicyBinding"); i < strings.Index(out.String(), "no nodeguard pod is left") || i > strings.Index(out.String(), "removed finalizer") {
+		t.Error("the policy bindings must go once nodeguard is stopped (until then they keep others from removing its finalizer mid-drain), and before any finalizer")
+	}
+	for _, name := range []string{"nodeguard-protected-fields", "nodeguard-managed-nodes"} {
+		var p admissionregistrationv1.ValidatingAdmissionPolicy
+		if err := env.Client.Get(ctx, client.ObjectKey{Name: name}, &p); err != nil {
+			t.Errorf("uninstall deleted (or lost) the policy %s; only its binding is uninstall's: %v", name, err)
+		}
 	}
 
 	var list corev1.NodeList
