@@ -52,12 +52,15 @@ test: tools-test ## Run unit, integration and e2e tests on Kubernetes 1.37, then
 OLDEST_WEBHOOK_TESTS := TestKubectlDeleteIsHeldToTheBudget|TestConcurrentDeletesNeverOverAdmit|TestMissingFinalizerNeverLetsANodeGoUnguarded|TestAPIServerDeletesANodeWhoseFinalizerWasAddedDuringItsDelete
 OLDEST_FINALIZER_TESTS := TestDrainWritesLifecycleConditions|TestStuckPodNoLongerHoldsTheNode
 OLDEST_E2E_TESTS := TestDeleteNodeCutsTrafficThenDrainsWithinBudgets
+# The ValidatingAdmissionPolicies of the install, evaluated by kube-apiserver.
+OLDEST_INSTALL_TESTS := TestPolicyGuardsTheFieldsNodeguardTrusts
 
 .PHONY: test-oldest
-test-oldest: tools-sandbox tools-oldest ## Run the admission and drain integration tests and the core-path e2e on Kubernetes 1.36, the oldest supported (bin/k8s-1.36).
+test-oldest: tools-sandbox tools-oldest ## Run the admission and drain integration tests, the core-path e2e and the install's admission policies on Kubernetes 1.36, the oldest supported (bin/k8s-1.36).
 	NODEGUARD_KUBE_VERSION=1.36 $(GO) test -count=1 -timeout 15m $(TEST_FLAGS) -run '^($(OLDEST_WEBHOOK_TESTS))$$' ./webhook
 	NODEGUARD_KUBE_VERSION=1.36 $(GO) test -count=1 -timeout 15m $(TEST_FLAGS) -run '^($(OLDEST_FINALIZER_TESTS))$$' ./finalizer
 	NODEGUARD_KUBE_VERSION=1.36 $(GO) test -count=1 -timeout 15m $(TEST_FLAGS) -run '^($(OLDEST_E2E_TESTS))$$' ./test/e2e
+	NODEGUARD_KUBE_VERSION=1.36 $(GO) test -count=1 -timeout 15m $(TEST_FLAGS) -run '^($(OLDEST_INSTALL_TESTS))$$' ./test/install
 
 .PHONY: test-unit
 test-unit: ## Run only the tests that need no control plane.
@@ -91,7 +94,7 @@ test-chart: ## Render the Helm chart and compare it with the kustomize manifests
 	cd test/chart && $(GO) test $(TEST_FLAGS) ./...
 
 .PHONY: test-install
-test-install: tools-sandbox tools-certmanager ## Dry-run the kustomize base, run nodeguard under its exact RBAC, and test nodeguard uninstall on the local cluster.
+test-install: tools-sandbox tools-certmanager ## Dry-run the kustomize base, run nodeguard under its exact RBAC, test its admission policies, the kustomize uninstall's list and nodeguard uninstall on the local cluster.
 	$(GO) test $(TEST_FLAGS) ./test/install
 
 .PHONY: verify

@@ -9,8 +9,13 @@
 //     drain, the taint watcher and the secure metrics endpoint work, no request
 //     is forbidden, and every granted verb is used (so removing any rule makes a
 //     request fail, which this test notices);
-//   - nodeguard uninstall leaves no node with the finalizer, and nodes can be
-//     deleted afterwards without nodeguard.
+//   - the ValidatingAdmissionPolicies of the install refuse, to every user
+//     but the identities they name, the changes of the node fields nodeguard
+//     trusts, and nothing else;
+//   - the kustomize uninstall (manifests/uninstall) deletes everything the
+//     install creates but the CRD and the shared namespace;
+//   - nodeguard uninstall, with the policies in place, leaves no node with
+//     the finalizer, and nodes can be deleted afterwards without nodeguard.
 package install
 
 import (
