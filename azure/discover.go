@@ -2,16 +2,12 @@ package azure
 
 import (
 	"context"
-	"errors"
 	"fmt"
-	"net/http"
 	"strings"
 	"time"
 
-	"github.com/Azure/azure-sdk-for-go/sdk/azcore"
 	"github.com/Azure/azure-sdk-for-go/sdk/resourcemanager/network/armnetwork/v9"
 	"k8s.io/apimachinery/pkg/types"
-	ctrl "sigs.k8s.io/controller-runtime"
 
 	"github.com/nodeguard/nodeguard/azure/armclient"
 	"github.com/nodeguard/nodeguard/azure/backends"
@@ -60,6 +56,9 @@ func (m *Manager) discover(ctx context.Context, ev *tickEvents) error {
 	if ctx.Err() != nil {
 		return err
 	}
+	if notFound(err) == codeResourceGroupNotFound {
+		m.noteUnknown(ctx, fmt.Sprintf("resource group %s (--azure-resource-group) does not exist", m.cfg.ResourceGroup))
+	}
 	m.mu.Lock()
 	m.discoverErr = err
 	var events []pendingEvent
@@ -91,12 +90,15 @@ func (m *Manager) listPools(ctx context.Context) ([]listedPool, error) {
 		if lbs, err = m.client.ListLoadBalancers(ctx, m.cfg.ResourceGroup); err != nil {
 			return nil, fmt.Errorf("listing load balancers in %s: %w", m.cfg.ResourceGroup, err)
 		}
+		m.noteUnknown(ctx, "")
 	} else {
+		var missing []string
 		for _, name := range m.cfg.LoadBalancers {
 			lb, err := m.client.GetLoadBalancer(ctx, m.cfg.ResourceGroup, name)
-			var re *azcore.ResponseError
-			if errors.As(err, &re) && re.StatusCode == http.StatusNotFound {
-				ctrl.LoggerFrom(ctx).V(1).Info("Configured load balancer does not exist", "loadBalancer", name)
+			if code := notFound(err); code == codeResourceGroupNotFound {
+				return nil, fmt.Errorf("getting load balancer %s: %w", name, err)
+			} else if code != "" {
+				missing = append(missing, name)
 				continue
 			}
 			if err != nil {
@@ -104,6 +106,7 @@ func (m *Manager) listPools(ctx context.Context) ([]listedPool, error) {
 			}
 			lbs = append(lbs, lb)
 		}
+		m.noteUnknown(ctx, missingLoadBalancers(m.cfg.ResourceGroup, missing))
 	}
 	var out []listedPool
 	for _, lb := range lbs {
@@ -162,6 +165,7 @@ func (m *Manager) recordMembership(pools []listedPool, members map[string]map[st
 			if !nodes[string(uid)] {
 				continue
 			}
+			n.member = true
 			w, ok := n.pools[k]
 			switch {
 			case !ok:

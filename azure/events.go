@@ -24,6 +24,11 @@ const (
 	// Down (another writer put the pool back from an older copy, or added the
 	// node at None); nodeguard sets it Down again.
 	ReasonReverted = "LoadBalancerAdminStateReverted"
+	// ReasonNoBackendPool (Warning): the node is in no backend pool of the
+	// managed load balancers, so setting it Down changed nothing: a node
+	// excluded from load balancers, or a configuration that names the wrong
+	// resource group or load balancers.
+	ReasonNoBackendPool = "LoadBalancerAdminStateNoBackendPool"
 
 	eventAction = "UpdateLoadBalancerAdminState"
 )
@@ -40,6 +45,15 @@ func confirmedEvent(state AdminState, pools int) event {
 		reason = ReasonDown
 	}
 	return event{reason: reason, note: fmt.Sprintf("Azure load balancer admin state %s confirmed on the node's entries in %d backend pool(s)", state, pools)}
+}
+
+func noBackendPoolEvent(resourceGroup, unknown string) event {
+	why := "check --azure-resource-group and --azure-load-balancers if it should be"
+	if unknown != "" {
+		why = "Azure does not know the configuration: " + unknown
+	}
+	return event{warning: true, reason: ReasonNoBackendPool, note: fmt.Sprintf(
+		"The node is in no backend pool of the managed load balancers in resource group %s: no traffic to it was cut (%s)", resourceGroup, why)}
 }
 
 func retryingEvent(pool string, attempt, maxRetries int, err string, at time.Time) event {

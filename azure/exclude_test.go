@@ -13,6 +13,10 @@ import (
 // reconcile writes the IP-based pools without the node's entries.
 func (e *testEnv) excludeFromLB(node *corev1.Node) {
 	e.t.Helper()
+	if node.Labels == nil {
+		node.Labels = map[string]string{}
+	}
+	node.Labels[corev1.LabelNodeExcludeBalancers] = "true"
 	snap, err := armemulator.NewCloudProvider(e.emu).Read(e.ctx)
 	if err != nil {
 		e.t.Fatal(err)

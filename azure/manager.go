@@ -121,6 +121,9 @@ type Manager struct {
 	discovered  bool
 	nextResync  time.Time
 	discoverErr error
+	// unknown says what of the configuration ARM does not know ("" when
+	// discovery found all of it): see configuration.go.
+	unknown string
 
 	records    RecordStore
 	nodeReader client.Reader
@@ -148,8 +151,12 @@ type nodeState struct {
 	// pools: the node's work per backend pool key.
 	pools map[string]*work
 	// changed: nodeguard wrote one of the node's entries for gen.
-	changed   bool
-	confirmed bool
+	changed bool
+	// member: a discovery found the node in a backend pool; excluded: it
+	// carries the label that keeps cloud providers from adding it to load
+	// balancers. A node in no pool with neither had nothing to cut.
+	member, excluded bool
+	confirmed        bool
 	failed    error
 	notify    chan struct{}
 	// warned: pools whose missing entry was reported for gen.
@@ -293,6 +300,7 @@ func (m *Manager) SetDesired(node *corev1.Node, state AdminState) {
 		n.confirmed = false
 		changed = true
 	}
+	_, n.excluded = node.Labels[corev1.LabelNodeExcludeBalancers]
 	if !ok || n.desired != state {
 		n.desired = state
 		n.gen++
@@ -304,12 +312,14 @@ func (m *Manager) SetDesired(node *corev1.Node, state AdminState) {
 		n.signal()
 		changed = true
 	}
+	var events []pendingEvent
 	if !n.known && m.discovered {
 		m.assumeMember(n)
-		// In no pool at all: nothing to wait for (no event: nothing changed).
-		m.updateConfirmed(n)
+		// In no pool at all: nothing to wait for.
+		events = m.updateConfirmed(n)
 	}
 	m.mu.Unlock()
+	m.emit(newTickEvents(), events)
 	if changed {
 		m.wake()
 	}

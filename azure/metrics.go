@@ -72,6 +72,11 @@ var (
 		Help:      "Time an entry of a node held Down stayed not Down after a verification found it reverted by another writer, until nodeguard's rewrite confirmed Down again, by pool (load balancer/pool). It starts at the finding, so the entry was open up to one --azure-admin-state-verify-interval longer.",
 		Buckets:   prometheus.ExponentialBuckets(0.5, 2, 10),
 	}, []string{labelPool})
+	configurationReady = prometheus.NewGauge(prometheus.GaugeOpts{
+		Namespace: metricsNamespace,
+		Name:      "configuration_ready",
+		Help:      "1 when Azure knew the resource group and every configured load balancer at the last discovery, 0 when it did not (the log says what it did not know): nodes in none of the found backend pools get no traffic cut.",
+	})
 	confirmDuration = prometheus.NewHistogramVec(prometheus.HistogramOpts{
 		Namespace: metricsNamespace,
 		Name:      "confirmation_duration_seconds",
@@ -81,5 +86,5 @@ var (
 )
 
 func init() {
-	metrics.Registry.MustRegister(lockWait, poolUpdates, parkedTicks, noEntryDown, recordWrites, recordedEntries, unreadableRecords, goneRestored, reverts, revertOpen, confirmDuration)
+	metrics.Registry.MustRegister(lockWait, poolUpdates, parkedTicks, noEntryDown, recordWrites, recordedEntries, unreadableRecords, goneRestored, reverts, revertOpen, configurationReady, confirmDuration)
 }

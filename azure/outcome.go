@@ -308,10 +308,23 @@ func (m *Manager) updateConfirmed(n *nodeState) []pendingEvent {
 	n.failed = nil
 	n.signal()
 	confirmDuration.WithLabelValues(string(n.desired)).Observe(m.clock.Since(n.since).Seconds())
+	if n.nothingCut() {
+		return []pendingEvent{{n, noBackendPoolEvent(m.cfg.ResourceGroup, m.unknown)}}
+	}
 	if !n.changed {
 		return nil
 	}
 	return []pendingEvent{{n, confirmedEvent(n.desired, len(n.pools))}}
+}
+
+// nothingCut reports whether the node is confirmed Down in no backend pool
+// while nothing says it should be in none: nodeguard wrote none of its
+// entries, no discovery found it in a pool (cloud-provider-azure removes a
+// node being deleted or excluded: that is a harder cut), and it does not carry
+// the exclusion label. A configuration that names the wrong resource group or
+// load balancers looks like this. Call with m.mu held.
+func (n *nodeState) nothingCut() bool {
+	return n.desired == AdminStateDown && len(n.pools) == 0 && !n.changed && !n.member && !n.excluded
 }
 
 // emit records events, one per node and reason per tick.

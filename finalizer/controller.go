@@ -81,6 +81,9 @@ const (
 type AdminState interface {
 	SetDesired(node *corev1.Node, state azure.AdminState)
 	WaitConfirmed(ctx context.Context, uid types.UID, state azure.AdminState) error
+	// NothingCut says whether the confirmed Down cut nothing: the node is in
+	// no backend pool.
+	NothingCut(uid types.UID) bool
 }
 
 // DefaultStuckPodMargin is Karpenter's rule for a pod stuck terminating.

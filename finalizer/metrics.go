@@ -67,7 +67,7 @@ var (
 	})
 	trafficCuts = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "nodeguard_traffic_cuts_total",
-		Help: "Load-balancer traffic cuts of terminating nodes by outcome, once per node and outcome: confirmed (AdminState Down on every backend entry), failed (a pool's write failed for good: traffic NOT cut there) or timed_out (not confirmed within --admin-state-timeout). With --traffic-cut-failure=drain the drain goes on after failed and timed_out.",
+		Help: "Load-balancer traffic cuts of terminating nodes by outcome, once per node and outcome: confirmed (AdminState Down on every backend entry), failed (a pool's write failed for good: traffic NOT cut there) timed_out (not confirmed within --admin-state-timeout) or no_backend_pool (the node is in no backend pool of the managed load balancers: nothing was cut). With --traffic-cut-failure=drain the drain goes on after failed and timed_out; it always goes on after no_backend_pool.",
 	}, []string{labelResult})
 	terminationDuration = prometheus.NewHistogram(prometheus.HistogramOpts{
 		Name:    "nodeguard_termination_duration_seconds",

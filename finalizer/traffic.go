@@ -34,6 +34,7 @@ const (
 	cutConfirmed = "confirmed"
 	cutFailed    = "failed"
 	cutTimedOut  = "timed_out"
+	cutNoPool    = "no_backend_pool"
 )
 
 // Reasons of the TrafficCut condition.
@@ -41,6 +42,7 @@ const (
 	conditionCut      = "AdminStateDown"
 	conditionFailed   = "AdminStateUpdateFailed"
 	conditionTimedOut = "AdminStateNotConfirmed"
+	conditionNoPool   = "NotInAnyBackendPool"
 )
 
 // trafficFailedPoll is how often a drain held by --traffic-cut-failure=wait
@@ -74,7 +76,11 @@ func (r *Reconciler) cutTraffic(ctx context.Context, node *corev1.Node) (reconci
 	if err != nil || !res.IsZero() {
 		return res, err
 	}
-	if failure != nil && r.Opts.TrafficCutFailure == TrafficCutFailureWait {
+	if failure == nil && r.AdminState.NothingCut(node.UID) {
+		r.reportNoPool(node)
+		failure = &notCut{result: cutNoPool}
+	}
+	if failure != nil && failure.result != cutNoPool && r.Opts.TrafficCutFailure == TrafficCutFailureWait {
 		return r.holdUncut(ctx, node, *failure)
 	}
 	r.reportCut(node, failure)
@@ -130,6 +136,9 @@ func (r *Reconciler) pastTimeout() string {
 // reportCut says, once per node, how the traffic cut ended before the drain
 // goes on: the TrafficCut condition, an event and the metric.
 func (r *Reconciler) reportCut(node *corev1.Node, failure *notCut) {
+	if failure != nil && failure.result == cutNoPool {
+		return // reportNoPool said it
+	}
 	if failure == nil {
 		if r.once(node.UID, "traffic-"+cutConfirmed) {
 			trafficCuts.WithLabelValues(cutConfirmed).Inc()
@@ -144,6 +153,18 @@ func (r *Reconciler) reportCut(node *corev1.Node, failure *notCut) {
 			"traffic NOT cut: %s; draining anyway (--traffic-cut-failure=drain): the node's pods are evicted while its load-balancer backend entries still take new connections", failure.why)
 	}
 	r.setTrafficCondition(node, corev1.ConditionFalse, failure.reason, "traffic NOT cut, drained anyway (--traffic-cut-failure=drain): "+failure.why)
+}
+
+// reportNoPool says that the node's traffic was not cut because no backend
+// pool holds it: the TrafficCut condition and the metric. The drain goes on
+// under either --traffic-cut-failure (there is nothing to wait for); the
+// admin-state manager's LoadBalancerAdminStateNoBackendPool event says why.
+func (r *Reconciler) reportNoPool(node *corev1.Node) {
+	if r.once(node.UID, "traffic-"+cutNoPool) {
+		trafficCuts.WithLabelValues(cutNoPool).Inc()
+	}
+	r.setTrafficCondition(node, corev1.ConditionFalse, conditionNoPool,
+		"traffic NOT cut: the node is in no backend pool of the load balancers nodeguard manages (see the LoadBalancerAdminStateNoBackendPool event); draining, as there is nothing to cut")
 }
 
 // holdUncut keeps the drain waiting for the cut (--traffic-cut-failure=wait).

@@ -12,6 +12,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/utils/ptr"
+	ctrlmetrics "sigs.k8s.io/controller-runtime/pkg/metrics"
 
 	ngv1alpha1 "github.com/nodeguard/nodeguard/api/v1alpha1"
 	"github.com/nodeguard/nodeguard/azure"
@@ -47,6 +48,13 @@ func newAzureNode(f *fixture, i int) azureNode {
 // the traffic cut and VM checks; resync is the manager's resync interval.
 func (f *fixture) withAzure(t *testing.T, topology armemulator.Topology, resync time.Duration, nodes ...azureNode) *armemulator.Server {
 	t.Helper()
+	return f.withAzureOptions(t, topology, resync, nil, nodes...)
+}
+
+// withAzureOptions is withAzure with configure changing the manager's
+// options (nil: none).
+func (f *fixture) withAzureOptions(t *testing.T, topology armemulator.Topology, resync time.Duration, configure func(*azure.Options), nodes ...azureNode) *armemulator.Server {
+	t.Helper()
 	var seed []armemulator.Node
 	for _, n := range nodes {
 		seed = append(seed, armemulator.Node{Name: n.name, IPs: []string{n.ip}, ProviderID: n.providerID})
@@ -62,6 +70,9 @@ func (f *fixture) withAzure(t *testing.T, topology armemulator.Topology, resync 
 	o.Getenv = func(string) string { return "" }
 	o.RetryInterval, o.ResyncInterval = 100*time.Millisecond, resync
 	o.MaxRetries.V = ptr.To(0)
+	if configure != nil {
+		configure(&o)
+	}
 	m, err := azure.NewManager(o, f.events,
 		azure.WithSDKRetry(policy.RetryOptions{MaxRetries: -1, TryTimeout: 10 * time.Second}), azure.WithPollFrequency(5*time.Millisecond))
 	if err != nil || m == nil {
@@ -214,4 +225,74 @@ func TestWrongResourceGroupIsNotAGoneVM(t *testing.T) {
 	if drainingTaint(node) == nil {
 		t.Errorf("the node is not cordoned for a drain: taints %v", node.Spec.Taints)
 	}
+}
+
+// A node Azure confirms Down on no backend pool had nothing cut, and says so:
+// the TrafficCut condition False (NotInAnyBackendPool), a
+// LoadBalancerAdminStateNoBackendPool Warning event and
+// nodeguard_traffic_cuts_total{no_backend_pool}; the drain goes on, as there
+// is nothing to wait for. When the configuration names a load balancer ARM
+// does not know, the event says so and configuration_ready is 0.
+func TestNodeInNoBackendPoolIsNotReportedCut(t *testing.T) {
+	for _, tc := range []struct {
+		name      string
+		configure func(*azure.Options)
+		seeded    bool
+		ready     float64
+		says      string
+	}{
+		{name: "not a member", ready: 1, says: "check --azure-resource-group"},
+		{name: "unknown load balancer", seeded: true, ready: 0, says: "load balancer(s) kubernetez (--azure-load-balancers) do not exist",
+			configure: func(o *azure.Options) { o.LoadBalancers = "kubernetez" }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			f := newFixture(t, "no-pool-"+strings.ReplaceAll(tc.name, " ", "-"))
+			f.r.Opts.AdminStateTimeout, f.r.Opts.TrafficCutFailure = time.Minute, TrafficCutFailureWait
+			n, other := newAzureNode(f, 0), newAzureNode(f, 1)
+			seed := []azureNode{other}
+			if tc.seeded {
+				seed = append(seed, n)
+			}
+			f.withAzureOptions(t, armemulator.Topology{}, time.Hour, tc.configure, seed...)
+			f.azureNode(t, n)
+			f.pod(t, "web", n.name, controlledBy("ReplicaSet"))
+			before := testutil.ToFloat64(trafficCuts.WithLabelValues(cutNoPool))
+			f.deleteNode(t, n.name)
+
+			f.passUntil(t, n.name, func() bool { return f.podState(t, "web") != "running" }, "the drain goes on")
+			c := condition(getNode(t, n.name), ngv1alpha1.TrafficCutCondition)
+			if c == nil || c.Status != corev1.ConditionFalse || c.Reason != conditionNoPool || !strings.Contains(c.Message, "no backend pool") {
+				t.Errorf("condition %s = %+v, want False, %s", ngv1alpha1.TrafficCutCondition, c, conditionNoPool)
+			}
+			if got := f.events.with(ReasonTrafficCut); len(got) > 0 {
+				t.Errorf("a node in no pool is reported cut: %v", got)
+			}
+			ev := f.events.with(azure.ReasonNoBackendPool)
+			if len(ev) != 1 || !strings.Contains(ev[0], "no traffic to it was cut") || !strings.Contains(ev[0], tc.says) {
+				t.Errorf("%s events %q, want one saying nothing was cut and %q", azure.ReasonNoBackendPool, ev, tc.says)
+			}
+			if got := testutil.ToFloat64(trafficCuts.WithLabelValues(cutNoPool)) - before; got != 1 {
+				t.Errorf("nodeguard_traffic_cuts_total{result=no_backend_pool} grew by %v, want 1", got)
+			}
+			if got := gauge(t, "loadbalancer_adminstate_configuration_ready"); got != tc.ready {
+				t.Errorf("loadbalancer_adminstate_configuration_ready = %v, want %v", got, tc.ready)
+			}
+		})
+	}
+}
+
+// gauge reads an unlabelled gauge from the metrics registry.
+func gauge(t *testing.T, name string) float64 {
+	t.Helper()
+	families, err := ctrlmetrics.Registry.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range families {
+		if mf.GetName() == name && len(mf.GetMetric()) == 1 {
+			return mf.GetMetric()[0].GetGauge().GetValue()
+		}
+	}
+	t.Fatalf("no gauge %s", name)
+	return 0
 }
