@@ -157,8 +157,8 @@ type nodeState struct {
 	// balancers. A node in no pool with neither had nothing to cut.
 	member, excluded bool
 	confirmed        bool
-	failed    error
-	notify    chan struct{}
+	failed           error
+	notify           chan struct{}
 	// warned: pools whose missing entry was reported for gen.
 	warned map[string]bool
 	// gone is set for a node that no longer exists but still has entries
