@@ -63,13 +63,14 @@ func (h *DeleteHandler) rule() *budget.Rule {
 	return &budget.Rule{Claimer: h.Claimer, Budgets: h.Budgets, Leases: h.Reader, Instances: h.Instances, Clock: h.Clock}
 }
 
-// decision is the outcome of a DELETE, for the response, events and metrics.
+// decision is the outcome of a Node or NodeClaim DELETE, for the response,
+// events and metrics.
 type decision struct {
 	allowed bool
 	code    int32
 	message string
 	reason  string
-	// claimed are the budgets this request newly charged (for events).
+	// claimed are the charges this request made (for events).
 	claimed []budget.Charged
 	// denier is the budget that denied, if any.
 	denier *ngv1alpha1.NodeDisruptionBudget

@@ -150,7 +150,7 @@ func (h *NodeClaimDeleteHandler) markCharged(ctx context.Context, node *corev1.N
 }
 
 // deniedBy names what denied a NodeClaim DELETE, for the denial mark.
-func (d nodeClaimDecision) deniedBy(node *corev1.Node) string {
+func (d decision) deniedBy(node *corev1.Node) string {
 	switch {
 	case d.denier != nil:
 		return fmt.Sprintf("NodeDisruptionBudget %q", d.denier.Name)

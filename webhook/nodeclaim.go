@@ -18,7 +18,6 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/metrics"
 	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
 
-	ngv1alpha1 "github.com/nodeguard/nodeguard/api/v1alpha1"
 	"github.com/nodeguard/nodeguard/budget"
 )
 
@@ -53,18 +52,6 @@ type nodeClaim struct {
 		NodeName   string `json:"nodeName,omitempty"`
 		ProviderID string `json:"providerID,omitempty"`
 	} `json:"status"`
-}
-
-// nodeClaimDecision is the outcome of a NodeClaim DELETE.
-type nodeClaimDecision struct {
-	allowed bool
-	code    int32
-	message string
-	reason  string
-	// claimed are the budgets this request newly charged; denier the budget
-	// that denied.
-	claimed []budget.Charged
-	denier  *ngv1alpha1.NodeDisruptionBudget
 }
 
 // NodeClaimDeleteHandler admits a NodeClaim deletion only when its node may be
@@ -138,9 +125,9 @@ func decodeNodeClaim(raw runtime.RawExtension) (*nodeClaim, error) {
 
 // decide runs the steps in order; the first that decides wins. It returns
 // the node when there is one (for events).
-func (h *NodeClaimDeleteHandler) decide(ctx context.Context, claim *nodeClaim, dryRun bool) (nodeClaimDecision, *corev1.Node, error) {
-	allow := func(reason, format string, args ...any) (nodeClaimDecision, *corev1.Node, error) {
-		return nodeClaimDecision{allowed: true, reason: reason, message: fmt.Sprintf(format, args...)}, nil, nil
+func (h *NodeClaimDeleteHandler) decide(ctx context.Context, claim *nodeClaim, dryRun bool) (decision, *corev1.Node, error) {
+	allow := func(reason, format string, args ...any) (decision, *corev1.Node, error) {
+		return decision{allowed: true, reason: reason, message: fmt.Sprintf(format, args...)}, nil, nil
 	}
 	switch {
 	case claim.Metadata.DeletionTimestamp != nil:
@@ -153,25 +140,25 @@ func (h *NodeClaimDeleteHandler) decide(ctx context.Context, claim *nodeClaim, d
 		if client.IgnoreNotFound(err) == nil {
 			return allow(reasonNone, "the node %s of NodeClaim %s no longer exists", claim.Status.NodeName, claim.Metadata.Name)
 		}
-		return nodeClaimDecision{}, nil, fmt.Errorf("reading node %s: %w", claim.Status.NodeName, err)
+		return decision{}, nil, fmt.Errorf("reading node %s: %w", claim.Status.NodeName, err)
 	}
 	d, err := h.decideForNode(ctx, claim, &node, dryRun)
 	return d, &node, err
 }
 
-func (h *NodeClaimDeleteHandler) decideForNode(ctx context.Context, claim *nodeClaim, node *corev1.Node, dryRun bool) (nodeClaimDecision, error) {
+func (h *NodeClaimDeleteHandler) decideForNode(ctx context.Context, claim *nodeClaim, node *corev1.Node, dryRun bool) (decision, error) {
 	switch {
 	case node.DeletionTimestamp != nil:
-		return nodeClaimDecision{allowed: true, message: fmt.Sprintf("node %s is already being deleted", node.Name)}, nil
+		return decision{allowed: true, message: fmt.Sprintf("node %s is already being deleted", node.Name)}, nil
 	case !h.Managed.Matches(labels.Set(node.Labels)):
-		return nodeClaimDecision{allowed: true, message: fmt.Sprintf("node %s is not managed by nodeguard", node.Name)}, nil
+		return decision{allowed: true, message: fmt.Sprintf("node %s is not managed by nodeguard", node.Name)}, nil
 	}
 	rule := budget.Rule{Claimer: h.Claimer, Budgets: h.Budgets, Leases: h.Reader, Instances: h.Instances, Clock: h.Clock}
 	v, err := rule.Decide(ctx, node, dryRun)
 	if err != nil {
-		return nodeClaimDecision{}, err
+		return decision{}, err
 	}
-	d := nodeClaimDecision{allowed: v.Allowed, code: v.Code, reason: v.Why, message: v.Message, claimed: v.Charged, denier: v.Denier}
+	d := decision{allowed: v.Allowed, code: v.Code, reason: v.Why, message: v.Message, claimed: v.Charged, denier: v.Denier}
 	switch {
 	case v.Why == budget.WhyBudget:
 		d.message = fmt.Sprintf("deleting NodeClaim %s (node %s): %s", claim.Metadata.Name, node.Name, v.Message)
@@ -182,7 +169,7 @@ func (h *NodeClaimDeleteHandler) decideForNode(ctx context.Context, claim *nodeC
 }
 
 // record emits the decision's events on the node and the budgets.
-func (h *NodeClaimDeleteHandler) record(node *corev1.Node, claim string, d nodeClaimDecision) {
+func (h *NodeClaimDeleteHandler) record(node *corev1.Node, claim string, d decision) {
 	if h.Recorder == nil {
 		return
 	}
