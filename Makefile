@@ -13,6 +13,10 @@ CONTROLLER_GEN := $(BIN)/controller-gen
 # The release version stamped into the binary and the image; the tag vX.Y.Z
 # on a release.
 VERSION   ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo devel)
+# The commit stamped into the binary (the Go toolchain's own VCS stamp may be
+# off: GOFLAGS=-buildvcs=false).
+COMMIT    ?= $(shell git rev-parse HEAD 2>/dev/null || echo unknown)
+LDFLAGS   := -X main.version=$(VERSION) -X main.commit=$(COMMIT)
 IMAGE_OUT ?= $(CURDIR)/_output/image
 # PUSH=<registry>/<repository>:<tag> makes make image push the index too.
 PUSH      ?=
@@ -33,7 +37,7 @@ endif
 
 .PHONY: build
 build: ## Build bin/nodeguard.
-	$(GO) build -o $(BIN)/nodeguard ./cmd/nodeguard
+	$(GO) build -ldflags '$(LDFLAGS)' -o $(BIN)/nodeguard ./cmd/nodeguard
 
 ##@ Test
 

@@ -4,33 +4,58 @@ import (
 	"fmt"
 	"runtime"
 	"runtime/debug"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"sigs.k8s.io/controller-runtime/pkg/metrics"
 )
 
-// version and commit describe the release, set at build time with
-// -ldflags "-X main.version=v1.2.3 -X main.commit=<sha>" (hack/release/image
-// does). Otherwise version is the module version go install recorded, or
-// "devel", and commit the revision go build recorded, if any.
+// version and commit describe the build, set with -ldflags "-X
+// main.version=v1.2.3 -X main.commit=<sha>" by make build (git describe and
+// rev-parse) and by the release (hack/release/image). Otherwise version is
+// the module version go install recorded, or "devel", and commit the
+// revision go build recorded, if any ("unknown" when none did).
 var version, commit = "", ""
 
-// versionString describes the build: release, commit and Go toolchain.
-func versionString() string {
-	v, rev := version, commit
+// build is what the binary knows of its build.
+type build struct{ version, revision string }
+
+func buildInfo() build {
+	b := build{version: version, revision: commit}
 	if info, ok := debug.ReadBuildInfo(); ok {
-		if v == "" && info.Main.Version != "" && info.Main.Version != "(devel)" {
-			v = info.Main.Version
+		if b.version == "" && info.Main.Version != "" && info.Main.Version != "(devel)" {
+			b.version = info.Main.Version
 		}
 		for _, s := range info.Settings {
-			if s.Key == "vcs.revision" && rev == "" {
-				rev = s.Value
+			if s.Key == "vcs.revision" && b.revision == "" {
+				b.revision = s.Value
 			}
 		}
 	}
-	if v == "" {
-		v = "devel"
+	if b.version == "" {
+		b.version = "devel"
 	}
-	s := fmt.Sprintf("nodeguard %s %s/%s %s", v, runtime.GOOS, runtime.GOARCH, runtime.Version())
-	if rev != "" {
-		s += " commit " + rev
+	if b.revision == "" {
+		b.revision = "unknown"
 	}
-	return s
+	return b
+}
+
+// versionString describes the build: version, platform, Go toolchain and
+// revision.
+func versionString() string {
+	b := buildInfo()
+	return fmt.Sprintf("nodeguard %s %s/%s %s commit %s", b.version, runtime.GOOS, runtime.GOARCH, runtime.Version(), b.revision)
+}
+
+// buildInfoMetric is 1, labelled with the build, as Prometheus' own
+// *_build_info metrics are: a query joins it to tell which build runs where.
+var buildInfoMetric = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+	Name: "nodeguard_build_info",
+	Help: "Always 1; its labels name the running build: version, revision (VCS commit) and goversion.",
+}, []string{"version", "revision", "goversion"})
+
+func init() {
+	metrics.Registry.MustRegister(buildInfoMetric)
+	b := buildInfo()
+	buildInfoMetric.WithLabelValues(b.version, b.revision, runtime.Version()).Set(1)
 }
