@@ -6,11 +6,13 @@ import (
 	"net/http"
 	"strings"
 	"testing"
+	"time"
 
 	"gomodules.xyz/jsonpatch/v2"
 	admissionv1 "k8s.io/api/admission/v1"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/runtime"
+	clocktesting "k8s.io/utils/clock/testing"
 	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
 
 	ngv1alpha1 "github.com/nodeguard/nodeguard/api/v1alpha1"
@@ -43,7 +45,9 @@ func request(op admissionv1.Operation, object, oldObject string) admission.Reque
 }
 
 func TestFinalizerHandler(t *testing.T) {
-	h := &FinalizerHandler{Managed: labels.SelectorFromSet(labels.Set{"managed": "yes"})}
+	at := time.Date(2026, 11, 27, 16, 43, 10, 0, time.UTC)
+	h := &FinalizerHandler{Managed: labels.SelectorFromSet(labels.Set{"managed": "yes"}), Clock: clocktesting.NewFakePassiveClock(at)}
+	mark := ngv1alpha1.FormatTime(at)
 	tests := []struct {
 		name        string
 		req         admission.Request
@@ -54,9 +58,14 @@ func TestFinalizerHandler(t *testing.T) {
 		{name: "managed node without finalizers gets the list",
 			req:         request(admissionv1.Create, `{"apiVersion":"v1","kind":"Node","metadata":{"name":"n","labels":{"managed":"yes"}}}`, ""),
 			wantAllowed: true, wantPatch: []jsonpatch.Operation{{Operation: "add", Path: "/metadata/finalizers", Value: []string{ngv1alpha1.TerminationFinalizer}}}},
-		{name: "managed node with other finalizers gets ours appended",
+		{name: "managed node with other finalizers gets ours appended, and an update the mark",
 			req:         request(admissionv1.Update, `{"apiVersion":"v1","kind":"Node","metadata":{"name":"n","labels":{"managed":"yes"},"finalizers":["a"]}}`, ""),
-			wantAllowed: true, wantPatch: []jsonpatch.Operation{{Operation: "add", Path: "/metadata/finalizers/-", Value: ngv1alpha1.TerminationFinalizer}}},
+			wantAllowed: true, wantPatch: []jsonpatch.Operation{{Operation: "add", Path: "/metadata/finalizers/-", Value: ngv1alpha1.TerminationFinalizer},
+				{Operation: "add", Path: "/metadata/annotations", Value: map[string]string{ngv1alpha1.FinalizerAddedAtAnnotation: mark}}}},
+		{name: "an update's mark joins the annotations there are",
+			req:         request(admissionv1.Update, `{"apiVersion":"v1","kind":"Node","metadata":{"name":"n","labels":{"managed":"yes"},"annotations":{"a":"b"}}}`, ""),
+			wantAllowed: true, wantPatch: []jsonpatch.Operation{{Operation: "add", Path: "/metadata/finalizers", Value: []string{ngv1alpha1.TerminationFinalizer}},
+				{Operation: "add", Path: "/metadata/annotations/nodeguard.io~1finalizer-added-at", Value: mark}}},
 		{name: "node that has it is left alone",
 			req:         request(admissionv1.Update, `{"apiVersion":"v1","kind":"Node","metadata":{"name":"n","labels":{"managed":"yes"},"finalizers":["nodeguard.io/termination"]}}`, ""),
 			wantAllowed: true},

@@ -248,6 +248,32 @@ func FuzzFinalizerReview(f *testing.F) {
 	})
 }
 
+// requireMarkPatch fails unless op adds the finalizer-added-at mark, with a
+// time, and nothing else: the whole map only where there was none.
+func requireMarkPatch(t *testing.T, patch []byte, op jsonpatch.Operation, annotations map[string]string) {
+	t.Helper()
+	var value any = op.Value
+	switch op.Path {
+	case "/metadata/annotations":
+		m, ok := op.Value.(map[string]any)
+		if !ok || len(m) != 1 || len(annotations) > 0 {
+			t.Fatalf("patch %s writes annotations %v over %v", patch, op.Value, annotations)
+		}
+		value = m[ngv1alpha1.FinalizerAddedAtAnnotation]
+	case "/metadata/annotations/nodeguard.io~1finalizer-added-at":
+		if len(annotations) == 0 {
+			t.Fatalf("patch %s adds to missing annotations", patch)
+		}
+	default:
+		t.Fatalf("patch %s touches %s", patch, op.Path)
+	}
+	if s, ok := value.(string); op.Operation != "add" || !ok {
+		t.Fatalf("patch %s: the mark is not an added string", patch)
+	} else if _, err := ngv1alpha1.ParseTime(s); err != nil {
+		t.Fatalf("patch %s: the mark %q is no time: %v", patch, s, err)
+	}
+}
+
 // requireFinalizerPatch fails unless the patch adds exactly the termination
 // finalizer to a managed CREATE/UPDATE node that lacks it and is not deleting.
 func requireFinalizerPatch(t *testing.T, body []byte, resp *admissionv1.AdmissionResponse, managed labels.Selector) {
@@ -268,8 +294,15 @@ func requireFinalizerPatch(t *testing.T, body []byte, resp *admissionv1.Admissio
 		t.Fatalf("patched node %q (deleting %v, labels %v, finalizers %v)", node.Name, node.DeletionTimestamp != nil, node.Labels, node.Finalizers)
 	}
 	var ops []jsonpatch.Operation
-	if err := json.Unmarshal(resp.Patch, &ops); err != nil || len(ops) != 1 || ops[0].Operation != "add" {
-		t.Fatalf("patch %s is not one add (%v)", resp.Patch, err)
+	adds := 1
+	if sent.Request.Operation == admissionv1.Update {
+		adds = 2 // and the finalizer-added-at mark
+	}
+	if err := json.Unmarshal(resp.Patch, &ops); err != nil || len(ops) != adds || ops[0].Operation != "add" {
+		t.Fatalf("patch %s is not %d add(s) (%v)", resp.Patch, adds, err)
+	}
+	if adds == 2 {
+		requireMarkPatch(t, resp.Patch, ops[1], node.Annotations)
 	}
 	got, _ := json.Marshal(ops[0].Value)
 	var want []byte
