@@ -158,6 +158,9 @@ func nodeWriters(t *testing.T, users ...string) {
 	}
 }
 
+// policyTestLabel marks the test's nodes, for the cleanup: no case writes it.
+const policyTestLabel = "install-test/policy"
+
 // policyRuns numbers the runs of TestPolicyGuardsTheFieldsNodeguardTrusts in
 // this process (-count=N), for fresh node names.
 var policyRuns int
@@ -182,16 +185,18 @@ func TestPolicyGuardsTheFieldsNodeguardTrusts(t *testing.T) {
 	ctx := context.Background()
 	// Release what the refusals left once the bindings are deleted (cleanups
 	// run last first: installPolicies' deletes them), as the break-glass of
-	// docs/security.md does.
+	// docs/security.md does; and drop the NodeClaim ownerReferences, whose
+	// NodeClaims do not exist: the garbage collector would delete the nodes
+	// under later tests.
 	t.Cleanup(func() {
 		var nodes corev1.NodeList
-		if err := env.Client.List(ctx, &nodes, client.MatchingLabels{"pool": "policy"}); err != nil {
+		if err := env.Client.List(ctx, &nodes, client.MatchingLabels{policyTestLabel: "true"}); err != nil {
 			t.Error(err)
 			return
 		}
 		for i := range nodes.Items {
-			if len(nodes.Items[i].Finalizers) > 0 {
-				if err := env.Client.Patch(ctx, &nodes.Items[i], client.RawPatch(types.MergePatchType, []byte(`{"metadata":{"finalizers":null}}`))); err != nil {
+			if len(nodes.Items[i].Finalizers) > 0 || len(nodes.Items[i].OwnerReferences) > 0 {
+				if err := env.Client.Patch(ctx, &nodes.Items[i], client.RawPatch(types.MergePatchType, []byte(`{"metadata":{"finalizers":null,"ownerReferences":null}}`))); err != nil {
 					t.Errorf("releasing %s with the bindings deleted: %v", nodes.Items[i].Name, err)
 				}
 			}
@@ -290,7 +295,7 @@ func TestPolicyGuardsTheFieldsNodeguardTrusts(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			c := userClient(t, tc.user, tc.groups...)
 			name := fmt.Sprintf("policy%d-%d", policyRuns, i)
-			node := builder.Node(name, builder.WithLabels("pool", "policy"))
+			node := builder.Node(name, builder.WithLabels("pool", "policy", policyTestLabel, "true"))
 			var err error
 			if tc.before == nil {
 				tc.after(node)
