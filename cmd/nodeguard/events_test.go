@@ -12,7 +12,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
-	"github.com/nodeguard/nodeguard/cmd/nodeguard/recorder"
+	"github.com/nodeguard/nodeguard/internal/recorder"
 )
 
 // eventsAbout lists the events.k8s.io events regarding a node.

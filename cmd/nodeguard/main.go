@@ -16,10 +16,10 @@ import (
 
 	ngv1alpha1 "github.com/nodeguard/nodeguard/api/v1alpha1"
 	"github.com/nodeguard/nodeguard/azure"
-	"github.com/nodeguard/nodeguard/cmd/nodeguard/clientca"
-	"github.com/nodeguard/nodeguard/cmd/nodeguard/leader"
-	"github.com/nodeguard/nodeguard/cmd/nodeguard/memlimit"
-	"github.com/nodeguard/nodeguard/cmd/nodeguard/recorder"
+	"github.com/nodeguard/nodeguard/internal/clientca"
+	"github.com/nodeguard/nodeguard/internal/leader"
+	"github.com/nodeguard/nodeguard/internal/memlimit"
+	"github.com/nodeguard/nodeguard/internal/recorder"
 )
 
 func main() {

@@ -28,7 +28,7 @@ import (
 	"github.com/nodeguard/nodeguard/azure"
 	"github.com/nodeguard/nodeguard/azure/taintwatch"
 	"github.com/nodeguard/nodeguard/budget"
-	"github.com/nodeguard/nodeguard/cmd/nodeguard/clientca"
+	"github.com/nodeguard/nodeguard/internal/clientca"
 	"github.com/nodeguard/nodeguard/finalizer"
 	"github.com/nodeguard/nodeguard/finalizer/drain"
 	ngwebhook "github.com/nodeguard/nodeguard/webhook"

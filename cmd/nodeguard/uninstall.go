@@ -11,7 +11,7 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
-	"github.com/nodeguard/nodeguard/cmd/nodeguard/uninstall"
+	"github.com/nodeguard/nodeguard/internal/uninstall"
 )
 
 // runUninstall runs `nodeguard uninstall` and returns the exit code.
