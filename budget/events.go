@@ -2,8 +2,15 @@ package budget
 
 import ngv1alpha1 "github.com/nodeguard/nodeguard/api/v1alpha1"
 
-// Event reasons of the budget status controller, on the NodeDisruptionBudget.
+// Event reasons on the NodeDisruptionBudget: every door records the rule's
+// charges and refusals with the first two.
 const (
+	// ReasonDisruptionClaimed: the budget was charged with a node's
+	// disruption (a deletion, a NodeClaim deletion, a scale-down).
+	ReasonDisruptionClaimed = "DisruptionClaimed"
+	// ReasonDisruptionDenied (Warning): the budget refused one.
+	ReasonDisruptionDenied = "DisruptionDenied"
+
 	// ReasonClaimUnconfirmed (Warning): a disruption claim was given back
 	// because its node showed no deletion within the unconfirmed-claim timeout.
 	ReasonClaimUnconfirmed = "DisruptionClaimUnconfirmed"

@@ -197,14 +197,14 @@ func (h *DeleteHandler) record(node *corev1.Node, d decision) {
 		h.Recorder.Eventf(node, nil, corev1.EventTypeNormal, ReasonFinalizerAdded, actionAdmit, "%s", d.message)
 	case !d.allowed:
 		if d.denier != nil {
-			h.Recorder.Eventf(d.denier, node, corev1.EventTypeWarning, ReasonDisruptionDenied, actionAdmit, "%s", d.message)
+			h.Recorder.Eventf(d.denier, node, corev1.EventTypeWarning, budget.ReasonDisruptionDenied, actionAdmit, "%s", d.message)
 		}
 		h.Recorder.Eventf(node, nil, corev1.EventTypeWarning, ReasonDeletionDenied, actionAdmit, "%s", d.message)
 	case d.reason == reasonUnavailableNode || d.reason == reasonInstanceGone || d.reason == reasonKarpenter:
 		h.Recorder.Eventf(node, nil, corev1.EventTypeNormal, ReasonDeletionAdmitted, actionAdmit, "deletion admitted: %s", d.message)
 	case len(d.claimed) > 0:
 		for _, c := range d.claimed {
-			h.Recorder.Eventf(c.Budget, node, corev1.EventTypeNormal, ReasonDisruptionClaimed, actionAdmit, "charged the deletion of node %s", node.Name)
+			h.Recorder.Eventf(c.Budget, node, corev1.EventTypeNormal, budget.ReasonDisruptionClaimed, actionAdmit, "charged the deletion of node %s", node.Name)
 		}
 		h.Recorder.Eventf(node, nil, corev1.EventTypeNormal, ReasonDeletionAdmitted, actionAdmit, "deletion admitted %s", d.message)
 	}

@@ -15,10 +15,6 @@ const (
 	// ReasonFinalizerAdded (Node): the termination finalizer was added during a
 	// delete, which is denied once so that the retry is guarded.
 	ReasonFinalizerAdded = "TerminationFinalizerAdded"
-	// ReasonDisruptionClaimed (NodeDisruptionBudget): a node's deletion was charged.
-	ReasonDisruptionClaimed = "DisruptionClaimed"
-	// ReasonDisruptionDenied (NodeDisruptionBudget, Warning): the budget refused one.
-	ReasonDisruptionDenied = "DisruptionDenied"
 
 	// ReasonKarpenterDisruptionAbandoned (Node, Warning): nodeguard had denied
 	// the node's NodeClaim delete for 30 s while Karpenter kept it tainted

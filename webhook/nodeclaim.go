@@ -176,12 +176,12 @@ func (h *NodeClaimDeleteHandler) record(node *corev1.Node, claim string, d decis
 	switch {
 	case !d.allowed:
 		if d.denier != nil {
-			h.Recorder.Eventf(d.denier, node, corev1.EventTypeWarning, ReasonDisruptionDenied, actionAdmit, "%s", d.message)
+			h.Recorder.Eventf(d.denier, node, corev1.EventTypeWarning, budget.ReasonDisruptionDenied, actionAdmit, "%s", d.message)
 		}
 		h.Recorder.Eventf(node, nil, corev1.EventTypeWarning, ReasonNodeClaimDeletionDenied, actionAdmit, "%s", d.message)
 	case len(d.claimed) > 0 || d.reason == reasonInstanceGone:
 		for _, c := range d.claimed {
-			h.Recorder.Eventf(c.Budget, node, corev1.EventTypeNormal, ReasonDisruptionClaimed, actionAdmit,
+			h.Recorder.Eventf(c.Budget, node, corev1.EventTypeNormal, budget.ReasonDisruptionClaimed, actionAdmit,
 				"charged the deletion of NodeClaim %s (node %s)", claim, node.Name)
 		}
 		h.Recorder.Eventf(node, nil, corev1.EventTypeNormal, ReasonNodeClaimDeletionAdmitted, actionAdmit, "%s", d.message)

@@ -24,7 +24,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/webhook"
 
 	ngv1alpha1 "github.com/nodeguard/nodeguard/api/v1alpha1"
-	"github.com/nodeguard/nodeguard/autoscaler"
+	"github.com/nodeguard/nodeguard/internal/autoscaler"
 	"github.com/nodeguard/nodeguard/azure"
 	"github.com/nodeguard/nodeguard/azure/taintwatch"
 	"github.com/nodeguard/nodeguard/budget"
@@ -121,7 +121,7 @@ func setupGuard(mgr ctrl.Manager, opts options, adminState *azure.Manager) error
 	if err := hold.SetupWithManager(mgr); err != nil {
 		return err
 	}
-	if err := (&budget.ScaleDownReconciler{Client: mgr.GetClient(), Managed: managed,
+	if err := (&autoscaler.ScaleDownReconciler{Client: mgr.GetClient(), Managed: managed,
 		Recorder: mgr.GetEventRecorder("nodeguard-scale-down")}).SetupWithManager(mgr); err != nil {
 		return err
 	}

@@ -1,4 +1,4 @@
-package budget
+package autoscaler
 
 import (
 	"context"
@@ -16,13 +16,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	ngv1alpha1 "github.com/nodeguard/nodeguard/api/v1alpha1"
-)
-
-// Event reasons of the scale-down guard, on the Node.
-const (
-	ReasonScaleDownDisabled = "ScaleDownDisabled"
-	ReasonScaleDownEnabled  = "ScaleDownEnabled"
-	actionScaleDown         = "GuardScaleDown"
+	"github.com/nodeguard/nodeguard/budget"
 )
 
 // ScaleDownReconciler keeps cluster-autoscaler from picking a node that a
@@ -37,7 +31,7 @@ type ScaleDownReconciler struct {
 	Managed  labels.Selector
 	Recorder events.EventRecorder
 
-	nodes *NodeLister
+	nodes *budget.NodeLister
 }
 
 // +kubebuilder:rbac:groups="",resources=nodes,verbs=get;list;watch;patch
@@ -46,7 +40,7 @@ type ScaleDownReconciler struct {
 // SetupWithManager reconciles a node when its labels or annotations change,
 // and every node a budget selects when the budget changes.
 func (r *ScaleDownReconciler) SetupWithManager(mgr ctrl.Manager) error {
-	r.nodes = NewNodeLister(mgr.GetCache())
+	r.nodes = budget.NewNodeLister(mgr.GetCache())
 	return ctrl.NewControllerManagedBy(mgr).
 		Named("ndb-scale-down").
 		For(&corev1.Node{}, builder.WithPredicates(labelsOrAnnotationsChanged())).
@@ -90,7 +84,7 @@ func (r *ScaleDownReconciler) selectedNodes(ctx context.Context, obj client.Obje
 	if !ok {
 		return nil
 	}
-	sel, err := Selector(ndb)
+	sel, err := budget.Selector(ndb)
 	if err != nil {
 		return nil
 	}
@@ -146,7 +140,7 @@ func (r *ScaleDownReconciler) blockingBudget(ctx context.Context, node *corev1.N
 		if b.Status.ObservedGeneration < b.Generation || b.Status.DisruptionsAllowed > 0 {
 			continue
 		}
-		if selects, err := Selects(b, node); err == nil && selects {
+		if selects, err := budget.Selects(b, node); err == nil && selects {
 			return b.Name, nil
 		}
 	}

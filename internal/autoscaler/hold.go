@@ -269,11 +269,11 @@ func (r *HoldReconciler) judge(ctx context.Context, node *corev1.Node) (budget.V
 		return v, err
 	}
 	for _, c := range v.Charged {
-		r.Recorder.Eventf(c.Budget, node, corev1.EventTypeNormal, ReasonDisruptionClaimed, actionHold,
+		r.Recorder.Eventf(c.Budget, node, corev1.EventTypeNormal, budget.ReasonDisruptionClaimed, actionHold,
 			"charged cluster-autoscaler's scale-down of node %s", node.Name)
 	}
 	if v.Denier != nil {
-		r.Recorder.Eventf(v.Denier, node, corev1.EventTypeWarning, ReasonDisruptionDenied, actionHold,
+		r.Recorder.Eventf(v.Denier, node, corev1.EventTypeWarning, budget.ReasonDisruptionDenied, actionHold,
 			"refused cluster-autoscaler's scale-down of node %s: %s", node.Name, v.Message)
 	}
 	return v, nil

@@ -22,8 +22,8 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	ngv1alpha1 "github.com/nodeguard/nodeguard/api/v1alpha1"
-	"github.com/nodeguard/nodeguard/autoscaler"
 	"github.com/nodeguard/nodeguard/budget"
+	"github.com/nodeguard/nodeguard/internal/autoscaler"
 	"github.com/nodeguard/nodeguard/test/builder"
 	"github.com/nodeguard/nodeguard/test/harness"
 )

@@ -1,8 +1,14 @@
 package autoscaler
 
-// Event reasons of the cluster-autoscaler hold, on the Node (and, for claims,
-// on the NodeDisruptionBudget).
+// Event reasons of the cluster-autoscaler support, on the Node (the budgets'
+// charges and refusals are budget.ReasonDisruptionClaimed and Denied).
 const (
+	// ReasonScaleDownDisabled: a budget of the node allows no disruption now,
+	// so nodeguard set cluster-autoscaler's scale-down-disabled annotation.
+	ReasonScaleDownDisabled = "ScaleDownDisabled"
+	// ReasonScaleDownEnabled: every budget allows again; the annotation went.
+	ReasonScaleDownEnabled = "ScaleDownEnabled"
+
 	// ReasonScaleDownClaimed: every budget of the node admitted its scale-down.
 	ReasonScaleDownClaimed = "ScaleDownClaimed"
 	// ReasonScaleDownDenied (Warning): a budget or a maintenance hold refused
@@ -17,10 +23,7 @@ const (
 	// ReasonScaleDownCancelled: cluster-autoscaler's taint went; the claim
 	// was given back and the hold put back.
 	ReasonScaleDownCancelled = "ScaleDownCancelled"
-	// ReasonDisruptionClaimed, on a budget: it was charged with a scale-down.
-	ReasonDisruptionClaimed = "DisruptionClaimed"
-	// ReasonDisruptionDenied (Warning), on a budget: it refused a scale-down.
-	ReasonDisruptionDenied = "DisruptionDenied"
 
-	actionHold = "HoldScaleDown"
+	actionHold      = "HoldScaleDown"
+	actionScaleDown = "GuardScaleDown"
 )
