@@ -22,7 +22,7 @@ import (
 
 	"github.com/nodeguard/nodeguard/azure"
 	azureconfig "github.com/nodeguard/nodeguard/azure/config"
-	"github.com/nodeguard/nodeguard/cmd/nodeguard/recorder"
+	"github.com/nodeguard/nodeguard/internal/recorder"
 	"github.com/nodeguard/nodeguard/test/armemulator"
 	"github.com/nodeguard/nodeguard/test/builder"
 	"github.com/nodeguard/nodeguard/test/harness"
