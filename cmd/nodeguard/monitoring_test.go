@@ -199,6 +199,7 @@ func monitoringExprs(t *testing.T) map[string][]string {
 // alert, each with the reason.
 var undisplayed = map[string]string{
 	"nodeguard_webhook_scope_mismatch": "a start-up check; its Warning event and log say what to fix",
+	"nodeguard_build_info":             "an info metric: its labels name the build, for joins in other queries",
 }
 
 // TestEveryMetricIsShown checks that each metric nodeguard itself defines
