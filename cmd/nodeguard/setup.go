@@ -24,13 +24,13 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/webhook"
 
 	ngv1alpha1 "github.com/nodeguard/nodeguard/api/v1alpha1"
-	"github.com/nodeguard/nodeguard/internal/autoscaler"
 	"github.com/nodeguard/nodeguard/azure"
 	"github.com/nodeguard/nodeguard/azure/taintwatch"
 	"github.com/nodeguard/nodeguard/budget"
-	"github.com/nodeguard/nodeguard/internal/clientca"
 	"github.com/nodeguard/nodeguard/finalizer"
 	"github.com/nodeguard/nodeguard/finalizer/drain"
+	"github.com/nodeguard/nodeguard/internal/autoscaler"
+	"github.com/nodeguard/nodeguard/internal/clientca"
 	ngwebhook "github.com/nodeguard/nodeguard/webhook"
 )
 
