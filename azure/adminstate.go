@@ -3,9 +3,10 @@
 // desired state per node (keyed by UID), and its workers apply it per backend
 // pool: lock, fresh Get, set AdminState on every entry whose node's desired
 // state differs, and at most one CreateOrUpdate with If-Match. Errors are
-// classified as in the backend pool updater design: 404 is stale (dropped
-// quietly), 429 parks the pool until Retry-After, 409/412 and a canceled
-// long-running write retry after a fresh Get, everything else is terminal.
+// classified in errors.go: 404 is stale (dropped quietly); 429 parks the pool
+// until Retry-After, and when another operation keeps the load balancer busy
+// it spends no retry; 412 is re-read at once; 409 and a canceled long-running
+// write retry after a fresh Get; everything else is terminal.
 //
 // Sub-packages: config (azure.json, flags, credentials), armclient (the ARM
 // client, throttling gate and call metrics) and backends (node → entries).
@@ -14,6 +15,7 @@ package azure
 import (
 	"fmt"
 	"sync/atomic"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 
@@ -46,6 +48,10 @@ const (
 var signalMode atomic.Value
 
 func init() { signalMode.Store(SignalByNodeguard) }
+
+// ConfirmationPoll is how often a pass that waits for Azure to confirm a
+// node's admin state, and cannot block in WaitConfirmed, looks again.
+const ConfirmationPoll = time.Second
 
 // ParseSignalAdminState parses --signal-admin-state.
 func ParseSignalAdminState(s string) (SignalAdminState, error) {

@@ -61,6 +61,15 @@ func HeldAt(lease *coordinationv1.Lease, now time.Time) *Hold {
 	return &Hold{Holder: holder, Until: until}
 }
 
+// HeldByOther returns the Lease's hold at now when someone other than
+// nodeguard holds it (nil otherwise): a hold that stops a disruption.
+func HeldByOther(lease *coordinationv1.Lease, now time.Time) *Hold {
+	if hold := HeldAt(lease, now); hold != nil && !IsNodeguardHolder(hold.Holder) {
+		return hold
+	}
+	return nil
+}
+
 // IsAdmin reports whether the hold is an administrator's (kubeadm...).
 func (h *Hold) IsAdmin() bool { return h.Until.IsZero() }
 

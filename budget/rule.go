@@ -110,8 +110,8 @@ func (r *Rule) Held(ctx context.Context, node *corev1.Node) (Verdict, bool, erro
 	if err != nil {
 		return Verdict{}, false, nil // no Lease: no hold
 	}
-	hold := HeldAt(&lease, r.Clock.Now())
-	if hold == nil || IsNodeguardHolder(hold.Holder) {
+	hold := HeldByOther(&lease, r.Clock.Now())
+	if hold == nil {
 		return Verdict{}, false, nil
 	}
 	return Verdict{Code: http.StatusTooManyRequests, Why: WhyMaintenanceHold, Message: fmt.Sprintf(

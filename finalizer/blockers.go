@@ -157,9 +157,4 @@ func namesUpTo(pods []*corev1.Pod, n int) string {
 }
 
 // podsWord is "1 Pod" or "3 Pods", in cluster-api's capitals.
-func podsWord(n int) string {
-	if n == 1 {
-		return "1 Pod"
-	}
-	return fmt.Sprintf("%d Pods", n)
-}
+func podsWord(n int) string { return count(n, "Pod") }

@@ -40,6 +40,7 @@ import (
 	ngv1alpha1 "github.com/nodeguard/nodeguard/api/v1alpha1"
 	"github.com/nodeguard/nodeguard/azure"
 	"github.com/nodeguard/nodeguard/finalizer/drain"
+	"github.com/nodeguard/nodeguard/internal/requeue"
 )
 
 // Defaults of the termination options.
@@ -48,9 +49,8 @@ const (
 	DefaultVolumeDetachTimeout = time.Minute
 	DefaultMaxConcurrentNodes  = 10
 	// DefaultParallelEvictions sends a typical node's unprotected pods in
-	// one wave: at 20, a node of 23 pods took two eviction round trips, and
-	// under a fleet's drain a round trip took 1–2 s (kubectl drain sends
-	// them all at once).
+	// one wave, as kubectl drain does: under a fleet's drain each eviction
+	// round trip is slow, and a second wave doubles the drain.
 	DefaultParallelEvictions = 50
 	// DefaultDrainBackstop is how long a drain whose pods and PDBs are
 	// watched waits without news before it looks again: for what only time
@@ -68,13 +68,10 @@ const (
 	podsGonePoll = 500 * time.Millisecond
 	// blockedBackstopMax caps the backstop after a 429; kubectl drain waits 5 s.
 	blockedBackstopMax = 4 * time.Second
-	trafficPoll        = time.Second
 	// trafficWakeBackstop paces a node whose traffic cut will wake it.
 	trafficWakeBackstop = 5 * time.Second
-	// conflictRetry is how soon a pass runs again whose optimistic write (of
-	// the node, of its Lease) lost to another writer.
-	conflictRetry = 10 * time.Millisecond
-	holdPoll      = 15 * time.Second
+	// holdPoll paces a node whose maintenance Lease someone else holds.
+	holdPoll = 15 * time.Second
 )
 
 // AdminState is what the controller needs of the Azure admin-state manager.
@@ -153,8 +150,9 @@ type Reconciler struct {
 	// slotWakeups for those of nodes that may take a drain slot, first;
 	// releaseWakeups for those of emptied nodes, after those.
 	wakeups, slotWakeups, releaseWakeups chan event.GenericEvent
-	// seen remembers what was already reported, so that a waiting drain does
-	// not repeat itself: pod UIDs reported once, and each node's last waiting
+	// mu guards what follows. reported, waiting and backoff remember what
+	// was already said, so that a waiting drain does not repeat itself: the
+	// keys reported once per node (once), and each node's last waiting
 	// message and backstop.
 	mu       sync.Mutex
 	reported map[types.UID]map[string]bool
@@ -251,8 +249,8 @@ func enqueueAt(priority int) handler.EventHandler {
 // workers is how many passes run at once: a draining node's pass waits for
 // its evictions, so the nodes holding drain slots may take as many workers,
 // and as many again serve every other pass (a new node's Lease, cordon and
-// traffic cut, a release). With one worker per slot, 10 drains kept 40
-// admitted nodes uncordoned for up to 13 s in the 1,000-node bench.
+// traffic cut, a release): otherwise the drains hold every worker while
+// admitted nodes wait to be cordoned.
 func (r *Reconciler) workers() int {
 	return 2 * max(r.Opts.MaxConcurrentNodes, 1)
 }
@@ -336,8 +334,8 @@ func (r *Reconciler) attachedNode(ctx context.Context, o client.Object) []reconc
 // terminating whose eviction queues include that PDB, and to those not
 // drained yet (their queues are unknown until their first drain pass). It
 // reads the controller's own record, not the node cache: PDB status changes
-// come with every pod readiness change in the cluster, and each one used to
-// copy every cached node to find the few.
+// come with every pod readiness change in the cluster, and a copy of every
+// cached node for each would cost more than the few it finds.
 func (r *Reconciler) terminatingNodes(_ context.Context, pdb client.Object) []reconcile.Request {
 	names := r.phases.nodeNames()
 	r.mu.Lock()
@@ -423,7 +421,7 @@ func (r *Reconciler) runPhases(ctx context.Context, node *corev1.Node, phases []
 			// records AdminState Down on the node as its deletion lands): not
 			// a failure; the next pass reads it again.
 			logf.FromContext(ctx).V(1).Info("Changed by another writer during the pass; looking again", "phase", p.name, "error", err.Error())
-			return reconcile.Result{RequeueAfter: conflictRetry}, nil
+			return reconcile.Result{RequeueAfter: requeue.AfterConflict}, nil
 		}
 		if err != nil {
 			return reconcile.Result{}, fmt.Errorf("%s phase of node %s: %w", p.name, node.Name, err)

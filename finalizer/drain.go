@@ -426,11 +426,14 @@ func groupNotes(plan *drain.Plan) string {
 }
 
 // pods counts pods in words: "1 pod", "3 pods".
-func pods(n int) string {
+func pods(n int) string { return count(n, "pod") }
+
+// count is "1 pod" or "3 pods": n of the noun, plural when not one.
+func count(n int, noun string) string {
 	if n == 1 {
-		return "1 pod"
+		return "1 " + noun
 	}
-	return fmt.Sprintf("%d pods", n)
+	return fmt.Sprintf("%d %ss", n, noun)
 }
 
 // roughly rounds a duration for messages that should not change every pass:

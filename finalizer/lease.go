@@ -40,7 +40,7 @@ func (r *Reconciler) holdMaintenanceLease(ctx context.Context, node *corev1.Node
 	if err != nil {
 		return reconcile.Result{}, fmt.Errorf("reading maintenance Lease: %w", err)
 	}
-	if hold := budget.HeldAt(&lease, now); hold != nil && !budget.IsNodeguardHolder(hold.Holder) {
+	if hold := budget.HeldByOther(&lease, now); hold != nil {
 		r.waitFor(node.UID, "waiting for maintenance Lease %s/%s: %s", lease.Namespace, lease.Name, hold)
 		if r.once(node.UID, "hold/"+hold.Holder) {
 			r.event(node, corev1.EventTypeWarning, ReasonWaitingForMaintenanceHold,

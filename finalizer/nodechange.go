@@ -16,8 +16,8 @@ import (
 // terminatingNodeChanged passes the node events a termination pass can act
 // on: a node being deleted under the finalizer, and any change to one except
 // a kubelet's (or kwok's) heartbeat and nodeguard's own condition write. Both
-// recur for as long as the node drains, and each used to run a pass that
-// found nothing new.
+// recur for as long as the node drains, and a pass for each would find
+// nothing new.
 func terminatingNodeChanged() predicate.Predicate {
 	terminating := func(o client.Object) bool { return o != nil && ngv1alpha1.TerminatingUnderFinalizer(o) }
 	return predicate.Funcs{

@@ -21,9 +21,8 @@ import (
 
 // nodePods watches the pods of each node being drained, one watch per node
 // selected by spec.nodeName (as a kubelet watches its own): a change that
-// matters to the drain wakes the node's reconcile at once, where the drain
-// used to poll. There is no cluster-wide pod cache; a watch ends with its
-// node's drain.
+// matters to the drain wakes the node's reconcile at once, with no polling.
+// There is no cluster-wide pod cache; a watch ends with its node's drain.
 type nodePods struct {
 	// listWatch makes the list-watch of one node's pods.
 	listWatch func(node string) toolscache.ListerWatcher
@@ -226,16 +225,7 @@ func matters(oldObj, curObj any) bool {
 	}
 	return (old.DeletionTimestamp == nil) != (cur.DeletionTimestamp == nil) ||
 		old.Status.Phase != cur.Status.Phase ||
-		cur.DeletionTimestamp == nil && ready(old) != ready(cur) ||
+		cur.DeletionTimestamp == nil && drain.PodReady(old) != drain.PodReady(cur) ||
 		!maps.Equal(old.Labels, cur.Labels) || !maps.Equal(old.Annotations, cur.Annotations) ||
 		!reflect.DeepEqual(old.OwnerReferences, cur.OwnerReferences)
-}
-
-func ready(pod *corev1.Pod) bool {
-	for _, c := range pod.Status.Conditions {
-		if c.Type == corev1.PodReady {
-			return c.Status == corev1.ConditionTrue
-		}
-	}
-	return false
 }

@@ -535,7 +535,7 @@ func (p *replacePass) rollout(ctx context.Context, d *appsv1.Deployment, at time
 		created++
 		age := p.now.Sub(pod.CreationTimestamp.Time)
 		switch {
-		case podReady(pod):
+		case drain.PodReady(pod):
 			ro.ready++
 		case timeout > 0 && age >= timeout && ro.stalled == "":
 			ro.stalled = notReadyReason(pod, timeout)
@@ -594,15 +594,6 @@ func (p *replacePass) wait(g *drain.Group, pod *corev1.Pod, why string) string {
 // budgetNumbers are a PDB's status numbers, by their field names.
 func budgetNumbers(g *drain.Group) string {
 	return fmt.Sprintf("currentHealthy %d, desiredHealthy %d, expectedPods %d", g.Healthy, g.Desired, g.Expected)
-}
-
-func podReady(pod *corev1.Pod) bool {
-	for _, c := range pod.Status.Conditions {
-		if c.Type == corev1.PodReady {
-			return c.Status == corev1.ConditionTrue
-		}
-	}
-	return false
 }
 
 // notGranted tells RBAC's refusal of a patch from other 403s (an admission

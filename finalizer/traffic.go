@@ -111,7 +111,7 @@ func (r *Reconciler) awaitCut(ctx context.Context, node *corev1.Node) (*notCut, 
 		if left := deadline.Sub(r.Clock.Now()); left > 0 {
 			r.waitFor(node.UID, "waiting for Azure to confirm load-balancer AdminState Down on every backend pool of the node; %s in %s (--admin-state-timeout)",
 				r.pastTimeout(), left.Round(time.Second))
-			next := trafficPoll
+			next := azure.ConfirmationPoll
 			if r.wakeWhenConfirmed(ctx, node, left) {
 				// Woken when Azure answers: a hundred admitted nodes polling
 				// every second would hold the workers the drains need.

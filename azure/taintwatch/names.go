@@ -1,4 +1,4 @@
-// Package signal is nodeguard's taint watcher. It turns a node's signals into
+// Package taintwatch is nodeguard's taint watcher. It turns a node's signals into
 // load-balancer admin state and into the spot-eviction taint:
 //
 //   - Watcher (leader only) watches Nodes and reacts only to changes of the

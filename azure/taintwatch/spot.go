@@ -23,11 +23,8 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/source"
 
 	ngv1alpha1 "github.com/nodeguard/nodeguard/api/v1alpha1"
+	"github.com/nodeguard/nodeguard/internal/requeue"
 )
-
-// conflictRetryInterval is how soon a patch that lost an optimistic-lock
-// race is looked at again, with a fresher cache.
-const conflictRetryInterval = 100 * time.Millisecond
 
 // involvedNameIndex indexes cached PreemptScheduled events by node name.
 const involvedNameIndex = "involvedObject.name"
@@ -146,7 +143,7 @@ func (s *SpotTainter) Reconcile(ctx context.Context, req reconcile.Request) (rec
 			return reconcile.Result{}, nil
 		case apierrors.IsConflict(err):
 			// Our cache was behind (often: behind our own patch); look again.
-			return reconcile.Result{RequeueAfter: conflictRetryInterval}, nil
+			return reconcile.Result{RequeueAfter: requeue.AfterConflict}, nil
 		}
 		return reconcile.Result{}, fmt.Errorf("adding spot-eviction taint to node %s: %w", node.Name, err)
 	}

@@ -24,6 +24,7 @@ import (
 
 	ngv1alpha1 "github.com/nodeguard/nodeguard/api/v1alpha1"
 	"github.com/nodeguard/nodeguard/azure"
+	"github.com/nodeguard/nodeguard/internal/requeue"
 )
 
 const (
@@ -274,7 +275,7 @@ func (w *Watcher) restore(ctx context.Context, n *corev1.Node, rec nodeRecord) (
 		case apierrors.IsNotFound(err):
 			return reconcile.Result{}, nil
 		case apierrors.IsConflict(err):
-			return reconcile.Result{RequeueAfter: conflictRetryInterval}, nil
+			return reconcile.Result{RequeueAfter: requeue.AfterConflict}, nil
 		}
 		return reconcile.Result{}, fmt.Errorf("releasing admin state of node %s: %w", n.Name, err)
 	}

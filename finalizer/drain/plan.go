@@ -343,7 +343,7 @@ func (p *Plan) group(pods []*corev1.Pod, pdbs []policyv1.PodDisruptionBudget) er
 		}
 	}
 	for _, g := range groups {
-		sort.SliceStable(g.Pods, func(i, j int) bool { return !podReady(g.Pods[i]) && podReady(g.Pods[j]) })
+		sort.SliceStable(g.Pods, func(i, j int) bool { return !PodReady(g.Pods[i]) && PodReady(g.Pods[j]) })
 		pdb := pdbByUID(pdbs, g.UID)
 		g.Blocked = blocked(pdb, g.Pods)
 		if pdb != nil {
@@ -386,7 +386,7 @@ func blocked(pdb *policyv1.PodDisruptionBudget, pods []*corev1.Pod) bool {
 		return false
 	}
 	for _, pod := range pods {
-		if !podReady(pod) {
+		if !PodReady(pod) {
 			return false
 		}
 	}
@@ -410,7 +410,8 @@ func pdbByUID(pdbs []policyv1.PodDisruptionBudget, uid types.UID) *policyv1.PodD
 	return nil
 }
 
-func podReady(pod *corev1.Pod) bool {
+// PodReady reports whether the pod's Ready condition is True.
+func PodReady(pod *corev1.Pod) bool {
 	for _, c := range pod.Status.Conditions {
 		if c.Type == corev1.PodReady {
 			return c.Status == corev1.ConditionTrue

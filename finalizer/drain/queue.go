@@ -172,12 +172,12 @@ type budget struct {
 	disrupted map[string]metav1.Time
 }
 
-func (b *budget) allows(pod *corev1.Pod) bool { return !b.limited || !podReady(pod) || b.left > 0 }
+func (b *budget) allows(pod *corev1.Pod) bool { return !b.limited || !PodReady(pod) || b.left > 0 }
 
 // spend takes one of the status's disruptions for an evicted pod, if it was
 // Ready, and reports whether it did.
 func (b *budget) spend(pod *corev1.Pod) bool {
-	if podReady(pod) {
+	if PodReady(pod) {
 		b.left--
 		return true
 	}

@@ -40,6 +40,7 @@ import (
 	ngv1alpha1 "github.com/nodeguard/nodeguard/api/v1alpha1"
 	"github.com/nodeguard/nodeguard/azure"
 	"github.com/nodeguard/nodeguard/budget"
+	"github.com/nodeguard/nodeguard/internal/requeue"
 )
 
 // Waiting intervals. Budget status changes and node changes trigger passes at
@@ -48,14 +49,8 @@ const (
 	// deniedRetry re-tries a denied claim (cluster-autoscaler polls its
 	// delay-deletion wait every 5 s).
 	deniedRetry = 5 * time.Second
-	// trafficPoll re-checks Azure's confirmation of Down.
-	trafficPoll = time.Second
 	// claimTimeout bounds one pass's budget claims.
 	claimTimeout = 10 * time.Second
-	// conflictRetry is how soon a pass runs again whose node patch lost to
-	// another writer (the kubelet, cluster-autoscaler): by then the cache
-	// has, as a rule, the write that won.
-	conflictRetry = 100 * time.Millisecond
 )
 
 // TrafficCut is what the hold needs of the Azure admin-state manager.
@@ -151,7 +146,7 @@ func (r *HoldReconciler) Reconcile(ctx context.Context, req reconcile.Request) (
 	res, err := r.pass(ctx, req)
 	if apierrors.IsConflict(err) {
 		logf.FromContext(ctx).V(1).Info("Node changed by another writer during the pass; looking again", "error", err.Error())
-		return reconcile.Result{RequeueAfter: conflictRetry}, nil
+		return reconcile.Result{RequeueAfter: requeue.AfterConflict}, nil
 	}
 	return res, err
 }
@@ -315,7 +310,7 @@ func (r *HoldReconciler) awaitTrafficCut(ctx context.Context, node *corev1.Node)
 	// Not confirmed yet, or the taint watcher has not handed the node over yet.
 	claimedAt, _ := ngv1alpha1.AnnotationTime(node, ngv1alpha1.ScaleDownClaimedAnnotation)
 	if deadline := claimedAt.Add(r.AdminStateTimeout); r.Clock.Now().Before(deadline) {
-		return reconcile.Result{RequeueAfter: trafficPoll}, false, nil
+		return reconcile.Result{RequeueAfter: azure.ConfirmationPoll}, false, nil
 	}
 	r.event(node, corev1.EventTypeWarning, ReasonScaleDownTrafficCutTimedOut,
 		"Azure did not confirm AdminState Down within --admin-state-timeout (%s): letting cluster-autoscaler delete the VM anyway", r.AdminStateTimeout)
