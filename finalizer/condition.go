@@ -34,10 +34,7 @@ var conditionReasons = map[string]string{
 func (r *Reconciler) waitFor(uid types.UID, format string, args ...any) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	if r.waitingFor == nil {
-		r.waitingFor = map[types.UID]string{}
-	}
-	r.waitingFor[uid] = fmt.Sprintf(format, args...)
+	r.remember(uid).waitingFor = fmt.Sprintf(format, args...)
 }
 
 // reportCondition sets the node condition nodeguard.io/Terminating: its reason
@@ -50,12 +47,13 @@ func (r *Reconciler) waitFor(uid types.UID, format string, args ...any) {
 // lag.
 func (r *Reconciler) reportCondition(node *corev1.Node, phase string) (heldFor time.Duration) {
 	r.mu.Lock()
-	message := r.waitingFor[node.UID]
+	m := r.remember(node.UID)
+	message := m.waitingFor
 	if message == "" {
 		message = "waiting in phase " + phase
 	}
 	reason := conditionReasons[phase]
-	last := r.conditions[node.UID]
+	last := m.condition
 	now := r.Clock.Now()
 	due := last.reason != reason || last.message != message
 	if due && now.Sub(last.at) < conditionMinInterval && last.reason == reason {
@@ -63,10 +61,7 @@ func (r *Reconciler) reportCondition(node *corev1.Node, phase string) (heldFor t
 		heldFor = conditionMinInterval - now.Sub(last.at)
 	}
 	if due {
-		if r.conditions == nil {
-			r.conditions = map[types.UID]writtenCondition{}
-		}
-		r.conditions[node.UID] = writtenCondition{reason: reason, message: message, at: now}
+		m.condition = writtenCondition{reason: reason, message: message, at: now}
 	}
 	r.mu.Unlock()
 	if due {
@@ -132,13 +127,11 @@ func (r *Reconciler) stageRemoval(node *corev1.Node, typ corev1.NodeConditionTyp
 func (r *Reconciler) stage(uid types.UID, change func(*stagedConditions)) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	if r.staged == nil {
-		r.staged = map[types.UID]*stagedConditions{}
+	m := r.remember(uid)
+	if m.staged == nil {
+		m.staged = &stagedConditions{}
 	}
-	if r.staged[uid] == nil {
-		r.staged[uid] = &stagedConditions{}
-	}
-	change(r.staged[uid])
+	change(m.staged)
 }
 
 // flushConditions writes what the pass staged in one strategic merge patch
@@ -147,8 +140,10 @@ func (r *Reconciler) stage(uid types.UID, change func(*stagedConditions)) {
 // Terminating condition's record is dropped.
 func (r *Reconciler) flushConditions(ctx context.Context, node *corev1.Node) error {
 	r.mu.Lock()
-	staged := r.staged[node.UID]
-	delete(r.staged, node.UID)
+	var staged *stagedConditions
+	if m := r.memory[node.UID]; m != nil {
+		staged, m.staged = m.staged, nil
+	}
 	r.mu.Unlock()
 	if staged == nil || len(staged.set)+len(staged.remove) == 0 {
 		return nil
@@ -166,7 +161,9 @@ func (r *Reconciler) flushConditions(ctx context.Context, node *corev1.Node) err
 	}
 	if client.IgnoreNotFound(err) != nil {
 		r.mu.Lock()
-		delete(r.conditions, node.UID)
+		if m := r.memory[node.UID]; m != nil {
+			m.condition = writtenCondition{}
+		}
 		r.mu.Unlock()
 		return fmt.Errorf("writing the node's conditions: %w", err)
 	}

@@ -43,7 +43,7 @@ func (r *Reconciler) drain(ctx context.Context, node *corev1.Node) (reconcile.Re
 		return reconcile.Result{}, err
 	}
 	plan.WakeMark = mark
-	r.rememberQueues(node.Name, plan.Groups)
+	r.rememberQueues(node.UID, plan.Groups)
 	r.reportGivenUp(node, plan)
 	if plan.Remaining() == 0 {
 		r.stopDraining(ctx, node)
@@ -101,10 +101,7 @@ func (r *Reconciler) drain(ctx context.Context, node *corev1.Node) (reconcile.Re
 func (r *Reconciler) recordDrained(uid types.UID) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	if r.drainedAt == nil {
-		r.drainedAt = map[types.UID]time.Time{}
-	}
-	r.drainedAt[uid] = r.Clock.Now()
+	r.remember(uid).drainedAt = r.Clock.Now()
 }
 
 // drainEnded is when the node's drain ended: its annotation, else this
@@ -115,8 +112,8 @@ func (r *Reconciler) drainEnded(node *corev1.Node) (time.Time, bool) {
 	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	at, ok := r.drainedAt[node.UID]
-	return at, ok
+	at := r.recall(node.UID).drainedAt
+	return at, !at.IsZero()
 }
 
 // byDeadline shortens a wait so that the drain looks again when its deadline
@@ -270,16 +267,13 @@ func (r *Reconciler) nextDrainPass(uid types.UID, plan *drain.Plan, out drain.Ou
 	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	if r.backoff == nil {
-		r.backoff = map[types.UID]time.Duration{}
-	}
+	m := r.remember(uid)
 	if out.Evicted > 0 || len(plan.Terminating) > 0 {
-		delete(r.backoff, uid)
+		m.backoff = 0
 		return podsGonePoll
 	}
-	next := min(max(r.backoff[uid]*2, podsGonePoll), blockedBackstopMax)
-	r.backoff[uid] = next
-	return next
+	m.backoff = min(max(m.backoff*2, podsGonePoll), blockedBackstopMax)
+	return m.backoff
 }
 
 // podsGoneWait is when to look again while pods terminate: the watch of the
@@ -313,15 +307,13 @@ func (r *Reconciler) reportBlockers(node *corev1.Node, plan *drain.Plan, out dra
 	msg := waitingMessage(plan, out)
 	now := r.Clock.Now()
 	r.mu.Lock()
-	last := r.waiting[node.UID]
+	m := r.remember(node.UID)
+	last := m.waiting
 	// A drain pass runs on every change: at most one event per
 	// conditionMinInterval, like the condition, so events do not flood.
 	due := last.message != msg && (last.at.IsZero() || now.Sub(last.at) >= conditionMinInterval)
 	if due {
-		if r.waiting == nil {
-			r.waiting = map[types.UID]writtenMessage{}
-		}
-		r.waiting[node.UID] = writtenMessage{message: msg, at: now}
+		m.waiting = writtenMessage{message: msg, at: now}
 	}
 	r.mu.Unlock()
 	if due {

@@ -1,6 +1,7 @@
 package finalizer
 
 import (
+	"maps"
 	"sync"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -117,15 +118,11 @@ func (p *phases) set(uid types.UID, name, phase string) {
 	nodesInPhase.WithLabelValues(phase).Inc()
 }
 
-// nodeNames names the nodes in a phase.
-func (p *phases) nodeNames() []string {
+// nodes names the nodes in a phase, by UID.
+func (p *phases) nodes() map[types.UID]string {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	names := make([]string, 0, len(p.names))
-	for _, n := range p.names {
-		names = append(names, n)
-	}
-	return names
+	return maps.Clone(p.names)
 }
 
 // uids are the terminating nodes of the name (one, unless a node of that

@@ -250,7 +250,7 @@ func (r *Reconciler) waitForDrainSlot(ctx context.Context, node *corev1.Node) (r
 		r.event(node, corev1.EventTypeNormal, ReasonWaitingForDrainSlot, "%s; %d nodes wait ahead of this one", msg, ahead)
 	}
 	// No queues yet: PDB changes must not wake a node that cannot evict.
-	r.rememberQueues(node.Name, nil)
+	r.rememberQueues(node.UID, nil)
 	next := slotWaitBackstop
 	if r.wakeups == nil { // no controller to wake it: poll
 		next = podsGonePoll

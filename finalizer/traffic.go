@@ -7,7 +7,6 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
-	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	ngv1alpha1 "github.com/nodeguard/nodeguard/api/v1alpha1"
@@ -217,19 +216,19 @@ func (r *Reconciler) wakeWhenConfirmed(ctx context.Context, node *corev1.Node, w
 	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	if r.cutWaits == nil {
-		r.cutWaits = map[types.UID]bool{}
-	}
-	if r.cutWaits[node.UID] {
+	m := r.remember(node.UID)
+	if m.cutWait {
 		return true
 	}
-	r.cutWaits[node.UID] = true
+	m.cutWait = true
 	go func() {
 		waitCtx, cancel := context.WithTimeout(ctx, wait)
 		_ = r.AdminState.WaitConfirmed(waitCtx, node.UID, azure.AdminStateDown) // the pass reads the outcome
 		cancel()
 		r.mu.Lock()
-		delete(r.cutWaits, node.UID) // before the wake: its pass may wait again
+		if m := r.memory[node.UID]; m != nil {
+			m.cutWait = false // before the wake: its pass may wait again
+		}
 		r.mu.Unlock()
 		wakeNode(ctx, r.wakeups, node.Name)
 	}()
