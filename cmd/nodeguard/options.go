@@ -127,10 +127,11 @@ func (o *options) bind(fs *flag.FlagSet) {
 		"Deadline of a drain, counted from the node's deletion; 0 means none. Past it the remaining pods are deleted without regard to PodDisruptionBudgets or do-not-evict (Warning event DrainDeadlineExceeded). A node annotation nodeguard.io/drain-timeout overrides it.")
 	fs.DurationVar(&o.stuckPodMargin, "stuck-pod-margin", finalizer.DefaultStuckPodMargin,
 		"How long past its grace period a terminating pod holds its node; then the drain stops waiting for it (Warning event DrainGaveUpOnPod) and the pod garbage collector finishes it once the node is gone. 0 waits forever. On an unreachable node (Ready Unknown; not Ready with the cloud shutdown taint; or the out-of-service taint) terminating pods are waited for only 5s.")
-	fs.StringVar(&o.blockedPDBPolicy, "blocked-pdb-policy", string(drain.BlockedPDBReplace),
+	fs.StringVar(&o.blockedPDBPolicy, "blocked-pdb-policy", string(drain.BlockedPDBWait),
 		"What a drain does about pods whose PodDisruptionBudget allows no disruption although every pod it expects is healthy (blocked by design: one replica under minAvailable: 1). "+
 			"'replace' restarts their Deployment as kubectl rollout restart does, when its rolling update surges and cannot take the PDB below its desired healthy count, so that new pods start elsewhere before the old ones stop; 'wait' waits for the PDB. "+
-			"StatefulSets, pods without a Deployment and Deployments with maxSurge 0 always wait. The annotation nodeguard.io/blocked-pdb-policy on a Deployment or PDB overrides it.")
+			"StatefulSets, pods without a Deployment and Deployments with maxSurge 0 always wait. The annotation nodeguard.io/blocked-pdb-policy on a Deployment or PDB overrides it. "+
+			"The default is 'wait', as in the shipped manifests and chart: 'replace' needs patch on Deployments in every namespace, which they grant only when asked (components/blocked-pdb-replace, Helm nodeguard.blockedPDBPolicy).")
 	fs.DurationVar(&o.blockedPDBSettle, "blocked-pdb-settle", finalizer.DefaultBlockedPDBSettle,
 		"How long a PodDisruptionBudget must stay blocked by design before the drain acts on it (at least 1s).")
 	fs.DurationVar(&o.replacementTimeout, "replacement-timeout", finalizer.DefaultReplacementTimeout,

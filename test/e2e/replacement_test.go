@@ -92,6 +92,8 @@ func newReplaceCluster(t *testing.T, name string, targets int, place func(ns str
 	}
 	t.Cleanup(func() { emu.Close() })
 	c.proxy = startAPIProxy(t)
+	// Replacement first, unless the test's flags say otherwise (the last wins).
+	extra = append([]string{"--blocked-pdb-policy=replace"}, extra...)
 	_, c.passes = startNodeguardCountingPasses(t, c.proxy.Kubeconfig, emu, extra...)
 	for _, n := range c.targets {
 		harness.WaitForTerminationFinalizer(t, env.Client, n)

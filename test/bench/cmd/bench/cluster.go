@@ -63,6 +63,8 @@ func startNodeguard(binary string, env *harness.Env, kubeconfig, armURL, logPath
 		"--leader-elect=false",
 		"--node-selector=" + managedLabel + "=true",
 		"--azure-config=",
+		// The bench measures replacement first (the manifests' default is wait).
+		"--blocked-pdb-policy=replace",
 	}, env.WebhookArgs()...)
 	if armURL != "" {
 		args = append(args, harness.EmulatorArgs(armURL, subscription, resourceGroup)...)
