@@ -14,7 +14,6 @@ package azure
 
 import (
 	"fmt"
-	"sync/atomic"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -45,9 +44,17 @@ const (
 	SignalByCloudProvider SignalAdminState = "cloud-provider"
 )
 
-var signalMode atomic.Value
+// Signals says how signal taints set a node's admin state: which taints are
+// signals (Table, --signal-taints; nil: the defaults) and who acts on them
+// (Mode, --signal-admin-state; "": nodeguard). main builds it once.
+type Signals struct {
+	Table *ngv1alpha1.Signals
+	Mode  SignalAdminState
+}
 
-func init() { signalMode.Store(SignalByNodeguard) }
+// ByNodeguard reports whether nodeguard sets Down for the signal taints
+// (--signal-admin-state=nodeguard).
+func (s Signals) ByNodeguard() bool { return s.Mode != SignalByCloudProvider }
 
 // ConfirmationPoll is how often a pass that waits for Azure to confirm a
 // node's admin state, and cannot block in WaitConfirmed, looks again.
@@ -62,22 +69,14 @@ func ParseSignalAdminState(s string) (SignalAdminState, error) {
 	return "", fmt.Errorf("%q: must be %q or %q", s, SignalByNodeguard, SignalByCloudProvider)
 }
 
-// SetSignalAdminState configures who handles the signal taints. Call it once
-// at start-up, before the controllers start (as ngv1alpha1.SetSignalTaints).
-func SetSignalAdminState(m SignalAdminState) { signalMode.Store(m) }
-
-// SignalsByNodeguard reports whether nodeguard sets Down for the signal taints
-// (--signal-admin-state=nodeguard).
-func SignalsByNodeguard() bool { return signalMode.Load().(SignalAdminState) == SignalByNodeguard }
-
 // DesiredState is the one place that decides a node's admin state: Down while
 // it carries nodeguard's draining taint or is being deleted while nodeguard's
 // finalizer holds it, and (with --signal-admin-state=nodeguard) while it
 // carries a configured signal taint (--signal-taints: by default
 // out-of-service, cloud shutdown, spot eviction, cluster-autoscaler's and
 // Karpenter's scale-down taints); None otherwise. None is not restored while
-// ngv1alpha1.HoldsAdminState: that is the caller's rule.
-func DesiredState(node *corev1.Node) AdminState {
+// Table.HoldsAdminState: that is the caller's rule.
+func (s Signals) DesiredState(node *corev1.Node) AdminState {
 	if node == nil {
 		return AdminStateNone
 	}
@@ -85,7 +84,7 @@ func DesiredState(node *corev1.Node) AdminState {
 		if ngv1alpha1.IsDrainingTaint(t) {
 			return AdminStateDown
 		}
-		if _, signal := ngv1alpha1.SignalOf(t); signal && SignalsByNodeguard() {
+		if _, signal := s.Table.Of(t); signal && s.ByNodeguard() {
 			return AdminStateDown
 		}
 	}

@@ -38,12 +38,12 @@ func TestDesiredState(t *testing.T) {
 			if tt.deleting {
 				n.DeletionTimestamp = &now
 			}
-			if got := DesiredState(n); got != tt.want {
+			if got := (Signals{}).DesiredState(n); got != tt.want {
 				t.Errorf("DesiredState = %s, want %s", got, tt.want)
 			}
 		})
 	}
-	if got := DesiredState(nil); got != AdminStateNone {
+	if got := (Signals{}).DesiredState(nil); got != AdminStateNone {
 		t.Errorf("DesiredState(nil) = %s", got)
 	}
 }
@@ -52,21 +52,20 @@ func TestDesiredState(t *testing.T) {
 // the signal taints are the provider's to act on; nodeguard's own drain
 // still cuts, and every taint either side honours holds the state.
 func TestDesiredStateWithCloudProviderSignals(t *testing.T) {
-	SetSignalAdminState(SignalByCloudProvider)
-	t.Cleanup(func() { SetSignalAdminState(SignalByNodeguard) })
+	cloud := Signals{Mode: SignalByCloudProvider}
 	now := metav1.Now()
 	oos := corev1.Taint{Key: ngv1alpha1.OutOfServiceTaintKey, Value: "nodeshutdown", Effect: corev1.TaintEffectNoExecute}
 	tainted := &corev1.Node{Spec: corev1.NodeSpec{Taints: []corev1.Taint{oos}}}
-	if got := DesiredState(tainted); got != AdminStateNone {
+	if got := cloud.DesiredState(tainted); got != AdminStateNone {
 		t.Errorf("out-of-service with cloud-provider signals: DesiredState = %s, want None (the provider sets Down)", got)
 	}
-	if !ngv1alpha1.HoldsAdminState(tainted) {
+	if !cloud.Table.HoldsAdminState(tainted) {
 		t.Error("out-of-service must hold the state: the provider restores None only once it is gone")
 	}
 	draining := &corev1.Node{Spec: corev1.NodeSpec{Taints: []corev1.Taint{{Key: ngv1alpha1.DrainingTaintKey, Value: ngv1alpha1.DrainingTaintValue}}}}
 	deleting := &corev1.Node{ObjectMeta: metav1.ObjectMeta{DeletionTimestamp: &now, Finalizers: []string{ngv1alpha1.TerminationFinalizer}}}
 	for _, n := range []*corev1.Node{draining, deleting} {
-		if got := DesiredState(n); got != AdminStateDown {
+		if got := cloud.DesiredState(n); got != AdminStateDown {
 			t.Errorf("nodeguard's own drain with cloud-provider signals: DesiredState = %s, want Down", got)
 		}
 	}

@@ -19,9 +19,10 @@ import (
 // Unavailable reports whether a node counts as unavailable for budgets: it is
 // not Ready, is being deleted, or carries a signal taint or the draining taint.
 // The autoscalers' taints count only once the disruption is charged
-// (ngv1alpha1.AwaitsDisruptionClaim). It returns a short reason for
-// events and messages.
-func Unavailable(node *corev1.Node) (bool, string) {
+// (ngv1alpha1.Signals.AwaitsDisruptionClaim). signals is the configured
+// table (nil: the defaults). It returns a short reason for events and
+// messages.
+func Unavailable(node *corev1.Node, signals *ngv1alpha1.Signals) (bool, string) {
 	if node.DeletionTimestamp != nil {
 		return true, "deleting"
 	}
@@ -29,7 +30,7 @@ func Unavailable(node *corev1.Node) (bool, string) {
 		if ngv1alpha1.IsDrainingTaint(t) {
 			return true, "draining"
 		}
-		if _, signal := ngv1alpha1.SignalOf(t); signal && !ngv1alpha1.AwaitsDisruptionClaim(node, t) {
+		if _, signal := signals.Of(t); signal && !signals.AwaitsDisruptionClaim(node, t) {
 			return true, "tainted " + t.Key
 		}
 	}
@@ -134,10 +135,10 @@ type Numbers struct {
 // Evaluate computes a budget's numbers from the nodes it selects. A node with
 // an entry in disruptedNodes is not counted as available even before it is seen
 // unavailable: its disruption is already charged to the budget.
-func Evaluate(ndb *ngv1alpha1.NodeDisruptionBudget, selected []*corev1.Node, now time.Time) (Numbers, error) {
+func Evaluate(ndb *ngv1alpha1.NodeDisruptionBudget, selected []*corev1.Node, signals *ngv1alpha1.Signals, now time.Time) (Numbers, error) {
 	n := Numbers{Expected: int32(len(selected))}
 	for _, node := range selected {
-		unavailable, _ := Unavailable(node)
+		unavailable, _ := Unavailable(node, signals)
 		if _, charged := ndb.Status.DisruptedNodes[node.Name]; !unavailable && !charged {
 			n.Available++
 		}

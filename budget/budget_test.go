@@ -130,7 +130,7 @@ func TestEvaluate(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			n, err := Evaluate(tt.budget, tt.nodes, now)
+			n, err := Evaluate(tt.budget, tt.nodes, nil, now)
 			if err != nil {
 				t.Fatal(err)
 			}

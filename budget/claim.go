@@ -56,6 +56,9 @@ type Claimer struct {
 	// a stale copy only costs a conflict and a fresh read.
 	Cache client.Reader
 	Clock clock.PassiveClock
+	// Signals are the configured signal taints (nil: the defaults): a node
+	// that carries one is already unavailable.
+	Signals *ngv1alpha1.Signals
 	// OnConflict, if set, is called for each conflicting status write that is
 	// retried (one write may carry several claims).
 	OnConflict func()
@@ -68,9 +71,9 @@ type Claimer struct {
 // client, reads fresh through its API reader and starts rounds from its cache.
 // Share one per process between the DELETE webhook and the status controller
 // (StatusReconciler.Claimer), so that their writes join instead of racing.
-func NewClaimer(mgr ctrl.Manager) *Claimer {
+func NewClaimer(mgr ctrl.Manager, signals *ngv1alpha1.Signals) *Claimer {
 	return &Claimer{Client: mgr.GetClient(), Reader: mgr.GetAPIReader(), Cache: mgr.GetClient(),
-		Clock: clock.RealClock{}, OnConflict: CountClaimConflict}
+		Clock: clock.RealClock{}, Signals: signals, OnConflict: CountClaimConflict}
 }
 
 // Claim charges one disruption of node to the named budget. It returns true
@@ -89,7 +92,7 @@ func (c *Claimer) Claim(ctx context.Context, budget string, node *corev1.Node, d
 // claim is Claim returning the stamp of the entry this call wrote (zero when
 // it charged nothing), which a release of this claim names.
 func (c *Claimer) claim(ctx context.Context, budget string, node *corev1.Node, dryRun bool) (metav1.Time, error) {
-	if unavailable, why := Unavailable(node); unavailable || dryRun {
+	if unavailable, why := Unavailable(node, c.Signals); unavailable || dryRun {
 		_, err := c.evaluate(ctx, budget, node.Name, unavailable, why)
 		return metav1.Time{}, err
 	}

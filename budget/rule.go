@@ -146,7 +146,7 @@ func (r *Rule) charge(ctx context.Context, node *corev1.Node, dryRun bool) (Verd
 	if len(names) > 0 {
 		v.Message += ": " + strings.Join(names, ", ")
 	}
-	if unavailable, why := Unavailable(node); unavailable && len(names) > 0 {
+	if unavailable, why := Unavailable(node, r.Claimer.Signals); unavailable && len(names) > 0 {
 		// Nothing was charged: the budgets count this node unavailable
 		// already (their unhealthyNodeDeletionPolicy let it go).
 		v.Why = WhyUnavailableNode

@@ -50,6 +50,8 @@ type StatusReconciler struct {
 	// claims of the same process (see Claimer.Recompute); without it, the
 	// controller writes on its own and races them.
 	Claimer *Claimer
+	// Signals are the configured signal taints (nil: the defaults).
+	Signals *ngv1alpha1.Signals
 
 	nodes *NodeLister
 }
@@ -70,7 +72,7 @@ func (r *StatusReconciler) SetupWithManager(mgr ctrl.Manager) error {
 		Named("ndb-status").
 		For(&ngv1alpha1.NodeDisruptionBudget{}).
 		Watches(&corev1.Node{}, handler.EnqueueRequestsFromMapFunc(r.allBudgets),
-			builder.WithPredicates(nodeAvailabilityChanged())).
+			builder.WithPredicates(nodeAvailabilityChanged(r.Signals))).
 		Complete(r)
 }
 
@@ -91,7 +93,7 @@ func (r *StatusReconciler) allBudgets(ctx context.Context, _ client.Object) []re
 
 // nodeAvailabilityChanged passes node events that can change a budget, and
 // drops the heartbeat status updates that make up most node traffic.
-func nodeAvailabilityChanged() predicate.Predicate {
+func nodeAvailabilityChanged(signals *ngv1alpha1.Signals) predicate.Predicate {
 	return predicate.Funcs{
 		UpdateFunc: func(e event.UpdateEvent) bool {
 			oldNode, ok1 := e.ObjectOld.(*corev1.Node)
@@ -99,8 +101,8 @@ func nodeAvailabilityChanged() predicate.Predicate {
 			if !ok1 || !ok2 {
 				return true
 			}
-			oldUnavailable, _ := Unavailable(oldNode)
-			newUnavailable, _ := Unavailable(newNode)
+			oldUnavailable, _ := Unavailable(oldNode, signals)
+			newUnavailable, _ := Unavailable(newNode, signals)
 			return oldUnavailable != newUnavailable || !maps.Equal(oldNode.Labels, newNode.Labels)
 		},
 	}
@@ -211,7 +213,7 @@ func (r *StatusReconciler) computeStatus(ndb *ngv1alpha1.NodeDisruptionBudget, s
 
 	pruned := ndb.DeepCopy()
 	pruned.Status.DisruptedNodes = status.DisruptedNodes
-	n, err := Evaluate(pruned, claims.counted(selected), now)
+	n, err := Evaluate(pruned, claims.counted(selected), r.Signals, now)
 	status.ExpectedNodes, status.CurrentAvailable = n.Expected, n.Available
 	status.DesiredAvailable, status.DisruptionsAllowed = n.Desired, n.Allowed
 	meta.SetStatusCondition(&status.Conditions, allowedCondition(n, err, ndb.Generation))

@@ -63,7 +63,7 @@ func startStatusController(t *testing.T) (*budget.StatusReconciler, *warnings) {
 	}
 	w := &warnings{events: map[string][]string{}}
 	r := &budget.StatusReconciler{Client: mgr.GetClient(), Clock: clock.RealClock{}, ClaimTimeout: budget.DefaultClaimTimeout,
-		Claimer: budget.NewClaimer(mgr), Recorder: w}
+		Claimer: budget.NewClaimer(mgr, nil), Recorder: w}
 	if err := r.SetupWithManager(mgr); err != nil {
 		t.Fatal(err)
 	}

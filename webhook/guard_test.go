@@ -80,7 +80,7 @@ func startNodeguard(t *testing.T, leader, backfill bool) *guard {
 func setupGuard(t *testing.T, mgr ctrl.Manager, leader, backfill bool, tune func(*budget.StatusReconciler)) {
 	t.Helper()
 	// One claimer for the webhook and the status controller, as cmd/nodeguard wires them.
-	claimer := budget.NewClaimer(mgr)
+	claimer := budget.NewClaimer(mgr, nil)
 	ngwebhook.Register(mgr, ngwebhook.Options{Managed: labels.Everything(), DeleteTimeout: ngwebhook.DefaultDeleteTimeout, Claimer: claimer})
 	if !leader {
 		return

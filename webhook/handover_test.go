@@ -239,7 +239,7 @@ func (c *handoverChaos) tryDelete(name string, lock *sync.Mutex) {
 	if err := env.Client.Get(context.Background(), client.ObjectKey{Name: name}, &node); err != nil || node.DeletionTimestamp != nil {
 		return
 	}
-	unavailable, _ := budget.Unavailable(&node)
+	unavailable, _ := budget.Unavailable(&node, nil)
 	err := env.Client.Delete(context.Background(), &node)
 	switch {
 	case apierrors.IsTooManyRequests(err): // the budget is used up, or busy: retry later

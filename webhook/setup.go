@@ -8,6 +8,7 @@ import (
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/webhook"
 
+	ngv1alpha1 "github.com/nodeguard/nodeguard/api/v1alpha1"
 	"github.com/nodeguard/nodeguard/budget"
 )
 
@@ -20,8 +21,11 @@ type Options struct {
 	// Instances says whether a node's cloud instance exists (nil: no cloud).
 	Instances budget.InstanceChecker
 	// Claimer charges budgets; share it with the status controller (nil: a
-	// claimer of the webhook's own).
+	// claimer of the webhook's own, with Signals).
 	Claimer *budget.Claimer
+	// Signals are the configured signal taints (nil: the defaults), for a
+	// claimer of the webhook's own.
+	Signals *ngv1alpha1.Signals
 }
 
 // Register serves the webhooks on the manager's webhook server. Every replica
@@ -32,7 +36,7 @@ func Register(mgr ctrl.Manager, opts Options) {
 	server := mgr.GetWebhookServer()
 	claimer := opts.Claimer
 	if claimer == nil {
-		claimer = budget.NewClaimer(mgr)
+		claimer = budget.NewClaimer(mgr, opts.Signals)
 	}
 	server.Register(FinalizerPath, &webhook.Admission{Handler: &FinalizerHandler{Managed: opts.Managed, Clock: clock.RealClock{}}})
 	server.Register(BudgetPath, &webhook.Admission{Handler: &BudgetValidator{}})

@@ -4,7 +4,6 @@ import (
 	"fmt"
 	"slices"
 	"strings"
-	"sync/atomic"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -44,23 +43,37 @@ var DefaultSignalTaints = []SignalTaint{
 // is on a node, whatever --signal-taints says, so the two never disagree.
 var CloudProviderSignalTaints = DefaultSignalTaints[:3:3]
 
-// signalTaints is the configured table. It is set once at start-up
-// (SetSignalTaints, before any controller or webhook runs) and read on every
-// node event, hence an atomic pointer rather than a lock.
-var signalTaints atomic.Pointer[[]SignalTaint]
-
-func init() { signalTaints.Store(&DefaultSignalTaints) }
-
-// SignalTaints returns the configured signal taints, in the order metrics list
-// them. Callers must not modify it.
-func SignalTaints() []SignalTaint { return *signalTaints.Load() }
-
-// SetSignalTaints configures the signal taints. Call it once, at start-up,
-// before the controllers and webhooks that read them start.
-func SetSignalTaints(taints []SignalTaint) {
-	taints = slices.Clone(taints)
-	signalTaints.Store(&taints)
+// Signals is what the process was told about signal taints: the table
+// (--signal-taints) and whether cluster-autoscaler's scale-downs are charged
+// to budgets (--cluster-autoscaler-scale-down-hold). main builds it once and
+// hands it to each component that reads it; a nil *Signals is the defaults.
+// +kubebuilder:object:generate=false
+type Signals struct {
+	taints          []SignalTaint
+	scaleDownClaims bool
 }
+
+// NewSignals returns the configuration of signal taints.
+func NewSignals(taints []SignalTaint, scaleDownClaims bool) *Signals {
+	return &Signals{taints: slices.Clone(taints), scaleDownClaims: scaleDownClaims}
+}
+
+var defaultSignals = NewSignals(DefaultSignalTaints, true)
+
+func (s *Signals) or() *Signals {
+	if s == nil {
+		return defaultSignals
+	}
+	return s
+}
+
+// Taints returns the signal taints, in the order metrics list them. Callers
+// must not modify it.
+func (s *Signals) Taints() []SignalTaint { return s.or().taints }
+
+// ScaleDownClaims reports whether cluster-autoscaler's scale-downs are charged
+// to budgets.
+func (s *Signals) ScaleDownClaims() bool { return s.or().scaleDownClaims }
 
 // Matches reports whether a taint is this signal taint.
 func (s SignalTaint) Matches(t corev1.Taint) bool {
@@ -75,11 +88,11 @@ func (s SignalTaint) String() string {
 	return s.Key + "=" + s.Value
 }
 
-// SignalOf returns the configured signal taint that a taint is, if it is one.
-func SignalOf(t corev1.Taint) (SignalTaint, bool) {
-	for _, s := range SignalTaints() {
-		if s.Matches(t) {
-			return s, true
+// Of returns the configured signal taint that a taint is, if it is one.
+func (s *Signals) Of(t corev1.Taint) (SignalTaint, bool) {
+	for _, st := range s.Taints() {
+		if st.Matches(t) {
+			return st, true
 		}
 	}
 	return SignalTaint{}, false
@@ -88,13 +101,13 @@ func SignalOf(t corev1.Taint) (SignalTaint, bool) {
 // HoldsAdminState reports whether a node carries a signal taint that
 // nodeguard (the configured ones) or cloud-provider-azure honours: while it
 // does, nodeguard restores None on none of its entries.
-func HoldsAdminState(node *corev1.Node) bool {
+func (s *Signals) HoldsAdminState(node *corev1.Node) bool {
 	for _, t := range node.Spec.Taints {
-		if _, ok := SignalOf(t); ok {
+		if _, ok := s.Of(t); ok {
 			return true
 		}
-		for _, s := range CloudProviderSignalTaints {
-			if s.Matches(t) {
+		for _, cp := range CloudProviderSignalTaints {
+			if cp.Matches(t) {
 				return true
 			}
 		}
@@ -150,21 +163,6 @@ func FormatSignalTaints(taints []SignalTaint) string {
 	return strings.Join(out, ",")
 }
 
-// scaleDownClaims is whether nodeguard charges cluster-autoscaler's
-// scale-downs to budgets (--cluster-autoscaler-scale-down-hold). Set once at
-// start-up, like the signal taints.
-var scaleDownClaims atomic.Bool
-
-func init() { scaleDownClaims.Store(true) }
-
-// SetScaleDownClaims turns the charging of cluster-autoscaler's scale-downs
-// on or off. Call it once, at start-up.
-func SetScaleDownClaims(on bool) { scaleDownClaims.Store(on) }
-
-// ScaleDownClaims reports whether cluster-autoscaler's scale-downs are charged
-// to budgets.
-func ScaleDownClaims() bool { return scaleDownClaims.Load() }
-
 // AwaitsDisruptionClaim reports whether t is the taint of an autoscaler that
 // disrupts the node only once nodeguard charged the disruption to the node's
 // budgets. Such a taint cuts traffic (it is a signal) but does not by itself
@@ -176,12 +174,12 @@ func ScaleDownClaims() bool { return scaleDownClaims.Load() }
 //   - Karpenter's disrupted taint never counts by itself: the NodeClaim DELETE
 //     charges the budgets, and the Node's deletion, which follows at once,
 //     makes it unavailable.
-func AwaitsDisruptionClaim(node *corev1.Node, t corev1.Taint) bool {
+func (s *Signals) AwaitsDisruptionClaim(node *corev1.Node, t corev1.Taint) bool {
 	switch t.Key {
 	case KarpenterDisruptedTaintKey:
 		return true
 	case ClusterAutoscalerTaintKey:
-		if !ScaleDownClaims() {
+		if !s.ScaleDownClaims() {
 			return false
 		}
 		_, claimed := node.Annotations[ScaleDownClaimedAnnotation]

@@ -24,9 +24,9 @@ func TestSignalOf(t *testing.T) {
 		{corev1.Taint{Key: corev1.TaintNodeUnschedulable}, ""},
 	}
 	for _, tt := range tests {
-		s, ok := SignalOf(tt.taint)
+		s, ok := (*Signals)(nil).Of(tt.taint)
 		if ok != (tt.wantSignal != "") || s.Signal != tt.wantSignal {
-			t.Errorf("SignalOf(%s=%s) = %q, %v; want %q", tt.taint.Key, tt.taint.Value, s.Signal, ok, tt.wantSignal)
+			t.Errorf("Of(%s=%s) = %q, %v; want %q", tt.taint.Key, tt.taint.Value, s.Signal, ok, tt.wantSignal)
 		}
 	}
 }
@@ -59,13 +59,15 @@ func TestConfiguredSignalTaintsReplaceTheDefaults(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	SetSignalTaints(custom)
-	t.Cleanup(func() { SetSignalTaints(DefaultSignalTaints) })
-	if _, ok := SignalOf(corev1.Taint{Key: ClusterAutoscalerTaintKey}); ok {
+	signals := NewSignals(custom, true)
+	if _, ok := signals.Of(corev1.Taint{Key: ClusterAutoscalerTaintKey}); ok {
 		t.Error("a default signal taint still counts after it was configured away")
 	}
-	if s, ok := SignalOf(corev1.Taint{Key: "example.com/leaving", Value: "any"}); !ok || s.Signal != "example.com/leaving" {
+	if s, ok := signals.Of(corev1.Taint{Key: "example.com/leaving", Value: "any"}); !ok || s.Signal != "example.com/leaving" {
 		t.Errorf("configured taint: %v, %v", s, ok)
+	}
+	if _, ok := (*Signals)(nil).Of(corev1.Taint{Key: ClusterAutoscalerTaintKey}); !ok {
+		t.Error("another component's signals (the defaults) changed with this one's")
 	}
 }
 

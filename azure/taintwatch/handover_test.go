@@ -34,15 +34,10 @@ func TestNoneWaitsForEverySignalEitherWriterHonours(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			azure.SetSignalAdminState(tt.mode)
-			ngv1alpha1.SetSignalTaints(tt.signalTaints)
-			t.Cleanup(func() {
-				azure.SetSignalAdminState(azure.SignalByNodeguard)
-				ngv1alpha1.SetSignalTaints(ngv1alpha1.DefaultSignalTaints)
-			})
 			emu := startEmulator(t, tt.node)
 			createNode(t, tt.node)
-			startNodeguard(t, emu, nodeguardOptions{maxRetries: 3})
+			startNodeguard(t, emu, nodeguardOptions{maxRetries: 3,
+				signals: azure.Signals{Table: ngv1alpha1.NewSignals(tt.signalTaints, true), Mode: tt.mode}})
 
 			passes := reconciles(t, "signal-taint-watcher")
 			updateTaints(t, tt.node.name, withTaint(outOfService))

@@ -150,6 +150,8 @@ type nodeguardOptions struct {
 	maxRetries int
 	spotEvents bool
 	goneGrace  time.Duration
+	// signals are the signal taints and who acts on them (zero: the defaults).
+	signals azure.Signals
 }
 
 // startNodeguard runs a controller-runtime manager with the signal package
@@ -201,7 +203,7 @@ func startNodeguard(t *testing.T, emu *armemulator.Server, o nodeguardOptions) (
 			t.Fatal(err)
 		}
 	}
-	if err := Setup(mgr, adminState, Options{SpotEvents: o.spotEvents}); err != nil {
+	if err := Setup(mgr, adminState, Options{SpotEvents: o.spotEvents, Signals: o.signals}); err != nil {
 		t.Fatal(err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())

@@ -14,6 +14,9 @@ type Options struct {
 	// SpotEvents turns PreemptScheduled node events into the spot-eviction
 	// taint.
 	SpotEvents bool
+	// Signals are the configured signal taints and who acts on them (main
+	// sets them from --signal-taints and --signal-admin-state).
+	Signals azure.Signals
 }
 
 // NewOptions returns the defaults.
@@ -39,7 +42,7 @@ func (o *Options) BindFlags(fs *flag.FlagSet) {
 // resync (--azure-admin-state-resync); on start the watcher sees every node
 // and sets its desired state again.
 func Setup(mgr ctrl.Manager, adminState *azure.Manager, opts Options) error {
-	w := &Watcher{Client: mgr.GetClient(), AdminState: adminState, Recorder: mgr.GetEventRecorder("nodeguard-signal")}
+	w := &Watcher{Client: mgr.GetClient(), AdminState: adminState, Recorder: mgr.GetEventRecorder("nodeguard-signal"), Signals: opts.Signals}
 	if err := w.SetupWithManager(mgr); err != nil {
 		return fmt.Errorf("setting up the taint watcher: %w", err)
 	}

@@ -18,21 +18,21 @@ const (
 	signalDeleting = "deleting"
 )
 
-func allSignals() []string {
+func allSignals(signals *ngv1alpha1.Signals) []string {
 	var out []string
-	for _, s := range ngv1alpha1.SignalTaints() {
+	for _, s := range signals.Taints() {
 		out = append(out, s.Signal)
 	}
 	return append(out, signalDraining, signalDeleting)
 }
 
-// signalsOf lists the signals a node carries, in allSignals() order. It only
+// signalsOf lists the signals a node carries, in allSignals order. It only
 // describes them (for gauges, events and change detection): whether a node is
-// Down is decided by azure.DesiredState alone.
-func signalsOf(n *corev1.Node) []string {
+// Down is decided by azure.Signals.DesiredState alone.
+func signalsOf(n *corev1.Node, signals *ngv1alpha1.Signals) []string {
 	has := map[string]bool{}
 	for _, t := range n.Spec.Taints {
-		if s, ok := ngv1alpha1.SignalOf(t); ok {
+		if s, ok := signals.Of(t); ok {
 			has[s.Signal] = true
 		}
 		if ngv1alpha1.IsDrainingTaint(t) {
@@ -43,7 +43,7 @@ func signalsOf(n *corev1.Node) []string {
 		has[signalDeleting] = true
 	}
 	var out []string
-	for _, s := range allSignals() {
+	for _, s := range allSignals(signals) {
 		if has[s] {
 			out = append(out, s)
 		}
@@ -70,18 +70,18 @@ type inputs struct {
 	ident string
 }
 
-func inputsOf(n *corev1.Node) inputs {
+func inputsOf(n *corev1.Node, signals azure.Signals) inputs {
 	id := backends.FromNode(n)
 	ips := make([]string, 0, len(id.IPs))
 	for _, ip := range id.IPs {
 		ips = append(ips, ip.String())
 	}
 	return inputs{
-		desired:  azure.DesiredState(n),
-		signals:  strings.Join(signalsOf(n), ","),
+		desired:  signals.DesiredState(n),
+		signals:  strings.Join(signalsOf(n, signals.Table), ","),
 		held:     heldDown(n),
 		deleting: n.DeletionTimestamp != nil,
-		holds:    ngv1alpha1.HoldsAdminState(n),
+		holds:    signals.Table.HoldsAdminState(n),
 		ident:    id.ProviderID + "|" + strings.Join(ips, ","),
 	}
 }

@@ -47,6 +47,8 @@ type Watcher struct {
 	AdminState *azure.Manager
 	Recorder   events.EventRecorder
 	Clock      clock.Clock
+	// Signals are the configured signal taints and who acts on them.
+	Signals azure.Signals
 
 	mu sync.Mutex
 	// nodes is what the watcher knows of each node, by name.
@@ -77,7 +79,7 @@ func (w *Watcher) SetupWithManager(mgr ctrl.Manager) error {
 	w.counts = map[string]int{}
 	return ctrl.NewControllerManagedBy(mgr).
 		Named("signal-taint-watcher").
-		For(&corev1.Node{}, builder.WithPredicates(inputsChanged())).
+		For(&corev1.Node{}, builder.WithPredicates(inputsChanged(w.Signals))).
 		// A burst of taints (a scale-down, a zone outage) records each
 		// node's hold in parallel, so their Downs go into the same writes.
 		WithOptions(controller.Options{MaxConcurrentReconciles: watcherWorkers}).
@@ -86,18 +88,18 @@ func (w *Watcher) SetupWithManager(mgr ctrl.Manager) error {
 
 // inputsChanged passes creates, deletes and generic events, and only the
 // updates that change the watcher's inputs.
-func inputsChanged() predicate.Predicate {
+func inputsChanged(signals azure.Signals) predicate.Predicate {
 	return predicate.Funcs{UpdateFunc: func(e event.UpdateEvent) bool {
 		o, ok1 := e.ObjectOld.(*corev1.Node)
 		n, ok2 := e.ObjectNew.(*corev1.Node)
-		return !ok1 || !ok2 || inputsOf(o) != inputsOf(n)
+		return !ok1 || !ok2 || inputsOf(o, signals) != inputsOf(n, signals)
 	}}
 }
 
 // Reconcile records the node's signals, then sets its desired admin state:
 // Down while azure.DesiredState says so, None (restored) only where nodeguard
 // took it Down and no signal taint that nodeguard or the cloud provider
-// honours is left (ngv1alpha1.HoldsAdminState).
+// honours is left (Signals.Table.HoldsAdminState).
 func (w *Watcher) Reconcile(ctx context.Context, req reconcile.Request) (reconcile.Result, error) {
 	var node corev1.Node
 	if err := w.Client.Get(ctx, req.NamespacedName, &node); err != nil {
@@ -119,10 +121,10 @@ func (w *Watcher) Reconcile(ctx context.Context, req reconcile.Request) (reconci
 	}
 	// Whatever its state: a gone node of its name has its Down restored now.
 	w.AdminState.Observe(&node)
-	if azure.DesiredState(&node) == azure.AdminStateDown {
+	if w.Signals.DesiredState(&node) == azure.AdminStateDown {
 		return w.holdDown(ctx, &node, rec)
 	}
-	if ngv1alpha1.HoldsAdminState(&node) {
+	if w.Signals.Table.HoldsAdminState(&node) {
 		// A signal taint that nodeguard or the cloud provider honours is
 		// still on: whatever state nodeguard asked for stays.
 		return reconcile.Result{}, nil
@@ -149,7 +151,7 @@ func (w *Watcher) observe(n *corev1.Node) (nodeRecord, bool) {
 		w.nodes[n.Name] = rec
 	}
 	w.count(rec, -1)
-	rec.signals, rec.held = signalsOf(n), heldDown(n)
+	rec.signals, rec.held = signalsOf(n, w.Signals.Table), heldDown(n)
 	w.count(rec, +1)
 	return *rec, joined
 }
@@ -187,7 +189,7 @@ func (w *Watcher) count(rec *nodeRecord, d int) {
 	if rec.held {
 		w.held += d
 	}
-	for _, s := range allSignals() {
+	for _, s := range allSignals(w.Signals.Table) {
 		nodesSignalled.WithLabelValues(s).Set(float64(w.counts[s]))
 	}
 	nodesHeldDown.Set(float64(w.held))
@@ -230,7 +232,7 @@ func (w *Watcher) holdDown(ctx context.Context, n *corev1.Node, rec nodeRecord) 
 		}
 		adminStateRequests.WithLabelValues(string(azure.AdminStateDown)).Inc()
 		ctrl.LoggerFrom(ctx).Info("Node carries a signal; setting load-balancer admin state Down", "node", klog.KObj(n), "signals", rec.signals)
-		w.event(n, ReasonAdminStateDownRequested, "signals %s: asked Azure to set the node's load-balancer backend entries Down; nodeguard restores None once every signal is gone", describe(rec.signals))
+		w.event(n, ReasonAdminStateDownRequested, "signals %s: asked Azure to set the node's load-balancer backend entries Down; nodeguard restores None once every signal is gone", w.describe(rec.signals))
 	}
 	w.AdminState.SetDesired(n, azure.AdminStateDown)
 	w.track(n, azure.AdminStateDown)
@@ -312,26 +314,26 @@ func (w *Watcher) event(n *corev1.Node, reason, note string, args ...any) {
 }
 
 // describe lists signals for an event note.
-func describe(signals []string) string {
+func (w *Watcher) describe(signals []string) string {
 	if len(signals) == 0 {
 		return "(none)"
 	}
 	out := make([]string, 0, len(signals))
 	for _, s := range signals {
-		out = append(out, signalText(s))
+		out = append(out, signalText(s, w.Signals.Table))
 	}
 	return strings.Join(out, ", ")
 }
 
 // signalText describes a signal for event notes.
-func signalText(signal string) string {
+func signalText(signal string, signals *ngv1alpha1.Signals) string {
 	switch signal {
 	case signalDraining:
 		return "taint " + ngv1alpha1.DrainingTaintKey
 	case signalDeleting:
 		return "being deleted under finalizer " + ngv1alpha1.TerminationFinalizer
 	}
-	for _, s := range ngv1alpha1.SignalTaints() {
+	for _, s := range signals.Taints() {
 		if s.Signal == signal {
 			return "taint " + s.String()
 		}

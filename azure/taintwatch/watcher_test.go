@@ -256,7 +256,7 @@ func TestInputsChanged(t *testing.T) {
 		{"record removed", base(func(n *corev1.Node) { n.Annotations[ngv1alpha1.AdminStateDownAnnotation] = "t" }), base(), true},
 		{"new InternalIP", base(), base(builder.WithInternalIP("fd00::1")), true},
 	}
-	p := inputsChanged()
+	p := inputsChanged(azure.Signals{})
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			if got := p.Update(event.UpdateEvent{ObjectOld: tt.old, ObjectNew: tt.new}); got != tt.want {

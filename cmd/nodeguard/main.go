@@ -14,7 +14,6 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/healthz"
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
 
-	ngv1alpha1 "github.com/nodeguard/nodeguard/api/v1alpha1"
 	"github.com/nodeguard/nodeguard/azure"
 	"github.com/nodeguard/nodeguard/internal/clientca"
 	"github.com/nodeguard/nodeguard/internal/leader"
@@ -44,10 +43,6 @@ func main() {
 		os.Exit(2)
 	}
 	setMemoryLimit(opts.memoryLimitRatio)
-	// Before anything that reads them starts.
-	ngv1alpha1.SetSignalTaints(opts.signalTaintTable)
-	azure.SetSignalAdminState(opts.signalMode)
-	ngv1alpha1.SetScaleDownClaims(opts.scaleDownHold)
 	if err := run(opts); err != nil {
 		ctrl.Log.Error(err, "nodeguard stopped")
 		os.Exit(1)

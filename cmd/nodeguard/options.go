@@ -56,11 +56,11 @@ type options struct {
 	scaleDownHold           bool
 	webhookClientCA         string
 	trafficCutFailure       string
-	// signalTaintTable is signalTaints parsed (by validate).
-	signalTaintTable []ngv1alpha1.SignalTaint
-	signalAdminState string
-	// signalMode is signalAdminState parsed (by validate).
-	signalMode azure.SignalAdminState
+	signalAdminState        string
+	// signals are --signal-taints, --signal-admin-state and
+	// --cluster-autoscaler-scale-down-hold, built once by validate and
+	// handed to every component that reads them.
+	signals    azure.Signals
 	azure      azure.Options
 	taintWatch taintwatch.Options
 }
@@ -173,10 +173,12 @@ func (o *options) validate() error {
 	if err != nil {
 		return fmt.Errorf("--signal-taints: %w", err)
 	}
-	o.signalTaintTable = table
-	if o.signalMode, err = azure.ParseSignalAdminState(o.signalAdminState); err != nil {
+	mode, err := azure.ParseSignalAdminState(o.signalAdminState)
+	if err != nil {
 		return fmt.Errorf("--signal-admin-state %w", err)
 	}
+	o.signals = azure.Signals{Table: ngv1alpha1.NewSignals(table, o.scaleDownHold), Mode: mode}
+	o.taintWatch.Signals = o.signals
 	if _, err := labels.Parse(o.nodeSelector); err != nil {
 		return fmt.Errorf("--node-selector %q: %w", o.nodeSelector, err)
 	}

@@ -93,9 +93,9 @@ func setupGuard(mgr ctrl.Manager, opts options, adminState *azure.Manager) error
 	// One claimer for the webhooks, the scale-down hold and the status
 	// controller: their budget status writes join one group commit instead of
 	// racing each other.
-	claimer := budget.NewClaimer(mgr)
+	claimer := budget.NewClaimer(mgr, opts.signals.Table)
 	if opts.webhookPort >= 0 {
-		wo := ngwebhook.Options{Managed: managed, DeleteTimeout: opts.deleteTimeout, Claimer: claimer}
+		wo := ngwebhook.Options{Managed: managed, DeleteTimeout: opts.deleteTimeout, Claimer: claimer, Signals: opts.signals.Table}
 		if adminState != nil { // never a typed nil in the interface
 			wo.Instances = adminState
 		}
@@ -113,7 +113,7 @@ func setupGuard(mgr ctrl.Manager, opts options, adminState *azure.Manager) error
 	}
 	hold := &autoscaler.HoldReconciler{Client: mgr.GetClient(), Reader: mgr.GetAPIReader(),
 		Claimer: claimer, Managed: managed, Recorder: mgr.GetEventRecorder("nodeguard-scale-down"), Clock: clock.RealClock{},
-		AdminStateTimeout: opts.adminStateTimeout, Disabled: !opts.scaleDownHold}
+		AdminStateTimeout: opts.adminStateTimeout, Disabled: !opts.scaleDownHold, Signals: opts.signals}
 	if adminState != nil { // never a typed nil in the interface
 		hold.AdminState = adminState
 		hold.Instances = adminState
@@ -127,7 +127,7 @@ func setupGuard(mgr ctrl.Manager, opts options, adminState *azure.Manager) error
 	}
 	return (&budget.StatusReconciler{Client: mgr.GetClient(), Reader: mgr.GetAPIReader(), Clock: clock.RealClock{},
 		ClaimTimeout: opts.claimTimeout, UnconfirmedTimeout: opts.unconfirmedClaimTimeout,
-		Recorder: mgr.GetEventRecorder("nodeguard-budget"), Claimer: claimer}).SetupWithManager(mgr)
+		Recorder: mgr.GetEventRecorder("nodeguard-budget"), Claimer: claimer, Signals: opts.signals.Table}).SetupWithManager(mgr)
 }
 
 // The secure metrics endpoint authenticates scrapers with TokenReviews and

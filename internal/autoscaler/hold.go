@@ -80,6 +80,10 @@ type HoldReconciler struct {
 	// Disabled (--cluster-autoscaler-scale-down-hold=false) only removes what
 	// nodeguard put on nodes.
 	Disabled bool
+	// Signals are the configured signal taints and who acts on them: the
+	// hold waits for the cut only when the scale-down taint is nodeguard's
+	// to act on.
+	Signals azure.Signals
 
 	nodes *budget.NodeLister
 }
@@ -287,7 +291,7 @@ func (r *HoldReconciler) giveBack(ctx context.Context, node *corev1.Node) error 
 // Azure confirms the node's entries Down (the scale-down taint is a signal
 // taint: the taint watcher asked for Down when it appeared).
 func (r *HoldReconciler) awaitTrafficCut(ctx context.Context, node *corev1.Node) (reconcile.Result, bool, error) {
-	if r.AdminState == nil || !cutsTraffic(node) {
+	if r.AdminState == nil || !r.cutsTraffic(node) {
 		return reconcile.Result{}, true, nil
 	}
 	if _, held := node.Annotations[ngv1alpha1.DelayDeletionAnnotation]; !held {
@@ -319,9 +323,9 @@ func (r *HoldReconciler) awaitTrafficCut(ctx context.Context, node *corev1.Node)
 
 // cutsTraffic reports whether the node's scale-down taint is a signal taint
 // (--signal-taints) that nodeguard sets Down for (--signal-admin-state).
-func cutsTraffic(node *corev1.Node) bool {
-	return azure.SignalsByNodeguard() && slices.ContainsFunc(node.Spec.Taints, func(t corev1.Taint) bool {
-		_, signal := ngv1alpha1.SignalOf(t)
+func (r *HoldReconciler) cutsTraffic(node *corev1.Node) bool {
+	return r.Signals.ByNodeguard() && slices.ContainsFunc(node.Spec.Taints, func(t corev1.Taint) bool {
+		_, signal := r.Signals.Table.Of(t)
 		return signal && t.Key == ngv1alpha1.ClusterAutoscalerTaintKey
 	})
 }

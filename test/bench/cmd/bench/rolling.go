@@ -346,7 +346,7 @@ func (m *nodeMonitor) observe(ctx context.Context, obj any, deleted bool) {
 		delete(m.all, n.Name)
 	} else {
 		m.all[n.Name] = n
-		if up, _ := budget.Unavailable(n); !up {
+		if up, _ := budget.Unavailable(n, nil); !up {
 			m.seenReady[n.Name] = true
 		}
 	}
@@ -390,7 +390,7 @@ func (m *nodeMonitor) unavailable(group string) int {
 		if node.Labels["group"] != group || !m.seenReady[name] {
 			continue
 		}
-		if up, _ := budget.Unavailable(node); up || node.Spec.Unschedulable {
+		if up, _ := budget.Unavailable(node, nil); up || node.Spec.Unschedulable {
 			n++
 		}
 	}

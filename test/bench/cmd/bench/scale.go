@@ -358,7 +358,7 @@ func createScaleNodes(ctx context.Context, cl client.Client, names, candidates [
 		}
 		ready := 0
 		for i := range nodes.Items {
-			if up, _ := budget.Unavailable(&nodes.Items[i]); !up {
+			if up, _ := budget.Unavailable(&nodes.Items[i], nil); !up {
 				ready++
 			}
 		}
