@@ -16,7 +16,8 @@ VERSION   ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo de
 # The commit stamped into the binary (the Go toolchain's own VCS stamp may be
 # off: GOFLAGS=-buildvcs=false).
 COMMIT    ?= $(shell git rev-parse HEAD 2>/dev/null || echo unknown)
-LDFLAGS   := -X main.version=$(VERSION) -X main.commit=$(COMMIT)
+BUILDINFO := github.com/nodeguard/nodeguard/internal/buildinfo
+LDFLAGS   := -X $(BUILDINFO).version=$(VERSION) -X $(BUILDINFO).commit=$(COMMIT)
 IMAGE_OUT ?= $(CURDIR)/_output/image
 # PUSH=<registry>/<repository>:<tag> makes make image push the index too.
 PUSH      ?=

@@ -9,21 +9,22 @@ import (
 	"fmt"
 	"os"
 
-	"k8s.io/apimachinery/pkg/types"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/healthz"
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
 
 	"github.com/nodeguard/nodeguard/azure"
+	"github.com/nodeguard/nodeguard/internal/buildinfo"
 	"github.com/nodeguard/nodeguard/internal/clientca"
 	"github.com/nodeguard/nodeguard/internal/leader"
 	"github.com/nodeguard/nodeguard/internal/memlimit"
 	"github.com/nodeguard/nodeguard/internal/recorder"
+	"github.com/nodeguard/nodeguard/internal/uninstall"
 )
 
 func main() {
 	if len(os.Args) > 1 && os.Args[1] == "uninstall" {
-		os.Exit(runUninstall(os.Args[2:], os.Stdout))
+		os.Exit(uninstall.Command(os.Args[2:], os.Stdout, newScheme()))
 	}
 	var opts options
 	opts.bind(flag.CommandLine)
@@ -33,11 +34,11 @@ func main() {
 	flag.Usage = usage
 	flag.Parse()
 	if *showVersion {
-		fmt.Println(versionString())
+		fmt.Println(buildinfo.String())
 		return
 	}
 	ctrl.SetLogger(zap.New(zap.UseFlagOptions(&zapOpts)))
-	ctrl.Log.Info("Starting", "version", versionString())
+	ctrl.Log.Info("Starting", "version", buildinfo.String())
 	if err := opts.validate(); err != nil {
 		fmt.Fprintln(os.Stderr, "nodeguard:", err)
 		os.Exit(2)
@@ -80,7 +81,7 @@ func run(opts options) error {
 	if err != nil {
 		return fmt.Errorf("loading kubeconfig: %w", err)
 	}
-	leaseKey := types.NamespacedName{Namespace: opts.leaderNamespace, Name: opts.leaderID}
+	leaseKey := opts.leader.Lease()
 	var clientCA *clientca.Bundle
 	if opts.webhookClientCA != "" {
 		if clientCA, err = clientca.Load(opts.webhookClientCA); err != nil {

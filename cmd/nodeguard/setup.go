@@ -37,26 +37,14 @@ import (
 // setupTermination adds the Azure admin-state manager (nil when Azure is not
 // configured), the taint watcher and the termination controller.
 func setupTermination(mgr ctrl.Manager, opts options, adminState *azure.Manager) error {
+	opts.termination.Identity = identity()
 	r := &finalizer.Reconciler{
 		Client:   mgr.GetClient(),
 		Reader:   mgr.GetAPIReader(),
-		Evictor:  &drain.Evictor{Client: mgr.GetClient(), Parallel: opts.parallelEvictions, Observe: finalizer.ObserveEviction},
+		Evictor:  &drain.Evictor{Client: mgr.GetClient(), Parallel: opts.termination.ParallelEvictions, Observe: finalizer.ObserveEviction},
 		Recorder: mgr.GetEventRecorder("nodeguard-termination"),
 		Clock:    clock.RealClock{},
-		Opts: finalizer.Options{
-			Identity:            identity(),
-			AdminStateTimeout:   opts.adminStateTimeout,
-			TrafficCutFailure:   finalizer.TrafficCutFailurePolicy(opts.trafficCutFailure),
-			CutoverPause:        opts.cutoverPause,
-			DaemonSets:          drain.DaemonSetPolicy(opts.daemonSets),
-			DrainTimeout:        opts.drainTimeout,
-			VolumeDetachTimeout: opts.volumeDetachTimeout,
-			StuckPodMargin:      opts.stuckPodMargin,
-			MaxConcurrentNodes:  opts.maxConcurrentDrains,
-			BlockedPDBPolicy:    drain.BlockedPDBPolicy(opts.blockedPDBPolicy),
-			BlockedPDBSettle:    opts.blockedPDBSettle,
-			ReplacementTimeout:  opts.replacementTimeout,
-		},
+		Opts:     opts.termination.Options,
 	}
 	if adminState == nil {
 		ctrl.Log.Info("Azure is not configured: load-balancer admin state is off; budgets and drains work as usual")
@@ -113,7 +101,7 @@ func setupGuard(mgr ctrl.Manager, opts options, adminState *azure.Manager) error
 	}
 	hold := &autoscaler.HoldReconciler{Client: mgr.GetClient(), Reader: mgr.GetAPIReader(),
 		Claimer: claimer, Managed: managed, Recorder: mgr.GetEventRecorder("nodeguard-scale-down"), Clock: clock.RealClock{},
-		AdminStateTimeout: opts.adminStateTimeout, Disabled: !opts.scaleDownHold, Signals: opts.signals}
+		AdminStateTimeout: opts.termination.AdminStateTimeout, Disabled: !opts.scaleDownHold, Signals: opts.signals}
 	if adminState != nil { // never a typed nil in the interface
 		hold.AdminState = adminState
 		hold.Instances = adminState
@@ -152,20 +140,13 @@ func managerOptions(opts options, lease types.NamespacedName, clientCA *clientca
 	if opts.metricsSecure {
 		metrics.FilterProvider = filters.WithAuthenticationAndAuthorization
 	}
-	return ctrl.Options{
-		Scheme:                        newScheme(),
-		Metrics:                       metrics,
-		HealthProbeBindAddress:        opts.probeAddr,
-		PprofBindAddress:              opts.pprofAddr,
-		WebhookServer:                 webhook.NewServer(webhook.Options{Port: opts.webhookPort, CertDir: opts.webhookCertDir, TLSOpts: webhookTLS}),
-		LeaderElection:                opts.leaderElect,
-		LeaderElectionNamespace:       lease.Namespace,
-		LeaderElectionID:              lease.Name,
-		LeaderElectionReleaseOnCancel: true,
-		LeaseDuration:                 ptr.To(opts.leaseDuration),
-		RenewDeadline:                 ptr.To(opts.renewDeadline),
-		RetryPeriod:                   ptr.To(opts.retryPeriod),
-		GracefulShutdownTimeout:       ptr.To(opts.gracefulShutdown),
+	o := ctrl.Options{
+		Scheme:                  newScheme(),
+		Metrics:                 metrics,
+		HealthProbeBindAddress:  opts.probeAddr,
+		PprofBindAddress:        opts.pprofAddr,
+		WebhookServer:           webhook.NewServer(webhook.Options{Port: opts.webhookPort, CertDir: opts.webhookCertDir, TLSOpts: webhookTLS}),
+		GracefulShutdownTimeout: ptr.To(opts.gracefulShutdown),
 		Cache: cache.Options{
 			// Managed fields are most of a Node's bytes and nodeguard never
 			// reads them: dropping them keeps 5,000 cached nodes small.
@@ -179,6 +160,8 @@ func managerOptions(opts options, lease types.NamespacedName, clientCA *clientca
 				}},
 			}},
 	}
+	opts.leader.Apply(&o)
+	return o
 }
 
 // trimNode drops what nodeguard never reads of a cached Node: managed fields,

@@ -114,10 +114,13 @@ func build(o options) (v1.Hash, error) {
 	return digest, nil
 }
 
+// buildInfoPackage holds the version and commit --version prints.
+const buildInfoPackage = "github.com/nodeguard/nodeguard/internal/buildinfo"
+
 // goBuild cross-compiles a static, reproducible nodeguard: no cgo, no paths
 // of this machine, no VCS stamp (version and commit go in by -X).
 func goBuild(root, out string, p v1.Platform, version, rev string) error {
-	ldflags := fmt.Sprintf("-s -w -X main.version=%s -X main.commit=%s", version, rev)
+	ldflags := fmt.Sprintf("-s -w -X %[1]s.version=%[2]s -X %[1]s.commit=%[3]s", buildInfoPackage, version, rev)
 	cmd := exec.Command("go", "build", "-trimpath", "-buildvcs=false", "-ldflags="+ldflags, "-o", out, "./cmd/nodeguard")
 	cmd.Dir = root
 	cmd.Env = append(os.Environ(), "CGO_ENABLED=0", "GOOS="+p.OS, "GOARCH="+p.Architecture, "GOFLAGS=-mod=readonly")

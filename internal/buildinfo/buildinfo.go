@@ -1,4 +1,6 @@
-package main
+// Package buildinfo says which build of nodeguard runs: --version and the
+// nodeguard_build_info metric.
+package buildinfo
 
 import (
 	"fmt"
@@ -10,8 +12,9 @@ import (
 )
 
 // version and commit describe the build, set with -ldflags "-X
-// main.version=v1.2.3 -X main.commit=<sha>" by make build (git describe and
-// rev-parse) and by the release (hack/release/image). Otherwise version is
+// github.com/nodeguard/nodeguard/internal/buildinfo.version=v1.2.3 -X
+// ...buildinfo.commit=<sha>" by make build (git describe and rev-parse) and by
+// the release (hack/release/image). Otherwise version is
 // the module version go install recorded, or "devel", and commit the
 // revision go build recorded, if any ("unknown" when none did).
 var version, commit = "", ""
@@ -19,7 +22,7 @@ var version, commit = "", ""
 // build is what the binary knows of its build.
 type build struct{ version, revision string }
 
-func buildInfo() build {
+func read() build {
 	b := build{version: version, revision: commit}
 	if info, ok := debug.ReadBuildInfo(); ok {
 		if b.version == "" && info.Main.Version != "" && info.Main.Version != "(devel)" {
@@ -40,10 +43,10 @@ func buildInfo() build {
 	return b
 }
 
-// versionString describes the build: version, platform, Go toolchain and
+// String describes the build: version, platform, Go toolchain and
 // revision.
-func versionString() string {
-	b := buildInfo()
+func String() string {
+	b := read()
 	return fmt.Sprintf("nodeguard %s %s/%s %s commit %s", b.version, runtime.GOOS, runtime.GOARCH, runtime.Version(), b.revision)
 }
 
@@ -56,6 +59,6 @@ var buildInfoMetric = prometheus.NewGaugeVec(prometheus.GaugeOpts{
 
 func init() {
 	metrics.Registry.MustRegister(buildInfoMetric)
-	b := buildInfo()
+	b := read()
 	buildInfoMetric.WithLabelValues(b.version, b.revision, runtime.Version()).Set(1)
 }

@@ -1,4 +1,4 @@
-package main
+package uninstall
 
 import (
 	"context"
@@ -8,19 +8,19 @@ import (
 	"io"
 	"os"
 
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/tools/clientcmd"
 	"sigs.k8s.io/controller-runtime/pkg/client"
-
-	"github.com/nodeguard/nodeguard/internal/uninstall"
 )
 
-// runUninstall runs `nodeguard uninstall` and returns the exit code.
-func runUninstall(args []string, out io.Writer) int {
+// Command runs `nodeguard uninstall` with its arguments and returns the exit
+// code; scheme holds the types it reads and writes.
+func Command(args []string, out io.Writer, scheme *runtime.Scheme) int {
 	fs := flag.NewFlagSet("nodeguard uninstall", flag.ContinueOnError)
-	var o uninstall.Options
+	var o Options
 	o.BindFlags(fs)
 	fs.Usage = func() {
-		fmt.Fprint(fs.Output(), uninstall.Usage)
+		fmt.Fprint(fs.Output(), Usage)
 		fs.PrintDefaults()
 	}
 	if err := fs.Parse(args); err != nil {
@@ -36,12 +36,12 @@ func runUninstall(args []string, out io.Writer) int {
 		fmt.Fprintln(os.Stderr, "nodeguard uninstall: loading kubeconfig:", err)
 		return 1
 	}
-	c, err := client.New(cfg, client.Options{Scheme: newScheme()})
+	c, err := client.New(cfg, client.Options{Scheme: scheme})
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "nodeguard uninstall:", err)
 		return 1
 	}
-	if err := uninstall.Run(context.Background(), c, o, out); err != nil {
+	if err := Run(context.Background(), c, o, out); err != nil {
 		fmt.Fprintln(os.Stderr, "nodeguard uninstall:", err)
 		return 1
 	}
