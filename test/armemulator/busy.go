@@ -19,10 +19,24 @@ import (
 // seconds" or so).
 const defaultBusyRetryAfter = 10 * time.Second
 
-// UnpolledOperationLifetime is how long an asynchronous operation nobody
-// polls stays in progress (a large load balancer's update can take that
-// long on Azure): ARM finishes operations whether or not the caller watches.
-const UnpolledOperationLifetime = 30 * time.Second
+// DefaultUnpolledOperationLifetime is how long an asynchronous operation
+// nobody polls stays in progress unless Options say otherwise: ARM finishes
+// operations whether or not the caller watches (a caller that dies, like a
+// killed leader, strands none), and a backend pool update takes seconds.
+const DefaultUnpolledOperationLifetime = 3 * time.Second
+
+// LongOperation is the lifetime of a long cloud-provider-azure load-balancer
+// operation (a large load balancer's update can take that long on Azure),
+// for Options.UnpolledOperationLifetime.
+const LongOperation = 30 * time.Second
+
+// unpolledLifetime is how long an operation nobody polls stays in progress.
+func (s *Server) unpolledLifetime() time.Duration {
+	if s.opts.UnpolledOperationLifetime > 0 {
+		return s.opts.UnpolledOperationLifetime
+	}
+	return DefaultUnpolledOperationLifetime
+}
 
 // busyOp is an operation in progress on a load balancer.
 type busyOp struct {
@@ -50,13 +64,13 @@ func (s *Server) BeginOperation(lb string) (end func()) {
 }
 
 // busyWith returns the operation updating the load balancer, if any, first
-// finishing an asynchronous one that outlived UnpolledOperationLifetime. Call with s.mu held.
+// finishing an asynchronous one that outlived its unpolled lifetime. Call with s.mu held.
 func (s *Server) busyWith(lb string) (*busyOp, bool) {
 	b, ok := s.busy[strings.ToLower(lb)]
 	if !ok {
 		return nil, false
 	}
-	if b.op != nil && !b.op.completed && time.Since(b.op.accepted) > UnpolledOperationLifetime {
+	if b.op != nil && !b.op.completed && time.Since(b.op.accepted) > s.unpolledLifetime() {
 		s.complete(b.op)
 	}
 	if b.op != nil && b.op.completed {
@@ -66,7 +80,7 @@ func (s *Server) busyWith(lb string) (*busyOp, bool) {
 	return b, true
 }
 
-// settle ends every operation nobody polled once it outlived UnpolledOperationLifetime, as
+// settle ends every operation nobody polled once it outlived its unpolled lifetime, as
 // ARM finishes operations on its own time: any request sees the end.
 func (s *Server) settle() {
 	s.mu.Lock()

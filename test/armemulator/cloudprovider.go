@@ -44,9 +44,9 @@ type CloudProvider struct {
 	// CacheTTL defaults to DefaultLBCacheTTL.
 	CacheTTL time.Duration
 	// Unpolled leaves its asynchronous operations to ARM instead of polling
-	// them, so that each keeps its load balancer busy for
-	// UnpolledOperationLifetime, as a long cloud-provider-azure operation
-	// does.
+	// them, so that each keeps its load balancer busy for the emulator's
+	// Options.UnpolledOperationLifetime (LongOperation: as a long
+	// cloud-provider-azure operation does).
 	Unpolled bool
 
 	mu    sync.Mutex

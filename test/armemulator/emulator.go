@@ -91,6 +91,11 @@ type Options struct {
 	// AsyncPolls is how many status polls answer InProgress before the
 	// operation completes.
 	AsyncPolls int
+	// UnpolledOperationLifetime is how long an operation nobody polls stays in
+	// progress, keeping its load balancer busy (zero:
+	// DefaultUnpolledOperationLifetime; LongOperation plays
+	// cloud-provider-azure's long operations).
+	UnpolledOperationLifetime time.Duration
 	// WriteThrottle, when set, limits writes per subscription as ARM does:
 	// past the limit a write is answered 429 SubscriptionRequestsThrottled
 	// with a Retry-After.

@@ -29,7 +29,7 @@ import (
 func TestCutHoldsThroughAnotherWritersLongOperations(t *testing.T) {
 	harness.SkipWithoutEnv(t, env)
 	ctx := context.Background()
-	f := newCoexistFixture(t, "busy", 2, 4, 2, armemulator.Options{})
+	f := newCoexistFixture(t, "busy", 2, 4, 2, armemulator.Options{UnpolledOperationLifetime: armemulator.LongOperation})
 	name, emu, metricsPort, leaving := f.name, f.emu, f.metricsPort, f.leaving
 	other := armemulator.NewCloudProvider(emu)
 	other.Unpolled = true
@@ -52,7 +52,7 @@ func TestCutHoldsThroughAnotherWritersLongOperations(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		harness.Eventually(t, armemulator.UnpolledOperationLifetime+10*time.Second, func(context.Context) (bool, error) {
+		harness.Eventually(t, armemulator.LongOperation+10*time.Second, func(context.Context) (bool, error) {
 			return !emu.Busy(coexistPools[0][0]) && !emu.Busy(coexistPools[1][0]), nil
 		}, "%s: no operation in progress", what)
 		for _, p := range coexistPools {
@@ -67,7 +67,7 @@ func TestCutHoldsThroughAnotherWritersLongOperations(t *testing.T) {
 	}
 	backDown := func(what string) {
 		t.Helper()
-		harness.Eventually(t, armemulator.UnpolledOperationLifetime+2*revertBound, func(context.Context) (bool, error) { return allDown(), nil },
+		harness.Eventually(t, armemulator.LongOperation+2*revertBound, func(context.Context) (bool, error) { return allDown(), nil },
 			"%s: the leaving nodes are Down again after the other writer's operation", what)
 	}
 	revert("one revert")
@@ -80,7 +80,7 @@ func TestCutHoldsThroughAnotherWritersLongOperations(t *testing.T) {
 	// Every revert was undone within revertBound of the end of the
 	// operation that last reverted it: the other writer's PUTs were applied
 	// when ARM accepted them, and each operation ended
-	// UnpolledOperationLifetime later.
+	// LongOperation later.
 	history := emu.History()
 	spans, open := revertSpans(history, leaving)
 	var others []time.Time
@@ -96,7 +96,7 @@ func TestCutHoldsThroughAnotherWritersLongOperations(t *testing.T) {
 				last = at
 			}
 		}
-		if late := sp.to.Sub(last.Add(armemulator.UnpolledOperationLifetime)); late > revertBound {
+		if late := sp.to.Sub(last.Add(armemulator.LongOperation)); late > revertBound {
 			t.Errorf("a revert (open %s) was undone %s after the end of the operation that last reverted it, want within %s", sp.to.Sub(sp.from), late, revertBound)
 		}
 	}

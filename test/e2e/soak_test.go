@@ -554,12 +554,24 @@ func (s *soak) starts() int {
 func (s *soak) checkEntries(t *testing.T) string {
 	t.Helper()
 	cut := map[string]bool{}
+	// How each released node's cut ended, by its event: the figures say why
+	// a cut was not confirmed (faults past --admin-state-timeout, or a
+	// failure), or that no event of it was written (a leader killed first).
+	outcomes := map[string]int{}
 	for _, n := range s.released {
-		count, err := harness.CountEvents(context.Background(), env.Client, n, finalizer.ReasonTrafficCut)
-		if err != nil {
-			t.Fatal(err)
+		outcome := "no event"
+		for _, reason := range []string{finalizer.ReasonTrafficCut, finalizer.ReasonTrafficCutTimedOut, finalizer.ReasonTrafficCutFailed} {
+			count, err := harness.CountEvents(context.Background(), env.Client, n, reason)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if count > 0 {
+				outcome = reason
+				break
+			}
 		}
-		cut[n] = count > 0
+		outcomes[outcome]++
+		cut[n] = outcome == finalizer.ReasonTrafficCut
 	}
 	tally := map[string]int{}
 	var wrong []string
@@ -598,7 +610,7 @@ func (s *soak) checkEntries(t *testing.T) string {
 			confirmed++
 		}
 	}
-	return fmt.Sprintf("%v; %d of %d released nodes had their cut confirmed (TrafficCut)", tally, confirmed, len(s.released))
+	return fmt.Sprintf("%v; %d of %d released nodes had their cut confirmed (cut outcomes by event: %v)", tally, confirmed, len(s.released), outcomes)
 }
 
 // wantReleasedEntry is the admin state an entry of a released node may have.
