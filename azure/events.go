@@ -37,6 +37,10 @@ type event struct {
 	warning bool
 	reason  string
 	note    string
+	// pool, for an event whose pools each tell something of their own
+	// (a revert, a missing entry), keeps it apart from another pool's in a
+	// round; the retries and failures of one round are one story per node.
+	pool string
 }
 
 func confirmedEvent(state AdminState, pools int) event {
@@ -80,7 +84,7 @@ func exhaustedEvent(pool string, retries int, err string, next time.Time, ceilin
 }
 
 func noEntryEvent(pool string) event {
-	return event{warning: true, reason: ReasonNoEntry,
+	return event{pool: pool, warning: true, reason: ReasonNoEntry,
 		note: fmt.Sprintf("Backend pool %s lists the node only through its NIC's IP configuration (backendIPConfigurations), with no backend-address entry to carry an admin state; ARM does not let a client add one, so the node is NOT Down in this pool and keeps receiving new connections there until its health probe fails.", pool)}
 }
 
@@ -104,6 +108,6 @@ func unreadableEvent(u UnreadableRecord) event {
 }
 
 func revertedEvent(pool, entry string) event {
-	return event{warning: true, reason: ReasonReverted,
+	return event{pool: pool, warning: true, reason: ReasonReverted,
 		note: fmt.Sprintf("Backend pool %s: entry %s of this node, which nodeguard holds Down, was found not Down: another writer of the pool (cloud-provider-azure writes whole pools as it read them) put it back or added it at None. nodeguard sets it Down again now. Repeated events mean the two keep fighting over the pool.", pool, entry)}
 }

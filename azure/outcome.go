@@ -327,13 +327,13 @@ func (n *nodeState) nothingCut() bool {
 	return n.desired == AdminStateDown && len(n.pools) == 0 && !n.changed && !n.member && !n.excluded
 }
 
-// emit records events, one per node and reason per tick.
+// emit records events, one per node, reason and pool per tick.
 func (m *Manager) emit(ev *tickEvents, events []pendingEvent) {
 	if m.recorder == nil {
 		return
 	}
 	for _, e := range events {
-		k := fmt.Sprintf("%s/%d/%s", e.node.uid, e.node.gen, e.ev.reason)
+		k := fmt.Sprintf("%s/%d/%s/%s", e.node.uid, e.node.gen, e.ev.reason, e.ev.pool)
 		ev.mu.Lock()
 		dup := ev.seen[k]
 		ev.seen[k] = true

@@ -191,3 +191,56 @@ func TestWriteForOtherNodesCountsTheRevertItRepairs(t *testing.T) {
 	}
 	e.wantReasons(n0.Name, ReasonDown, ReasonReverted)
 }
+
+// TestRevertsInTwoPoolsAreEachReported: cloud-provider-azure undoes the cut in
+// both pools of a node (the public and the internal load balancer) between
+// two verifications. The next one finds both: each pool gets its own
+// LoadBalancerAdminStateReverted event and count, though they are found in
+// the same round for the same node.
+func TestRevertsInTwoPoolsAreEachReported(t *testing.T) {
+	e := newEnv(t, 2, false)
+	n0 := e.nodes[0]
+	for _, n := range e.nodes {
+		e.m.SetDesired(n, AdminStateNone)
+	}
+	e.tick()
+	stale, err := armemulator.NewCloudProvider(e.emu).Read(e.ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.m.SetDesired(n0, AdminStateDown)
+	e.tick()
+	e.wantStates(n0.Name, AdminStateDown)
+	pools := []string{"kubernetes", "kubernetes-internal"}
+	before := map[string]float64{}
+	for _, lb := range pools {
+		before[lb] = revertsIn(lb + "/kubernetes")
+		// A node joins: the actor PUTs the pool as it read it, before the cut.
+		joiner := armemulator.Node{Name: "joiner", IPs: []string{"10.224.9.9"}}
+		if _, err := stale.EnsureHostsInPool(e.ctx, lb, "kubernetes", emuNodes(e, joiner)); err != nil {
+			t.Fatal(err)
+		}
+		if got := e.state(lb, "kubernetes", n0.Name); got != "None" {
+			t.Fatalf("the stale PUT of %s left %s, want the cut undone (None)", lb, got)
+		}
+	}
+
+	e.step(e.m.cfg.VerifyInterval)
+	e.tick()
+	e.wantStates(n0.Name, AdminStateDown)
+	for _, lb := range pools {
+		pool := lb + "/kubernetes"
+		if got := revertsIn(pool) - before[lb]; got != 1 {
+			t.Errorf("reverts_total{pool=%s} grew by %v, want 1", pool, got)
+		}
+		var named int
+		for _, ev := range e.rec.all() {
+			if ev.node == n0.Name && ev.reason == ReasonReverted && strings.Contains(ev.note, "Backend pool "+pool+":") {
+				named++
+			}
+		}
+		if named != 1 {
+			t.Errorf("%d %s events naming %s, want 1", named, ReasonReverted, pool)
+		}
+	}
+}
