@@ -71,7 +71,8 @@ func ParseSignalAdminState(s string) (SignalAdminState, error) {
 
 // DesiredState is the one place that decides a node's admin state: Down while
 // it carries nodeguard's draining taint or is being deleted while nodeguard's
-// finalizer holds it, and (with --signal-admin-state=nodeguard) while it
+// finalizer holds it or someone else's drain of it was charged
+// (ngv1alpha1.DrainCharged), and (with --signal-admin-state=nodeguard) while it
 // carries a configured signal taint (--signal-taints: by default
 // out-of-service, cloud shutdown, spot eviction, cluster-autoscaler's and
 // Karpenter's scale-down taints); None otherwise. None is not restored while
@@ -89,6 +90,9 @@ func (s Signals) DesiredState(node *corev1.Node) AdminState {
 		}
 	}
 	if ngv1alpha1.TerminatingUnderFinalizer(node) {
+		return AdminStateDown
+	}
+	if _, charged := ngv1alpha1.DrainCharged(node); charged {
 		return AdminStateDown
 	}
 	return AdminStateNone

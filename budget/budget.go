@@ -17,7 +17,8 @@ import (
 )
 
 // Unavailable reports whether a node counts as unavailable for budgets: it is
-// not Ready, is being deleted, or carries a signal taint or the draining taint.
+// not Ready, is being deleted, carries a signal taint or the draining taint, or
+// someone else's drain of it was charged (until it is schedulable and Ready).
 // The autoscalers' taints count only once the disruption is charged
 // (ngv1alpha1.Signals.AwaitsDisruptionClaim). signals is the configured
 // table (nil: the defaults). It returns a short reason for events and
@@ -36,6 +37,9 @@ func Unavailable(node *corev1.Node, signals *ngv1alpha1.Signals) (bool, string) 
 	}
 	if ngv1alpha1.ScaleDownClaimed(node) {
 		return true, "scaled down by cluster-autoscaler"
+	}
+	if by, charged := ngv1alpha1.DrainCharged(node); charged {
+		return true, "drained by " + by
 	}
 	for _, c := range node.Status.Conditions {
 		if c.Type == corev1.NodeReady {

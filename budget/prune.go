@@ -253,9 +253,10 @@ func earlier(a, b time.Time) time.Time {
 
 // DisruptionUnderWay reports whether the node shows that a disruption charged
 // to its budgets has begun: it is being deleted, nodeguard drains it,
-// cluster-autoscaler's scale-down of it is claimed, or its NodeClaim's
-// deletion was charged. Each charge is followed by one of these within
-// moments (a Node DELETE, the NodeClaim mark, the scale-down mark), so a
+// cluster-autoscaler's scale-down of it is claimed, its NodeClaim's deletion
+// was charged, or someone else's drain of it was. Each charge is followed by
+// one of these within moments (a Node DELETE, the NodeClaim, scale-down or
+// drain mark), so a
 // claim that shows none after the unconfirmed-claim timeout was never
 // followed by its disruption.
 func DisruptionUnderWay(node *corev1.Node) bool {
@@ -263,6 +264,9 @@ func DisruptionUnderWay(node *corev1.Node) bool {
 		return true
 	}
 	if _, charged := node.Annotations[ngv1alpha1.NodeClaimDeleteChargedAtAnnotation]; charged {
+		return true
+	}
+	if _, charged := ngv1alpha1.DrainCharged(node); charged {
 		return true
 	}
 	for _, t := range node.Spec.Taints {

@@ -32,14 +32,17 @@ type InstanceChecker interface {
 
 // Rule decides whether a node may be disrupted now. It is the one rule every
 // door that starts a disruption calls (a Node DELETE, a Karpenter NodeClaim
-// DELETE, a cluster-autoscaler scale-down), and the only code that charges
+// DELETE, a cluster-autoscaler scale-down, the first eviction of someone
+// else's drain), and the only code that charges
 // NodeDisruptionBudgets for a disruption and gives a refused one back.
 type Rule struct {
 	Claimer *Claimer
 	// Budgets lists NodeDisruptionBudgets (a cache is fine: each charge is a
 	// conditional status write on a fresh read).
 	Budgets client.Reader
-	// Leases reads maintenance Leases fresh from the API server.
+	// Leases reads maintenance Leases fresh from the API server; nil reads
+	// none: the door's disruption is not refused for a hold (the eviction
+	// door: a Lease holder that drains its node is the drainer).
 	Leases client.Reader
 	// Instances, when set, says whether a NotReady node's instance is gone.
 	Instances InstanceChecker
@@ -102,6 +105,9 @@ func (r *Rule) Decide(ctx context.Context, node *corev1.Node, dryRun bool) (Verd
 // Held reports whether someone other than nodeguard holds the node's
 // maintenance Lease, with the refusal that says so.
 func (r *Rule) Held(ctx context.Context, node *corev1.Node) (Verdict, bool, error) {
+	if r.Leases == nil {
+		return Verdict{}, false, nil
+	}
 	var lease coordinationv1.Lease
 	err := r.Leases.Get(ctx, client.ObjectKey{Namespace: ngv1alpha1.MaintenanceLeaseNamespace, Name: node.Name}, &lease)
 	if client.IgnoreNotFound(err) != nil {

@@ -70,6 +70,8 @@ type Reconciler struct {
 	// Instances, when set (Azure), says whether a NotReady node's VM is gone.
 	Instances InstanceChecker
 	Opts      Options
+	// Outside, when set, follows drains nodeguard did not start (follow.go).
+	Outside *OutsideDrains
 
 	phases phases
 	slots  drainSlots
@@ -106,6 +108,9 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reco
 		return reconcile.Result{}, client.IgnoreNotFound(err)
 	}
 	if !ngv1alpha1.TerminatingUnderFinalizer(node) {
+		if r.followed(node) {
+			return r.follow(ctx, node)
+		}
 		r.forget(ctx, node.UID)
 		return reconcile.Result{}, nil
 	}

@@ -153,13 +153,21 @@ func (r *Reconciler) plan(ctx context.Context, node *corev1.Node, pastDeadline, 
 	plan, err = drain.NewPlan(pods, pdbs.Items, drain.PlanOptions{
 		DaemonSets:         r.Opts.DaemonSets,
 		Now:                r.Clock.Now(),
-		NodeDeleted:        node.DeletionTimestamp.Time,
+		NodeDeleted:        deletedAt(node),
 		EvictedControllers: r.Evictor.EvictedControllers(node.Name),
 		StuckMargin:        r.Opts.StuckPodMargin,
 		Unreachable:        unreachable(node),
 		PastDeadline:       pastDeadline,
 	})
 	return plan, fromWatch, err
+}
+
+// deletedAt is when the node's deletion began (zero: it is not deleting).
+func deletedAt(node *corev1.Node) time.Time {
+	if node.DeletionTimestamp == nil {
+		return time.Time{}
+	}
+	return node.DeletionTimestamp.Time
 }
 
 // unreachable reports whether no kubelet will confirm pod deletions on the

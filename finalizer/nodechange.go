@@ -19,18 +19,33 @@ import (
 // recur for as long as the node drains, and a pass for each would find
 // nothing new.
 func terminatingNodeChanged() predicate.Predicate {
-	terminating := func(o client.Object) bool { return o != nil && ngv1alpha1.TerminatingUnderFinalizer(o) }
+	return nodeChanged(func(*corev1.Node) bool { return false })
+}
+
+// nodeChanged is terminatingNodeChanged for the terminating nodes and those
+// followed says the controller follows (follow.go).
+func nodeChanged(followed func(*corev1.Node) bool) predicate.Predicate {
+	watched := func(o client.Object) bool {
+		if o == nil {
+			return false
+		}
+		if ngv1alpha1.TerminatingUnderFinalizer(o) {
+			return true
+		}
+		n, ok := o.(*corev1.Node)
+		return ok && followed(n)
+	}
 	return predicate.Funcs{
-		CreateFunc:  func(e event.CreateEvent) bool { return terminating(e.Object) },
-		DeleteFunc:  func(e event.DeleteEvent) bool { return terminating(e.Object) },
-		GenericFunc: func(e event.GenericEvent) bool { return terminating(e.Object) },
+		CreateFunc:  func(e event.CreateEvent) bool { return watched(e.Object) },
+		DeleteFunc:  func(e event.DeleteEvent) bool { return watched(e.Object) },
+		GenericFunc: func(e event.GenericEvent) bool { return watched(e.Object) },
 		UpdateFunc: func(e event.UpdateEvent) bool {
-			if !terminating(e.ObjectNew) {
+			if !watched(e.ObjectNew) {
 				return false
 			}
 			old, ok1 := e.ObjectOld.(*corev1.Node)
 			cur, ok2 := e.ObjectNew.(*corev1.Node)
-			return !ok1 || !ok2 || !terminating(old) || !sameButHeartbeat(old, cur)
+			return !ok1 || !ok2 || !watched(old) || !watched(cur) || !sameButHeartbeat(old, cur)
 		},
 	}
 }

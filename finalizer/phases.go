@@ -72,12 +72,17 @@ func drainingTaint(node *corev1.Node) *corev1.Taint {
 	return nil
 }
 
-// terminationStarted is when nodeguard cordoned the node (else its deletion).
+// terminationStarted is when nodeguard cordoned the node, else its deletion,
+// else (a drain nodeguard follows) when the drain was charged.
 func terminationStarted(node *corev1.Node) time.Time {
 	if t := drainingTaint(node); t != nil && t.TimeAdded != nil {
 		return t.TimeAdded.Time
 	}
-	return node.DeletionTimestamp.Time
+	if node.DeletionTimestamp != nil {
+		return node.DeletionTimestamp.Time
+	}
+	at, _ := ngv1alpha1.AnnotationTime(node, ngv1alpha1.DrainChargedAtAnnotation)
+	return at
 }
 
 // waitForVolumes waits, for at most VolumeDetachTimeout after the drain, until

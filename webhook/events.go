@@ -16,6 +16,13 @@ const (
 	// delete, which is denied once so that the retry is guarded.
 	ReasonFinalizerAdded = "TerminationFinalizerAdded"
 
+	// ReasonDrainCharged (Node): someone else's drain of the node (its first
+	// eviction from the cordoned node) was counted against its budgets.
+	ReasonDrainCharged = "DrainCharged"
+	// ReasonDrainDenied (Node, Warning): a budget refused an eviction of that
+	// drain (429); the drainer retries.
+	ReasonDrainDenied = "DrainDenied"
+
 	// ReasonKarpenterDisruptionAbandoned (Node, Warning): nodeguard had denied
 	// the node's NodeClaim delete for 30 s while Karpenter kept it tainted
 	// karpenter.sh/disrupted; nodeguard removed the taint.
@@ -25,8 +32,10 @@ const (
 	// objectSelector does not select the nodes of --node-selector.
 	ReasonWebhookScopeMismatch = "WebhookScopeMismatch"
 
-	actionAdmit      = "AdmitNodeDeletion"
-	actionCheckScope = "CheckWebhookScope"
+	actionAdmit = "AdmitNodeDeletion"
+	// actionAdmitEviction: deciding an eviction of someone else's drain.
+	actionAdmitEviction = "AdmitEviction"
+	actionCheckScope    = "CheckWebhookScope"
 	// actionReleaseKarpenter: removing a disrupted taint Karpenter left.
 	actionReleaseKarpenter = "ReleaseKarpenterDisruption"
 )

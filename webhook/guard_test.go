@@ -52,6 +52,8 @@ type guard struct {
 	stop func()
 	// answers counts the admission reviews this guard's webhook server answered.
 	answers *answerCounter
+	// cache is the guard's cached client: what its webhooks read.
+	cache client.Reader
 }
 
 func startGuard(t *testing.T, backfill bool) *guard {
@@ -81,7 +83,9 @@ func setupGuard(t *testing.T, mgr ctrl.Manager, leader, backfill bool, tune func
 	t.Helper()
 	// One claimer for the webhook and the status controller, as cmd/nodeguard wires them.
 	claimer := budget.NewClaimer(mgr, nil)
-	ngwebhook.Register(mgr, ngwebhook.Options{Managed: labels.Everything(), DeleteTimeout: ngwebhook.DefaultDeleteTimeout, Claimer: claimer})
+	if err := ngwebhook.Register(mgr, ngwebhook.Options{Managed: labels.Everything(), DeleteTimeout: ngwebhook.DefaultDeleteTimeout, Claimer: claimer}); err != nil {
+		t.Fatal(err)
+	}
 	if !leader {
 		return
 	}
@@ -201,7 +205,7 @@ func run(t *testing.T, mgr ctrl.Manager, addr string, answers *answerCounter) *g
 	harness.Eventually(t, 30*time.Second, func(context.Context) (bool, error) {
 		return checker(nil) == nil, nil
 	}, "the webhook server serves")
-	g := &guard{addr: addr, answers: answers}
+	g := &guard{addr: addr, answers: answers, cache: mgr.GetClient()}
 	var once sync.Once
 	g.stop = func() {
 		once.Do(func() {

@@ -1,6 +1,8 @@
 package webhook
 
 import (
+	"time"
+
 	"github.com/prometheus/client_golang/prometheus"
 	admissionv1 "k8s.io/api/admission/v1"
 	"sigs.k8s.io/controller-runtime/pkg/metrics"
@@ -65,6 +67,16 @@ var (
 		Buckets: prometheus.ExponentialBuckets(0.001, 2, 14),
 	}, []string{labelOperation})
 
+	evictionDecisions = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "nodeguard_eviction_admission_requests_total",
+		Help: "Eviction decisions by result (allowed, denied, error) and reason (schedulable: the common path; no_node, unmanaged; disrupted: a node another door charged; charged: a drain counted against its budgets; budget, traffic_cut: refused with 429 until there is room or the cut is confirmed; instance_gone, unavailable_node).",
+	}, []string{labelResult, labelReason})
+	evictionLatency = prometheus.NewHistogramVec(prometheus.HistogramOpts{
+		Name:    "nodeguard_eviction_admission_duration_seconds",
+		Help:    "Time to decide an eviction, by result.",
+		Buckets: prometheus.ExponentialBuckets(0.0001, 2, 16),
+	}, []string{labelResult})
+
 	scopeMismatches = prometheus.NewGaugeVec(prometheus.GaugeOpts{
 		Name: "nodeguard_webhook_scope_mismatch",
 		Help: "1 for each of nodeguard's webhooks whose objectSelector does not select the nodes of --node-selector (checked at start-up).",
@@ -72,5 +84,10 @@ var (
 )
 
 func init() {
-	metrics.Registry.MustRegister(decisions, latency, scopeMismatches)
+	metrics.Registry.MustRegister(decisions, latency, evictionDecisions, evictionLatency, scopeMismatches)
+}
+
+func observeEviction(result, reason string, start time.Time) {
+	evictionDecisions.WithLabelValues(result, reason).Inc()
+	evictionLatency.WithLabelValues(result).Observe(time.Since(start).Seconds())
 }

@@ -105,8 +105,10 @@ func deleteNodeClaim(name string) (string, error) {
 func TestNodeClaimDeleteAppliesTheBudget(t *testing.T) {
 	harness.SkipWithoutEnv(t, env)
 	mgr, addr, answers := newManager(t)
-	ngwebhook.Register(mgr, ngwebhook.Options{Managed: labels.Everything(), DeleteTimeout: ngwebhook.DefaultDeleteTimeout,
-		Instances: goneInstances{"karp-3": true}})
+	if err := ngwebhook.Register(mgr, ngwebhook.Options{Managed: labels.Everything(), DeleteTimeout: ngwebhook.DefaultDeleteTimeout,
+		Instances: goneInstances{"karp-3": true}}); err != nil {
+		t.Fatal(err)
+	}
 	if err := (&budget.StatusReconciler{Client: mgr.GetClient(), Clock: clock.RealClock{}, ClaimTimeout: budget.DefaultClaimTimeout}).SetupWithManager(mgr); err != nil {
 		t.Fatal(err)
 	}
@@ -159,7 +161,9 @@ func TestKarpenterNodeDeleteIsAdmittedOnlyWhileItsNodeClaimIsDeleting(t *testing
 	harness.SkipWithoutEnv(t, env)
 	ctx := context.Background()
 	mgr, addr, answers := newManager(t)
-	ngwebhook.Register(mgr, ngwebhook.Options{Managed: labels.Everything(), DeleteTimeout: ngwebhook.DefaultDeleteTimeout})
+	if err := ngwebhook.Register(mgr, ngwebhook.Options{Managed: labels.Everything(), DeleteTimeout: ngwebhook.DefaultDeleteTimeout}); err != nil {
+		t.Fatal(err)
+	}
 	if err := (&budget.StatusReconciler{Client: mgr.GetClient(), Clock: clock.RealClock{}, ClaimTimeout: budget.DefaultClaimTimeout}).SetupWithManager(mgr); err != nil {
 		t.Fatal(err)
 	}

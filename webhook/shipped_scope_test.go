@@ -147,7 +147,9 @@ func TestWithNodeguardDownADeletingNodeCanBeDeletedAgain(t *testing.T) {
 func startManagingGuard(t *testing.T, managed labels.Selector) *guard {
 	t.Helper()
 	mgr, addr, answers := newManager(t)
-	ngwebhook.Register(mgr, ngwebhook.Options{Managed: managed, DeleteTimeout: ngwebhook.DefaultDeleteTimeout})
+	if err := ngwebhook.Register(mgr, ngwebhook.Options{Managed: managed, DeleteTimeout: ngwebhook.DefaultDeleteTimeout}); err != nil {
+		t.Fatal(err)
+	}
 	if err := (&budget.StatusReconciler{Client: mgr.GetClient(), Clock: clock.RealClock{}, ClaimTimeout: budget.DefaultClaimTimeout}).SetupWithManager(mgr); err != nil {
 		t.Fatal(err)
 	}

@@ -198,6 +198,19 @@ func ScaleDownClaimed(node *corev1.Node) bool {
 	return slices.ContainsFunc(node.Spec.Taints, func(t corev1.Taint) bool { return t.Key == ClusterAutoscalerTaintKey })
 }
 
+// DrainCharged reports whether someone else's drain of the node was charged
+// to its budgets (DrainChargedAtAnnotation), and who drains it.
+func DrainCharged(node *corev1.Node) (string, bool) {
+	if _, charged := node.Annotations[DrainChargedAtAnnotation]; !charged {
+		return "", false
+	}
+	by := node.Annotations[DrainedByAnnotation]
+	if by == "" {
+		by = "an unknown drainer"
+	}
+	return by, true
+}
+
 // IsDrainingTaint reports whether a taint is nodeguard's draining taint.
 func IsDrainingTaint(t corev1.Taint) bool { return t.Key == DrainingTaintKey }
 

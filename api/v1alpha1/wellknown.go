@@ -114,6 +114,20 @@ const (
 	NodeClaimDeleteChargedAtAnnotation = "nodeguard.io/nodeclaim-delete-charged-at"
 )
 
+// The marks nodeguard leaves on a node that someone else drains (kubectl
+// drain, an AKS upgrade, a reboot daemon): its first eviction from the
+// cordoned node was charged to the node's NodeDisruptionBudgets. While a node
+// carries DrainChargedAtAnnotation it counts unavailable and its load-balancer
+// entries are Down; nodeguard removes both marks, gives the disruption back
+// and restores None once the node is schedulable and Ready again.
+const (
+	// DrainChargedAtAnnotation (RFC 3339 time): when the drain was charged.
+	DrainChargedAtAnnotation = "nodeguard.io/drain-charged-at"
+	// DrainedByAnnotation: who drains the node (the user of its first
+	// eviction, as the API server authenticated it).
+	DrainedByAnnotation = "nodeguard.io/drained-by"
+)
+
 // cluster-autoscaler's node annotations.
 const (
 	// ScaleDownDisabledAnnotation = "true" keeps cluster-autoscaler from

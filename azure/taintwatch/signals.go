@@ -12,10 +12,12 @@ import (
 
 // Signal names (values of the metric label "signal"): the configured signal
 // taints' (api/v1alpha1.SignalTaints, from --signal-taints), then nodeguard's
-// own two.
+// own three.
 const (
 	signalDraining = "draining"
 	signalDeleting = "deleting"
+	// signalDrained: someone else's drain was charged (nodeguard.io/drain-charged-at).
+	signalDrained = "drained"
 )
 
 func allSignals(signals *ngv1alpha1.Signals) []string {
@@ -23,7 +25,7 @@ func allSignals(signals *ngv1alpha1.Signals) []string {
 	for _, s := range signals.Taints() {
 		out = append(out, s.Signal)
 	}
-	return append(out, signalDraining, signalDeleting)
+	return append(out, signalDraining, signalDeleting, signalDrained)
 }
 
 // signalsOf lists the signals a node carries, in allSignals order. It only
@@ -41,6 +43,9 @@ func signalsOf(n *corev1.Node, signals *ngv1alpha1.Signals) []string {
 	}
 	if ngv1alpha1.TerminatingUnderFinalizer(n) {
 		has[signalDeleting] = true
+	}
+	if _, charged := ngv1alpha1.DrainCharged(n); charged {
+		has[signalDrained] = true
 	}
 	var out []string
 	for _, s := range allSignals(signals) {

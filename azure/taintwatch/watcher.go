@@ -332,6 +332,8 @@ func signalText(signal string, signals *ngv1alpha1.Signals) string {
 		return "taint " + ngv1alpha1.DrainingTaintKey
 	case signalDeleting:
 		return "being deleted under finalizer " + ngv1alpha1.TerminationFinalizer
+	case signalDrained:
+		return "drain charged to its budgets (" + ngv1alpha1.DrainChargedAtAnnotation + ")"
 	}
 	for _, s := range signals.Taints() {
 		if s.Signal == signal {

@@ -9,11 +9,13 @@ import (
 	"fmt"
 	"os"
 
+	"k8s.io/utils/clock"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/healthz"
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
 
 	"github.com/nodeguard/nodeguard/azure"
+	"github.com/nodeguard/nodeguard/budget"
 	"github.com/nodeguard/nodeguard/internal/buildinfo"
 	"github.com/nodeguard/nodeguard/internal/clientca"
 	"github.com/nodeguard/nodeguard/internal/leader"
@@ -105,10 +107,16 @@ func run(opts options) error {
 	if err != nil {
 		return fmt.Errorf("configuring Azure admin state: %w", err)
 	}
-	if err := setupGuard(mgr, opts, adminState); err != nil {
+	// One claimer for every budget write: they join one group commit.
+	claimer := budget.NewClaimer(mgr, opts.signals.Table)
+	drainRule := &budget.Rule{Claimer: claimer, Budgets: mgr.GetClient(), Clock: clock.RealClock{}}
+	if adminState != nil { // never a typed nil in the interface
+		drainRule.Instances = adminState
+	}
+	if err := setupGuard(mgr, opts, adminState, drainRule); err != nil {
 		return err
 	}
-	if err := setupTermination(mgr, opts, adminState); err != nil {
+	if err := setupTermination(mgr, opts, adminState, drainRule); err != nil {
 		return err
 	}
 	if err := mgr.AddHealthzCheck("ping", healthz.Ping); err != nil {

@@ -36,6 +36,7 @@ type options struct {
 	unconfirmedClaimTimeout time.Duration
 	signalTaints            string
 	scaleDownHold           bool
+	outsideDrains           bool
 	webhookClientCA         string
 	signalAdminState        string
 	// signals are --signal-taints, --signal-admin-state and
@@ -89,6 +90,10 @@ func (o *options) bind(fs *flag.FlagSet) {
 		"Charge cluster-autoscaler's scale-downs to NodeDisruptionBudgets: keep the annotation "+ngv1alpha1.DelayDeletionAnnotation+" on every managed node, "+
 			"and remove it from a node tainted "+ngv1alpha1.ClusterAutoscalerTaintKey+" once every budget of the node admitted the scale-down and its traffic cut is confirmed. "+
 			"cluster-autoscaler waits for it up to its --node-deletion-delay-timeout (2m by default) before it deletes the VM. false removes the annotations nodeguard set.")
+	fs.BoolVar(&o.outsideDrains, "outside-drains", true,
+		"Count drains nodeguard did not start (kubectl drain, AKS upgrades, reboot daemons) against NodeDisruptionBudgets and cut their traffic first: "+
+			"the first eviction from a cordoned node charges the node's budgets (429 while they have no room) until the node is schedulable and Ready again. "+
+			"false admits every eviction and follows no such drain (the eviction webhook, if installed, then only answers 'allowed').")
 	o.azure = azure.NewOptions()
 	o.azure.BindFlags(fs)
 	o.taintWatch = taintwatch.NewOptions()

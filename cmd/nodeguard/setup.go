@@ -36,7 +36,9 @@ import (
 
 // setupTermination adds the Azure admin-state manager (nil when Azure is not
 // configured), the taint watcher and the termination controller.
-func setupTermination(mgr ctrl.Manager, opts options, adminState *azure.Manager) error {
+// drainRule charges the drains nodeguard follows (shared with the eviction
+// webhook).
+func setupTermination(mgr ctrl.Manager, opts options, adminState *azure.Manager, drainRule *budget.Rule) error {
 	opts.termination.Identity = identity()
 	r := &finalizer.Reconciler{
 		Client:   mgr.GetClient(),
@@ -45,6 +47,9 @@ func setupTermination(mgr ctrl.Manager, opts options, adminState *azure.Manager)
 		Recorder: mgr.GetEventRecorder("nodeguard-termination"),
 		Clock:    clock.RealClock{},
 		Opts:     opts.termination.Options,
+	}
+	if opts.outsideDrains {
+		r.Outside = &finalizer.OutsideDrains{Rule: drainRule, Managed: managedNodes(opts)}
 	}
 	if adminState == nil {
 		ctrl.Log.Info("Azure is not configured: load-balancer admin state is off; budgets and drains work as usual")
@@ -59,6 +64,12 @@ func setupTermination(mgr ctrl.Manager, opts options, adminState *azure.Manager)
 		return fmt.Errorf("setting up the taint watcher: %w", err)
 	}
 	return r.SetupWithManager(mgr)
+}
+
+// managedNodes is --node-selector (validated at start).
+func managedNodes(opts options) labels.Selector {
+	managed, _ := labels.Parse(opts.nodeSelector)
+	return managed
 }
 
 // identity names this replica: the pod name from the Downward API, else the host.
@@ -76,18 +87,21 @@ func identity() string {
 // scale-down-disabled annotation) and the NodeDisruptionBudget status
 // controller.
 // With Azure, the DELETE webhook asks ARM whether a NotReady node's VM is gone.
-func setupGuard(mgr ctrl.Manager, opts options, adminState *azure.Manager) error {
-	managed, _ := labels.Parse(opts.nodeSelector) // validated
-	// One claimer for the webhooks, the scale-down hold and the status
-	// controller: their budget status writes join one group commit instead of
-	// racing each other.
-	claimer := budget.NewClaimer(mgr, opts.signals.Table)
+// drainRule (its claimer shared by every budget write) decides evictions.
+func setupGuard(mgr ctrl.Manager, opts options, adminState *azure.Manager, drainRule *budget.Rule) error {
+	managed := managedNodes(opts)
+	claimer := drainRule.Claimer
 	if opts.webhookPort >= 0 {
-		wo := ngwebhook.Options{Managed: managed, DeleteTimeout: opts.deleteTimeout, Claimer: claimer, Signals: opts.signals.Table}
+		wo := ngwebhook.Options{Managed: managed, DeleteTimeout: opts.deleteTimeout, Claimer: claimer, Signals: opts.signals.Table,
+			DrainRule: drainRule, IgnoreOutsideDrains: !opts.outsideDrains}
 		if adminState != nil { // never a typed nil in the interface
 			wo.Instances = adminState
+			wo.Traffic = ngwebhook.TrafficGate{Enabled: true, Timeout: opts.termination.AdminStateTimeout,
+				Wait: opts.termination.TrafficCutFailure == finalizer.TrafficCutFailureWait}
 		}
-		ngwebhook.Register(mgr, wo)
+		if err := ngwebhook.Register(mgr, wo); err != nil {
+			return err
+		}
 	}
 	if err := ngwebhook.SetupBackfill(mgr, managed); err != nil {
 		return err

@@ -290,6 +290,8 @@ var bookkeepingAnnotations = []string{
 	// scale-down by --node-deletion-delay-timeout.
 	ngv1alpha1.DelayDeletionAnnotation,
 	ngv1alpha1.ScaleDownClaimedAnnotation,
+	ngv1alpha1.DrainChargedAtAnnotation,
+	ngv1alpha1.DrainedByAnnotation,
 }
 
 // cleanIdleNodes removes the finalizer, the draining taint and the

@@ -239,6 +239,7 @@ nodeguard:
   daemonSetPods: skip
   signalTaints: [node.kubernetes.io/out-of-service, "cloudprovider.azure.microsoft.com/draining=spot-eviction"]
   clusterAutoscalerScaleDownHold: false
+  outsideDrains: false
   extraArgs: [--max-concurrent-drains=5]
 azure:
   configHostPath: /etc/kubernetes/azure.json
@@ -270,7 +271,7 @@ fullnameOverride: guard
 	args := fmt.Sprint(dig(c, "args"))
 	for _, want := range []string{"--node-selector=kubernetes.azure.com/mode=user", "--drain-timeout=1h", "--daemonset-pods=skip",
 		"--signal-taints=node.kubernetes.io/out-of-service,cloudprovider.azure.microsoft.com/draining=spot-eviction", "--cluster-autoscaler-scale-down-hold=false",
-		"--max-concurrent-drains=5", "--azure-config=/etc/kubernetes/azure.json", "--azure-load-balancers=kubernetes,kubernetes-internal"} {
+		"--outside-drains=false", "--max-concurrent-drains=5", "--azure-config=/etc/kubernetes/azure.json", "--azure-load-balancers=kubernetes,kubernetes-internal"} {
 		if !strings.Contains(args, want) {
 			t.Errorf("args %s lack %s", args, want)
 		}
@@ -287,6 +288,9 @@ fullnameOverride: guard
 	v := objs["ValidatingWebhookConfiguration /guard-validating-webhook-configuration"]
 	if got := dig(v, "webhooks", 0, "failurePolicy"); got != "Ignore" {
 		t.Errorf("delete webhook failurePolicy %v, want Ignore", got)
+	}
+	if webhooks := fmt.Sprint(dig(v, "webhooks")); strings.Contains(webhooks, "eviction.nodeguard.io") {
+		t.Errorf("outsideDrains=false still renders the eviction webhook")
 	}
 	m := objs["MutatingWebhookConfiguration /guard-mutating-webhook-configuration"]
 	for what, wh := range map[string]any{"delete": dig(v, "webhooks", 0), "nodeclaim": dig(v, "webhooks", 1), "finalizer": dig(m, "webhooks", 0)} {

@@ -1,0 +1,391 @@
+package webhook
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	admissionv1 "k8s.io/api/admission/v1"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/client-go/tools/events"
+	"k8s.io/utils/clock"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	logf "sigs.k8s.io/controller-runtime/pkg/log"
+	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
+
+	"golang.org/x/sync/singleflight"
+
+	ngv1alpha1 "github.com/nodeguard/nodeguard/api/v1alpha1"
+	"github.com/nodeguard/nodeguard/budget"
+)
+
+// EvictionPath serves the validating webhook for pods/eviction.
+const EvictionPath = "/validate-pod-eviction"
+
+// EvictionWebhookName is the eviction webhook's name in its configuration.
+const EvictionWebhookName = "pod-eviction.nodeguard.io"
+
+// DefaultEvictionTimeout is the time budget of one eviction decision, below
+// the webhook's 5 s timeout so that nodeguard answers "retry" itself.
+const DefaultEvictionTimeout = 4 * time.Second
+
+// Every drainer (kubectl drain, an AKS upgrade, cluster-autoscaler, a reboot
+// daemon) evicts through pods/eviction, so the eviction is where nodeguard
+// sees drains it did not start. failurePolicy Ignore: while nodeguard is down,
+// evictions go on unguarded rather than every eviction in the cluster
+// failing; nodeguard picks such drains up when it is back (finalizer/follow.go).
+// +kubebuilder:webhook:path=/validate-pod-eviction,mutating=false,failurePolicy=ignore,sideEffects=NoneOnDryRun,groups="",resources=pods/eviction,verbs=create,versions=v1,name=pod-eviction.nodeguard.io,admissionReviewVersions=v1,timeoutSeconds=5
+// +kubebuilder:rbac:groups="",resources=pods,verbs=get;list;watch
+
+// EvictionHandler counts someone else's drain against the node's budgets.
+// An eviction from a schedulable node is admitted at once. The first
+// eviction from a cordoned node (or one whose DrainInProgress condition says
+// it drains) charges the node's NodeDisruptionBudgets by the one rule
+// (budget.Rule) and marks the node (ngv1alpha1.DrainChargedAtAnnotation),
+// which counts it unavailable and cuts its traffic until it is schedulable
+// and Ready again. No room: 429 naming the budget, which every drainer
+// retries. With Azure, evictions from a charged node wait (429) until its
+// traffic cut is confirmed or timed out.
+type EvictionHandler struct {
+	// Off admits every eviction (--outside-drains=false).
+	Off  bool
+	Pods *PodNodes
+	// Nodes reads nodes (the manager's cache).
+	Nodes client.Reader
+	// Client writes the drain mark.
+	Client   client.Client
+	Rule     *budget.Rule
+	Managed  labels.Selector
+	Signals  *ngv1alpha1.Signals
+	Traffic  TrafficGate
+	Recorder events.EventRecorder
+	Clock    clock.PassiveClock
+	Timeout  time.Duration
+
+	// first makes the concurrent evictions of one node (kubectl drain sends
+	// them all at once) share one charge; recent keeps the marks written
+	// until the node cache shows them (node UID to marked node).
+	first  singleflight.Group
+	recent sync.Map
+}
+
+// recentMarkLifetime bounds how long a written mark stands in for the cache.
+const recentMarkLifetime = 30 * time.Second
+
+// TrafficGate is how evictions from a charged node wait for its traffic cut.
+type TrafficGate struct {
+	// Enabled when Azure is configured: nodeguard cuts the node's traffic.
+	Enabled bool
+	// Timeout (--admin-state-timeout) bounds the wait from the charge.
+	Timeout time.Duration
+	// Wait (--traffic-cut-failure=wait) waits past Timeout until the cut is
+	// recorded.
+	Wait bool
+}
+
+// eviction is the part of a policy/v1 (or v1beta1) Eviction the decision reads.
+type eviction struct {
+	DeleteOptions *struct {
+		DryRun []string `json:"dryRun,omitempty"`
+	} `json:"deleteOptions,omitempty"`
+}
+
+// Reasons of eviction decisions (metric label values) beyond the rule's.
+const (
+	reasonSchedulable = "schedulable"
+	reasonNoNode      = "no_node"
+	reasonUnmanaged   = "unmanaged"
+	reasonDisrupted   = "disrupted"
+	reasonCharged     = "charged"
+	reasonTrafficCut  = "traffic_cut"
+	reasonOff         = "off"
+)
+
+// Handle implements admission.Handler.
+func (h *EvictionHandler) Handle(ctx context.Context, req admission.Request) admission.Response {
+	start := time.Now()
+	if req.Operation != admissionv1.Create || req.SubResource != "eviction" {
+		// Never block an eviction for a review nodeguard did not expect.
+		observeEviction(resultAllowed, reasonInvalidRequest, start)
+		return admission.Allowed(fmt.Sprintf("not an eviction (%s %s/%s); nothing to decide", req.Operation, req.Resource.Resource, req.SubResource))
+	}
+	if h.Off {
+		observeEviction(resultAllowed, reasonOff, start)
+		return admission.Allowed("nodeguard does not guard outside drains (--outside-drains=false)")
+	}
+	ctx, cancel := context.WithTimeout(ctx, h.Timeout)
+	defer cancel()
+	d, err := h.decide(ctx, req, evictionDryRun(req))
+	if err != nil {
+		observeEviction(resultError, reasonInternal, start)
+		logf.FromContext(ctx).Error(err, "Deciding an eviction", "pod", req.Namespace+"/"+req.Name)
+		return denied(http.StatusTooManyRequests, fmt.Sprintf("nodeguard could not decide the eviction of pod %s/%s (%v); retry", req.Namespace, req.Name, err))
+	}
+	if d.allowed {
+		observeEviction(resultAllowed, d.reason, start)
+		return admission.Allowed(d.message)
+	}
+	observeEviction(resultDenied, d.reason, start)
+	return denied(d.code, d.message)
+}
+
+// evictionDryRun reports a dry run, asked either of the request or in the
+// Eviction's deleteOptions (kubectl drain --dry-run=server).
+func evictionDryRun(req admission.Request) bool {
+	if req.DryRun != nil && *req.DryRun {
+		return true
+	}
+	var e eviction
+	if json.Unmarshal(req.Object.Raw, &e) != nil || e.DeleteOptions == nil {
+		return false
+	}
+	return slices.Contains(e.DeleteOptions.DryRun, metav1.DryRunAll)
+}
+
+// decide runs the steps in order; the first that decides wins.
+func (h *EvictionHandler) decide(ctx context.Context, req admission.Request, dryRun bool) (decision, error) {
+	allow := func(reason, format string, args ...any) (decision, error) {
+		return decision{allowed: true, reason: reason, message: fmt.Sprintf(format, args...)}, nil
+	}
+	nodeName, err := h.Pods.NodeOf(ctx, req.Namespace, req.Name)
+	if err != nil {
+		return decision{}, err
+	}
+	if nodeName == "" {
+		return allow(reasonNoNode, "pod %s/%s does not exist or runs on no node", req.Namespace, req.Name)
+	}
+	var node corev1.Node
+	if err := h.Nodes.Get(ctx, client.ObjectKey{Name: nodeName}, &node); err != nil {
+		if client.IgnoreNotFound(err) == nil {
+			return allow(reasonNoNode, "node %s of pod %s/%s does not exist", nodeName, req.Namespace, req.Name)
+		}
+		return decision{}, fmt.Errorf("reading node %s: %w", nodeName, err)
+	}
+	switch {
+	case !drains(&node):
+		return allow(reasonSchedulable, "node %s is schedulable", node.Name)
+	case !h.Managed.Matches(labels.Set(node.Labels)):
+		return allow(reasonUnmanaged, "node %s is not managed by nodeguard", node.Name)
+	}
+	if why := disruptedBy(&node, h.Signals); why != "" {
+		return allow(reasonDisrupted, "node %s is already being disrupted (%s): its evictions charge nothing more", node.Name, why)
+	}
+	pod := req.Namespace + "/" + req.Name
+	h.withRecentMark(&node)
+	if _, charged := ngv1alpha1.DrainCharged(&node); !charged {
+		d, marked, err := h.chargeFirst(ctx, &node, pod, req.UserInfo.Username, dryRun)
+		if err != nil || !d.allowed || marked == nil || dryRun {
+			return d, err
+		}
+		node = *marked
+	}
+	return h.awaitTrafficCut(&node, pod), nil
+}
+
+// withRecentMark puts the drain mark this replica wrote on a node the cache
+// shows without it yet.
+func (h *EvictionHandler) withRecentMark(node *corev1.Node) {
+	v, ok := h.recent.Load(node.UID)
+	if !ok {
+		return
+	}
+	marked := v.(*corev1.Node)
+	at, _ := ngv1alpha1.AnnotationTime(marked, ngv1alpha1.DrainChargedAtAnnotation)
+	if _, cached := ngv1alpha1.DrainCharged(node); cached || h.Clock.Since(at) > recentMarkLifetime {
+		h.recent.Delete(node.UID)
+		return
+	}
+	*node = *marked
+}
+
+// drains reports whether the node shows a drain: it is cordoned, or its
+// KEP-5683 DrainInProgress condition is True.
+func drains(node *corev1.Node) bool {
+	if node.Spec.Unschedulable {
+		return true
+	}
+	for _, c := range node.Status.Conditions {
+		if c.Type == corev1.NodeDrainInProgress {
+			return c.Status == corev1.ConditionTrue
+		}
+	}
+	return false
+}
+
+// disruptedBy names the disruption the node is already under, whose door
+// charged its budgets (or that no budget holds back): nodeguard terminates
+// it, its NodeClaim's or its scale-down's deletion was charged, or it carries
+// a signal taint (an out-of-service, shutdown or spot eviction cannot wait).
+// "" when none.
+func disruptedBy(node *corev1.Node, signals *ngv1alpha1.Signals) string {
+	switch {
+	case node.DeletionTimestamp != nil:
+		return "being deleted"
+	case ngv1alpha1.ScaleDownClaimed(node):
+		return "its scale-down by cluster-autoscaler was charged"
+	}
+	if _, charged := node.Annotations[ngv1alpha1.NodeClaimDeleteChargedAtAnnotation]; charged {
+		return "its NodeClaim's deletion was charged"
+	}
+	for _, t := range node.Spec.Taints {
+		if ngv1alpha1.IsDrainingTaint(t) {
+			return "drained by nodeguard"
+		}
+		if s, ok := signals.Of(t); ok && !signals.AwaitsDisruptionClaim(node, t) {
+			return "taint " + s.String()
+		}
+	}
+	return ""
+}
+
+// firstCharge is the outcome of charging a node's drain, shared by the
+// evictions that asked at once.
+type firstCharge struct {
+	d      decision
+	marked *corev1.Node
+}
+
+// chargeFirst charges the drain of the node to its budgets and marks it, once
+// for all the evictions that ask at the same time; it returns the marked node
+// (nil when the rule let the drain go without a mark: the node's instance is
+// gone). A dry run decides alone and writes nothing.
+func (h *EvictionHandler) chargeFirst(ctx context.Context, node *corev1.Node, pod, user string, dryRun bool) (decision, *corev1.Node, error) {
+	if dryRun {
+		d, err := h.charge(ctx, node, pod, user, true)
+		return d, nil, err
+	}
+	v, err, _ := h.first.Do(string(node.UID), func() (any, error) {
+		d, err := h.charge(ctx, node, pod, user, false)
+		if err != nil || !d.allowed || d.reason == reasonInstanceGone {
+			return firstCharge{d: d}, err
+		}
+		marked, err := h.mark(ctx, node, user, d.claimed)
+		return firstCharge{d: d, marked: marked}, err
+	})
+	fc, _ := v.(firstCharge)
+	return fc.d, fc.marked, err
+}
+
+// charge applies the rule to the drain. A maintenance Lease someone else holds
+// does not refuse it: a Lease holder that cordons and drains the node is the
+// drainer (the rule's Leases are not read here).
+func (h *EvictionHandler) charge(ctx context.Context, node *corev1.Node, pod, user string, dryRun bool) (decision, error) {
+	v, err := h.Rule.Decide(ctx, node, dryRun)
+	if err != nil {
+		return decision{}, err
+	}
+	d := decision{allowed: v.Allowed, code: v.Code, reason: v.Why, claimed: v.Charged, denier: v.Denier}
+	switch {
+	case !v.Allowed:
+		d.message = fmt.Sprintf("evicting pod %s from node %s (drain by %s): %s%s", pod, node.Name, user, v.Message, h.holders(ctx, v.Denier))
+	case v.Why == reasonInstanceGone:
+		d.message = v.Message
+	default:
+		d.reason = reasonCharged
+		d.message = fmt.Sprintf("the drain of node %s by %s is %s", node.Name, user, v.Message)
+	}
+	if !dryRun {
+		h.record(node, user, d)
+	}
+	return d, nil
+}
+
+// holders names the nodes the refusing budget counts out, for the refusal.
+func (h *EvictionHandler) holders(ctx context.Context, ndb *ngv1alpha1.NodeDisruptionBudget) string {
+	if ndb == nil {
+		return ""
+	}
+	sel, err := budget.Selector(ndb)
+	if err != nil {
+		return ""
+	}
+	var nodes corev1.NodeList
+	if err := h.Nodes.List(ctx, &nodes, client.MatchingLabelsSelector{Selector: sel}); err != nil {
+		return ""
+	}
+	var out []string
+	for i := range nodes.Items {
+		if unavailable, why := budget.Unavailable(&nodes.Items[i], h.Signals); unavailable {
+			out = append(out, fmt.Sprintf("%s (%s)", nodes.Items[i].Name, why))
+		}
+	}
+	for name := range ndb.Status.DisruptedNodes {
+		if !slices.ContainsFunc(out, func(s string) bool { return strings.HasPrefix(s, name+" ") }) {
+			out = append(out, name+" (charged)")
+		}
+	}
+	if len(out) == 0 {
+		return ""
+	}
+	slices.Sort(out)
+	return "; held by " + strings.Join(out, ", ")
+}
+
+// mark records on the node that its drain was charged, and by whom. A failed
+// write gives the charges back: the eviction is refused with "retry".
+func (h *EvictionHandler) mark(ctx context.Context, node *corev1.Node, user string, charged []budget.Charged) (*corev1.Node, error) {
+	marked := node.DeepCopy()
+	patch := client.MergeFrom(node)
+	if marked.Annotations == nil {
+		marked.Annotations = map[string]string{}
+	}
+	marked.Annotations[ngv1alpha1.DrainChargedAtAnnotation] = ngv1alpha1.FormatTime(h.Clock.Now())
+	marked.Annotations[ngv1alpha1.DrainedByAnnotation] = user
+	if err := h.Client.Patch(ctx, marked, patch); err != nil {
+		if gerr := h.Rule.Claimer.GiveBack(ctx, charged, node.Name); gerr != nil {
+			logf.FromContext(ctx).Error(gerr, "Giving back the charges of a drain whose mark failed", "node", node.Name)
+		}
+		return nil, fmt.Errorf("marking the drain of node %s charged: %w", node.Name, err)
+	}
+	h.recent.Store(node.UID, marked)
+	return marked, nil
+}
+
+// awaitTrafficCut refuses evictions from a charged node ("retry") until its
+// traffic cut is recorded (nodeguard.io/traffic-cut-at) or, unless the policy
+// is wait, --admin-state-timeout after the charge.
+func (h *EvictionHandler) awaitTrafficCut(node *corev1.Node, pod string) decision {
+	if !h.Traffic.Enabled {
+		return decision{allowed: true, reason: reasonCharged, message: fmt.Sprintf("the drain of node %s is charged to its budgets", node.Name)}
+	}
+	if _, cut := node.Annotations[ngv1alpha1.TrafficCutAtAnnotation]; cut {
+		return decision{allowed: true, reason: reasonCharged, message: fmt.Sprintf("the drain of node %s is charged and its traffic cut", node.Name)}
+	}
+	chargedAt, ok := ngv1alpha1.AnnotationTime(node, ngv1alpha1.DrainChargedAtAnnotation)
+	left := chargedAt.Add(h.Traffic.Timeout).Sub(h.Clock.Now())
+	if ok && left <= 0 && !h.Traffic.Wait {
+		return decision{allowed: true, reason: reasonCharged, message: fmt.Sprintf(
+			"the drain of node %s is charged; Azure did not confirm its traffic cut within --admin-state-timeout (%s)", node.Name, h.Traffic.Timeout)}
+	}
+	return decision{code: http.StatusTooManyRequests, reason: reasonTrafficCut, message: fmt.Sprintf(
+		"evicting pod %s: node %s's load-balancer traffic is being cut (AdminState Down) before its pods go; retry in a few seconds",
+		pod, node.Name)}
+}
+
+// record emits the events of a charge decision on the node and the budgets.
+func (h *EvictionHandler) record(node *corev1.Node, user string, d decision) {
+	if h.Recorder == nil {
+		return
+	}
+	switch {
+	case !d.allowed:
+		if d.denier != nil {
+			h.Recorder.Eventf(d.denier, node, corev1.EventTypeWarning, budget.ReasonDisruptionDenied, actionAdmitEviction, "%s", d.message)
+		}
+		h.Recorder.Eventf(node, nil, corev1.EventTypeWarning, ReasonDrainDenied, actionAdmitEviction, "%s", d.message)
+	case d.reason == reasonCharged:
+		for _, c := range d.claimed {
+			h.Recorder.Eventf(c.Budget, node, corev1.EventTypeNormal, budget.ReasonDisruptionClaimed, actionAdmitEviction,
+				"drain of node %s by %s counted against NodeDisruptionBudget %s", node.Name, user, c.Budget.Name)
+		}
+		h.Recorder.Eventf(node, nil, corev1.EventTypeNormal, ReasonDrainCharged, actionAdmitEviction,
+			"%s: the node counts unavailable and its traffic is cut until it is schedulable and Ready again", d.message)
+	}
+}

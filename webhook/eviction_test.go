@@ -1,0 +1,249 @@
+package webhook_test
+
+import (
+	"context"
+	"encoding/json"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	admissionv1 "k8s.io/api/admission/v1"
+	authenticationv1 "k8s.io/api/authentication/v1"
+	corev1 "k8s.io/api/core/v1"
+	policyv1 "k8s.io/api/policy/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/utils/clock"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
+
+	ngv1alpha1 "github.com/nodeguard/nodeguard/api/v1alpha1"
+	"github.com/nodeguard/nodeguard/budget"
+	"github.com/nodeguard/nodeguard/test/builder"
+	"github.com/nodeguard/nodeguard/test/harness"
+	ngwebhook "github.com/nodeguard/nodeguard/webhook"
+)
+
+// createPod creates a bare pod bound to node (no scheduler, no kubelet: it
+// stays as created, which is all an eviction's admission reads).
+func createPod(t *testing.T, name, node string) *corev1.Pod {
+	t.Helper()
+	pod := &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Namespace: metav1.NamespaceDefault, Name: name},
+		Spec:       corev1.PodSpec{NodeName: node, Containers: []corev1.Container{{Name: "c", Image: "registry.k8s.io/pause:3.10"}}},
+	}
+	if err := env.Client.Create(context.Background(), pod); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_ = env.Client.Delete(context.Background(), pod, client.GracePeriodSeconds(0))
+	})
+	return pod
+}
+
+// cordon marks the node unschedulable and, given a guard, waits until its
+// cache shows it: an eviction decided from a cache that has not seen the
+// cordon yet is an eviction from a schedulable node (the termination
+// controller charges such a drain once it sees the cordon, follow.go).
+func cordon(t *testing.T, name string, g *guard) {
+	t.Helper()
+	node := getNode(t, name)
+	patch := client.MergeFrom(node.DeepCopy())
+	node.Spec.Unschedulable = true
+	if err := env.Client.Patch(context.Background(), node, patch); err != nil {
+		t.Fatal(err)
+	}
+	if g == nil {
+		return
+	}
+	harness.Eventually(t, 10*time.Second, func(ctx context.Context) (bool, error) {
+		var cached corev1.Node
+		err := g.cache.Get(ctx, client.ObjectKey{Name: name}, &cached)
+		return err == nil && cached.Spec.Unschedulable, err
+	}, "the guard's cache shows node %s cordoned", name)
+}
+
+// evict asks the Eviction API to evict the pod, as kubectl drain does.
+func evict(pod *corev1.Pod, dryRun bool) error {
+	e := &policyv1.Eviction{ObjectMeta: metav1.ObjectMeta{Namespace: pod.Namespace, Name: pod.Name}}
+	if dryRun {
+		e.DeleteOptions = &metav1.DeleteOptions{DryRun: []string{metav1.DryRunAll}}
+	}
+	return env.Client.SubResource("eviction").Create(context.Background(), pod, e)
+}
+
+// drainCharged reads the node's drain mark.
+func drainCharged(t *testing.T, name string) (string, bool) {
+	t.Helper()
+	return ngv1alpha1.DrainCharged(getNode(t, name))
+}
+
+// TestDrainsInOneBudgetTakeTurns: two drains (cordon, then evict) of nodes
+// under a budget of one disruption. The first eviction from the first node
+// charges the budget and marks the node; a dry run and an eviction from a
+// schedulable node charge nothing; the second node's eviction is refused with
+// 429 naming the budget and the node that holds it, until that node is back.
+func TestDrainsInOneBudgetTakeTurns(t *testing.T) {
+	harness.SkipWithoutEnv(t, env)
+	g := startGuard(t, false)
+	useGuards(t, g)
+	createReadyNodes(t, "drains", 3)
+	createBudget(t, "drains", 1, builder.NDBMaxUnavailable("1"))
+	first, second, elsewhere := createPod(t, "drains-a", "drains-0"), createPod(t, "drains-b", "drains-1"), createPod(t, "drains-c", "drains-2")
+
+	if err := evict(elsewhere, true); err != nil {
+		t.Fatalf("dry-run eviction from a schedulable node: %v", err)
+	}
+	cordon(t, "drains-0", g)
+	if err := evict(first, true); err != nil {
+		t.Fatalf("dry-run eviction from a cordoned node within the budget: %v", err)
+	}
+	if ndb := getBudget(t, "drains"); len(ndb.Status.DisruptedNodes) != 0 {
+		t.Fatalf("a dry run charged the budget: %v", ndb.Status.DisruptedNodes)
+	}
+	if _, charged := drainCharged(t, "drains-0"); charged {
+		t.Fatal("a dry run marked the node")
+	}
+
+	if err := evict(first, false); err != nil {
+		t.Fatalf("first eviction of the first drain: %v", err)
+	}
+	by, charged := drainCharged(t, "drains-0")
+	if !charged || by == "" {
+		t.Fatalf("the drained node is not marked charged (by %q)", by)
+	}
+	harness.Eventually(t, 30*time.Second, func(ctx context.Context) (bool, error) {
+		return getBudget(t, "drains").Status.DisruptionsAllowed == 0, nil
+	}, "the budget counts the drained node out")
+
+	cordon(t, "drains-1", g)
+	err := evict(second, false)
+	if !apierrors.IsTooManyRequests(err) || !strings.Contains(err.Error(), `NodeDisruptionBudget "drains" allows no more disruptions now`) ||
+		!strings.Contains(err.Error(), "drains-0 (drained by "+by+")") {
+		t.Fatalf("second drain's eviction: want 429 naming the budget and drains-0, got %v", err)
+	}
+	if _, charged := drainCharged(t, "drains-1"); charged {
+		t.Fatal("the refused drain marked its node")
+	}
+	if err := evict(elsewhere, false); err != nil {
+		t.Fatalf("an eviction from a schedulable node is refused while the budget is spent: %v", err)
+	}
+	harness.WaitForEvent(t, env.Client, "drains-0", ngwebhook.ReasonDrainCharged)
+	harness.WaitForEvent(t, env.Client, "drains-1", ngwebhook.ReasonDrainDenied)
+	harness.WaitForEvent(t, env.Client, "drains", budget.ReasonDisruptionDenied)
+
+	// The first node back (what the termination controller does once it is
+	// schedulable and Ready): the second drain gets its turn.
+	node := getNode(t, "drains-0")
+	patch := client.MergeFrom(node.DeepCopy())
+	node.Spec.Unschedulable = false
+	delete(node.Annotations, ngv1alpha1.DrainChargedAtAnnotation)
+	delete(node.Annotations, ngv1alpha1.DrainedByAnnotation)
+	if err := env.Client.Patch(context.Background(), node, patch); err != nil {
+		t.Fatal(err)
+	}
+	if err := newReplica().Release(context.Background(), "drains", "drains-0"); err != nil {
+		t.Fatal(err)
+	}
+	harness.Eventually(t, 30*time.Second, func(ctx context.Context) (bool, error) {
+		return evict(second, false) == nil, nil
+	}, "the second drain's eviction is admitted once the first node is back")
+	if _, charged := drainCharged(t, "drains-1"); !charged {
+		t.Fatal("the second drain did not mark its node")
+	}
+}
+
+// evictionHandler is an eviction handler on the test's API server, called directly.
+func evictionHandler(t *testing.T, gate ngwebhook.TrafficGate) *ngwebhook.EvictionHandler {
+	t.Helper()
+	cs := kubernetes.NewForConfigOrDie(env.Config)
+	claimer := newReplica()
+	return &ngwebhook.EvictionHandler{
+		Pods: ngwebhook.NewPodNodes(cs, env.Client), Nodes: env.Client, Client: env.Client,
+		Rule:    &budget.Rule{Claimer: claimer, Budgets: env.Client, Clock: clock.RealClock{}},
+		Managed: labels.Everything(), Traffic: gate, Clock: clock.RealClock{}, Timeout: ngwebhook.DefaultEvictionTimeout,
+	}
+}
+
+func evictionReview(namespace, name string, deleteOptions *metav1.DeleteOptions) admission.Request {
+	e := policyv1.Eviction{TypeMeta: metav1.TypeMeta{APIVersion: "policy/v1", Kind: "Eviction"},
+		ObjectMeta: metav1.ObjectMeta{Namespace: namespace, Name: name}, DeleteOptions: deleteOptions}
+	raw, _ := json.Marshal(e)
+	return admission.Request{AdmissionRequest: admissionv1.AdmissionRequest{
+		Operation: admissionv1.Create, Namespace: namespace, Name: name, SubResource: "eviction",
+		Resource: metav1.GroupVersionResource{Version: "v1", Resource: "pods"},
+		Object:   runtime.RawExtension{Raw: raw}, UserInfo: authenticationv1.UserInfo{Username: "upgrader"},
+	}}
+}
+
+// TestEvictionBadInputChargesNothing: an eviction of a pod that does not
+// exist, of a pod on no node, or one nodeguard did not expect is admitted
+// with no claim and no mark.
+func TestEvictionBadInputChargesNothing(t *testing.T) {
+	harness.SkipWithoutEnv(t, env)
+	useGuards(t, startGuard(t, false))
+	createReadyNodes(t, "badevict", 2)
+	createBudget(t, "badevict", 1, builder.NDBMaxUnavailable("1"))
+	createPod(t, "badevict-unbound", "")
+	cordon(t, "badevict-0", nil)
+	h := evictionHandler(t, ngwebhook.TrafficGate{})
+	ctx := context.Background()
+
+	for _, tc := range []struct {
+		name string
+		req  admission.Request
+	}{
+		{"no such pod", evictionReview("default", "badevict-nosuch", nil)},
+		{"pod on no node", evictionReview("default", "badevict-unbound", nil)},
+		{"not an eviction", func() admission.Request {
+			r := evictionReview("default", "badevict-unbound", nil)
+			r.SubResource = "status"
+			return r
+		}()},
+	} {
+		if resp := h.Handle(ctx, tc.req); !resp.Allowed {
+			t.Errorf("%s: refused: %+v", tc.name, resp.Result)
+		}
+	}
+	if ndb := getBudget(t, "badevict"); len(ndb.Status.DisruptedNodes) != 0 {
+		t.Errorf("bad input charged the budget: %v", ndb.Status.DisruptedNodes)
+	}
+}
+
+// TestEvictionWaitsForTheTrafficCut: with Azure, evictions from a charged node
+// are refused with 429 until its traffic cut is recorded, then admitted; a
+// dry run is never held.
+func TestEvictionWaitsForTheTrafficCut(t *testing.T) {
+	harness.SkipWithoutEnv(t, env)
+	useGuards(t, startGuard(t, false))
+	createReadyNodes(t, "cutevict", 2)
+	createBudget(t, "cutevict", 1, builder.NDBMaxUnavailable("1"))
+	createPod(t, "cutevict-a", "cutevict-0")
+	cordon(t, "cutevict-0", nil)
+	h := evictionHandler(t, ngwebhook.TrafficGate{Enabled: true, Timeout: time.Hour})
+	ctx := context.Background()
+
+	if resp := h.Handle(ctx, evictionReview("default", "cutevict-a", &metav1.DeleteOptions{DryRun: []string{metav1.DryRunAll}})); !resp.Allowed {
+		t.Fatalf("dry run held: %+v", resp.Result)
+	}
+	resp := h.Handle(ctx, evictionReview("default", "cutevict-a", nil))
+	if resp.Allowed || resp.Result.Code != http.StatusTooManyRequests || !strings.Contains(resp.Result.Message, "traffic is being cut") {
+		t.Fatalf("first eviction: want 429 while the traffic is cut, got allowed=%v %+v", resp.Allowed, resp.Result)
+	}
+	node := getNode(t, "cutevict-0")
+	if by, charged := ngv1alpha1.DrainCharged(node); !charged || by != "upgrader" {
+		t.Fatalf("the node is not marked charged by the requester: %v", node.Annotations)
+	}
+	patch := client.MergeFrom(node.DeepCopy())
+	node.Annotations[ngv1alpha1.TrafficCutAtAnnotation] = ngv1alpha1.FormatTime(time.Now())
+	if err := env.Client.Patch(ctx, node, patch); err != nil {
+		t.Fatal(err)
+	}
+	harness.Eventually(t, 10*time.Second, func(ctx context.Context) (bool, error) {
+		return h.Handle(ctx, evictionReview("default", "cutevict-a", nil)).Allowed, nil
+	}, "evictions are admitted once the cut is recorded")
+}
