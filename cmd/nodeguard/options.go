@@ -31,6 +31,7 @@ type options struct {
 	webhookCertDir          string
 	gracefulShutdown        time.Duration
 	nodeSelector            string
+	managed                 labels.Selector // --node-selector, parsed
 	deleteTimeout           time.Duration
 	claimTimeout            time.Duration
 	unconfirmedClaimTimeout time.Duration
@@ -120,7 +121,7 @@ func (o *options) validate() error {
 	}
 	o.signals = azure.Signals{Table: ngv1alpha1.NewSignals(table, o.scaleDownHold), Mode: mode}
 	o.taintWatch.Signals = o.signals
-	if _, err := labels.Parse(o.nodeSelector); err != nil {
+	if o.managed, err = labels.Parse(o.nodeSelector); err != nil {
 		return fmt.Errorf("--node-selector %q: %w", o.nodeSelector, err)
 	}
 	if o.deleteTimeout <= 0 || o.deleteTimeout >= maxWebhookTimeout {

@@ -9,7 +9,6 @@ import (
 
 	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
-	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
 	utilruntime "k8s.io/apimachinery/pkg/util/runtime"
@@ -49,7 +48,7 @@ func setupTermination(mgr ctrl.Manager, opts options, adminState *azure.Manager,
 		Opts:     opts.termination.Options,
 	}
 	if opts.outsideDrains {
-		r.Outside = &finalizer.OutsideDrains{Rule: drainRule, Managed: managedNodes(opts)}
+		r.Outside = &finalizer.OutsideDrains{Rule: drainRule, Managed: opts.managed}
 	}
 	if adminState == nil {
 		ctrl.Log.Info("Azure is not configured: load-balancer admin state is off; budgets and drains work as usual")
@@ -64,12 +63,6 @@ func setupTermination(mgr ctrl.Manager, opts options, adminState *azure.Manager,
 		return fmt.Errorf("setting up the taint watcher: %w", err)
 	}
 	return r.SetupWithManager(mgr)
-}
-
-// managedNodes is --node-selector (validated at start).
-func managedNodes(opts options) labels.Selector {
-	managed, _ := labels.Parse(opts.nodeSelector)
-	return managed
 }
 
 // identity names this replica: the pod name from the Downward API, else the host.
@@ -89,8 +82,7 @@ func identity() string {
 // With Azure, the DELETE webhook asks ARM whether a NotReady node's VM is gone.
 // drainRule (its claimer shared by every budget write) decides evictions.
 func setupGuard(mgr ctrl.Manager, opts options, adminState *azure.Manager, drainRule *budget.Rule) error {
-	managed := managedNodes(opts)
-	claimer := drainRule.Claimer
+	managed, claimer := opts.managed, drainRule.Claimer
 	if opts.webhookPort >= 0 {
 		wo := ngwebhook.Options{Managed: managed, DeleteTimeout: opts.deleteTimeout, Claimer: claimer, Signals: opts.signals.Table,
 			DrainRule: drainRule, IgnoreOutsideDrains: !opts.outsideDrains}
