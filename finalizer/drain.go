@@ -138,6 +138,11 @@ func (r *Reconciler) stopDraining(ctx context.Context, node *corev1.Node) {
 // set, from a list by field selector (there is no cluster-wide pod cache).
 // fromWatch says which.
 func (r *Reconciler) plan(ctx context.Context, node *corev1.Node, pastDeadline, fresh bool) (plan *drain.Plan, fromWatch bool, err error) {
+	return r.planWith(ctx, node, pastDeadline, fresh, r.Opts.DaemonSets)
+}
+
+// planWith is plan with the DaemonSet policy given.
+func (r *Reconciler) planWith(ctx context.Context, node *corev1.Node, pastDeadline, fresh bool, daemonSets drain.DaemonSetPolicy) (plan *drain.Plan, fromWatch bool, err error) {
 	pods, fromWatch := r.pods.cached(node.Name)
 	if fresh || !fromWatch {
 		var list corev1.PodList
@@ -151,7 +156,7 @@ func (r *Reconciler) plan(ctx context.Context, node *corev1.Node, pastDeadline, 
 		return nil, false, fmt.Errorf("listing PodDisruptionBudgets: %w", err)
 	}
 	plan, err = drain.NewPlan(pods, pdbs.Items, drain.PlanOptions{
-		DaemonSets:         r.Opts.DaemonSets,
+		DaemonSets:         daemonSets,
 		Now:                r.Clock.Now(),
 		NodeDeleted:        deletedAt(node),
 		EvictedControllers: r.Evictor.EvictedControllers(node.Name),

@@ -13,6 +13,7 @@ import (
 
 	ngv1alpha1 "github.com/nodeguard/nodeguard/api/v1alpha1"
 	"github.com/nodeguard/nodeguard/budget"
+	"github.com/nodeguard/nodeguard/finalizer/drain"
 )
 
 // Drains nodeguard did not start (kubectl drain, an AKS upgrade, a reboot
@@ -26,7 +27,7 @@ import (
 //     so that the drainer's next retry succeeds (replaceBlocked);
 //   - KEP-5683's DrainInProgress and Drained conditions;
 //   - the end: once the node is schedulable and Ready again (kubectl uncordon,
-//     an upgrade's reimage), the disruption is given back to the budgets and
+//     an upgrade's reimage and uncordon), the disruption is given back to the budgets and
 //     the marks removed, which restores None on its load-balancer entries.
 //
 // A drain that began while nodeguard was down (its eviction webhook fails
@@ -90,7 +91,7 @@ func (r *Reconciler) follow(ctx context.Context, node *corev1.Node) (reconcile.R
 	if !charged {
 		return r.pickUp(ctx, node)
 	}
-	if !drainShown(node) && nodeReady(node) {
+	if !node.Spec.Unschedulable && nodeReady(node) {
 		return r.endDrain(ctx, node, by)
 	}
 	r.phases.set(node.UID, node.Name, phaseFollow)
@@ -111,9 +112,10 @@ func (r *Reconciler) follow(ctx context.Context, node *corev1.Node) (reconcile.R
 // pods; the node's pod watch wakes it as they go.
 func (r *Reconciler) followDrain(ctx context.Context, node *corev1.Node, by string) (reconcile.Result, error) {
 	r.pods.watch(node.Name)
-	plan, fromWatch, err := r.plan(ctx, node, false, false)
+	// DaemonSet pods stay: drainers leave them (kubectl drain --ignore-daemonsets).
+	plan, fromWatch, err := r.planWith(ctx, node, false, false, drain.DaemonSetsSkip)
 	if err == nil && fromWatch && plan.Remaining() == 0 {
-		plan, _, err = r.plan(ctx, node, false, true) // the watch may lag
+		plan, _, err = r.planWith(ctx, node, false, true, drain.DaemonSetsSkip) // the watch may lag
 	}
 	if err != nil {
 		return reconcile.Result{}, err

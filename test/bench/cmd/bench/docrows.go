@@ -173,6 +173,7 @@ func admissionRows(r *admitResult) []docRow {
 	up50, _ := ratio("UPDATE")
 	del50, del99 := ratio("DELETE")
 	one50, one99 := ratio("DELETE, 1 client")
+	ev50, ev99 := ratio(opEviction)
 	return []docRow{{
 		key:        "admission-create-update",
 		what:       "Node CREATE / UPDATE admission",
@@ -185,6 +186,12 @@ func admissionRows(r *admitResult) []docRow {
 		comparator: "same",
 		result: fmt.Sprintf("with %d concurrent deletes under one budget: %.2f× p50, %.2f× p99 (%s / %s ms against %s / %s ms); one delete at a time: %.2f× p50, %.2f× p99",
 			r.Clients, del50, del99, millis(ng["DELETE"].P50), millis(ng["DELETE"].P99), millis(noop["DELETE"].P50), millis(noop["DELETE"].P99), one50, one99),
+	}, {
+		key:        "admission-eviction",
+		what:       "Eviction admission, schedulable node",
+		comparator: "same",
+		result: fmt.Sprintf("%.2f× p50, %.2f× p99 (%s / %s ms against %s / %s ms, %d clients)", ev50, ev99,
+			millis(ng[opEviction].P50), millis(ng[opEviction].P99), millis(noop[opEviction].P50), millis(noop[opEviction].P99), r.Clients),
 	}}
 }
 
