@@ -126,15 +126,19 @@ func (r *Reconciler) followDrain(ctx context.Context, node *corev1.Node, by stri
 			r.event(node, corev1.EventTypeNormal, ReasonOutsideDrained, "every evictable pod is gone (drain by %s)", by)
 		}
 		r.markDrained(node)
-		return reconcile.Result{RequeueAfter: r.podsGoneWait()}, nil
-	}
-	if c := nodeCondition(node, corev1.NodeDrainInProgress); c == nil || c.Status != corev1.ConditionTrue {
-		r.stageCondition(node, corev1.NodeCondition{Type: corev1.NodeDrainInProgress, Status: corev1.ConditionTrue,
-			Reason: LifecycleReasonAdminRequested, Message: "drained by " + by + "; nodeguard counts it against the node's budgets"})
+		return reconcile.Result{}, nil // its pods' and its own changes wake it
 	}
 	settling, err := r.replaceBlocked(ctx, node, plan, false)
 	if err != nil {
 		return reconcile.Result{}, err
+	}
+	message := "drained by " + by + "; nodeguard counts it against the node's budgets"
+	if notes := groupNotes(plan); notes != "" {
+		message += "; " + notes
+	}
+	if c := nodeCondition(node, corev1.NodeDrainInProgress); c == nil || c.Status != corev1.ConditionTrue || c.Message != message {
+		r.stageCondition(node, corev1.NodeCondition{Type: corev1.NodeDrainInProgress, Status: corev1.ConditionTrue,
+			Reason: LifecycleReasonAdminRequested, Message: message})
 	}
 	next := r.podsGoneWait()
 	if settling > 0 && settling < next {

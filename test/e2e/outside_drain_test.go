@@ -151,6 +151,60 @@ func TestKubectlDrainsAreCutAndTakeTurns(t *testing.T) {
 	waitForBudgetAllowed(t, top.ns, 1)
 }
 
+// TestDrainWhileNodeguardIsDownIsPickedUp: with nodeguard stopped, a kubectl
+// drain's evictions still go through (the eviction webhook fails open). Once
+// nodeguard is back, the node still cordoned and draining is charged to its
+// budget and its entries set Down within one resync, and kubectl uncordon
+// gives it back.
+func TestDrainWhileNodeguardIsDownIsPickedUp(t *testing.T) {
+	harness.SkipWithoutEnv(t, env)
+	top := newTopology(t, "downdrain", false)
+	harness.MustCreate(t, env.Client, builder.NDB(top.ns, builder.NDBSelecting("pool", top.ns), builder.NDBMaxUnavailable("1")))
+	proxy := startAPIProxy(t)
+	targetPods := podNamesOn(t, top.ns, top.target)
+	ng := startNodeguard(t, env.Kubeconfig, top.emulator)
+	waitForBudgetAllowed(t, top.ns, 1)
+	if err := ng.Stop(10 * time.Second); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _, _ = harness.Kubectl(env.Kubeconfig, "", "uncordon", top.target) })
+
+	drained := make(chan error, 1)
+	var drainOut string
+	go func() {
+		out, err := kubectlDrain(proxy.Kubeconfig, top.target, 4*time.Minute)
+		drainOut = out
+		drained <- err
+	}()
+	harness.Eventually(t, time.Minute, func(context.Context) (bool, error) {
+		return firstEvictedOf(proxy.Evictions(top.ns), targetPods) != nil, nil
+	}, "an eviction of the drain went through while nodeguard was down")
+
+	restarted := time.Now()
+	startNodeguard(t, env.Kubeconfig, top.emulator)
+	harness.Eventually(t, time.Minute, func(ctx context.Context) (bool, error) {
+		var node corev1.Node
+		if err := env.Client.Get(ctx, client.ObjectKey{Name: top.target}, &node); err != nil {
+			return false, err
+		}
+		_, charged := ngv1alpha1.DrainCharged(&node)
+		states := top.targetStates()
+		return charged && len(states) > 0 && !slices.ContainsFunc(states, func(s string) bool { return !strings.HasSuffix(s, "=Down") }), nil
+	}, "the drain under way on %s is charged and its entries Down after nodeguard restarted", top.target)
+	t.Logf("charged and Down %s after nodeguard restarted", time.Since(restarted).Round(time.Millisecond))
+	waitForBudgetAllowed(t, top.ns, 0)
+
+	if err := <-drained; err != nil {
+		t.Fatalf("kubectl drain %s: %v\n%s", top.target, err, drainOut)
+	}
+	harness.MustKubectl(t, env.Kubeconfig, "", "uncordon", top.target)
+	waitForBudgetAllowed(t, top.ns, 1)
+	harness.Eventually(t, 20*time.Second, func(context.Context) (bool, error) {
+		states := top.targetStates()
+		return !slices.ContainsFunc(states, func(s string) bool { return !strings.HasSuffix(s, "=None") }), nil
+	}, "every entry of %s is None again after kubectl uncordon", top.target)
+}
+
 // podNamesOn lists the names of the pods on the node.
 func podNamesOn(t *testing.T, ns, node string) map[string]bool {
 	t.Helper()
@@ -218,4 +272,56 @@ func waitForBudgetAllowed(t *testing.T, name string, n int32) {
 		err := env.Client.Get(ctx, client.ObjectKey{Name: name}, &ndb)
 		return err == nil && ndb.Status.ObservedGeneration == ndb.Generation && ndb.Status.DisruptionsAllowed == n, err
 	}, "NodeDisruptionBudget %s allows %d disruption(s)", name, n)
+}
+
+// TestKubectlDrainOfABlockedPDBIsReplacedFirst: kubectl drain of a node
+// carrying the only replica of a Deployment under minAvailable: 1, which no
+// eviction can ever pass. With --blocked-pdb-policy=replace nodeguard restarts
+// the Deployment (a surge pod elsewhere), so kubectl's next retry succeeds and
+// the drain completes, never with fewer than 1 Ready pod; with wait, the drain
+// is held and the node's DrainInProgress condition says why.
+func TestKubectlDrainOfABlockedPDBIsReplacedFirst(t *testing.T) {
+	harness.SkipWithoutEnv(t, env)
+	for _, policy := range []string{"replace", "wait"} {
+		t.Run(policy, func(t *testing.T) {
+			c := newReplaceCluster(t, "kreplace"+policy, 1, func(ns string) {
+				harness.MustCreate(t, env.Client, builder.Deployment(ns, "web", 1, builder.OnNodes("pool", ns)))
+				harness.MustCreate(t, env.Client, builder.PDB(ns, "web", builder.MinAvailable("1")))
+			}, "--blocked-pdb-policy="+policy)
+			target := c.targets[0]
+			c.waitReadyOnTargets(t, "web", 1)
+			ready := watchReady(t, c.ns, "web")
+			t.Cleanup(func() { _, _ = harness.Kubectl(env.Kubeconfig, "", "uncordon", target) })
+
+			if policy == "wait" {
+				out, err := kubectlDrain(env.Kubeconfig, target, 30*time.Second)
+				if err == nil {
+					t.Fatalf("kubectl drain of a PDB blocked by design succeeded under policy wait:\n%s", out)
+				}
+				harness.Eventually(t, 30*time.Second, func(ctx context.Context) (bool, error) {
+					var node corev1.Node
+					err := env.Client.Get(ctx, client.ObjectKey{Name: target}, &node)
+					for _, cond := range node.Status.Conditions {
+						if cond.Type == corev1.NodeDrainInProgress && containsAll(cond.Message, "PDB "+c.ns+"/web", "blocked-pdb-policy wait") {
+							return true, err
+						}
+					}
+					return false, err
+				}, "DrainInProgress on %s says the drain waits on the blocked PDB", target)
+				if _, ok := deploymentOf(t, c.ns, "web").Spec.Template.Annotations[ngv1alpha1.RestartedAtAnnotation]; ok {
+					t.Error("policy wait restarted the Deployment")
+				}
+				return
+			}
+			if out, err := kubectlDrain(env.Kubeconfig, target, 3*time.Minute); err != nil {
+				t.Fatalf("kubectl drain %s: %v\n%s", target, err, out)
+			}
+			fewest := ready.require(t, 1)
+			if _, ok := deploymentOf(t, c.ns, "web").Spec.Template.Annotations[ngv1alpha1.RestartedAtAnnotation]; !ok {
+				t.Error("the Deployment was not restarted for the drain")
+			}
+			waitForEventNote(t, "web", "RestartedForDrain", target)
+			t.Logf("drained; fewest Ready web pods at any moment: %d", fewest)
+		})
+	}
 }
