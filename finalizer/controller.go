@@ -28,6 +28,7 @@ import (
 	ngv1alpha1 "github.com/nodeguard/nodeguard/api/v1alpha1"
 	"github.com/nodeguard/nodeguard/azure"
 	"github.com/nodeguard/nodeguard/finalizer/drain"
+	"github.com/nodeguard/nodeguard/internal/karpenter"
 	"github.com/nodeguard/nodeguard/internal/requeue"
 )
 
@@ -128,7 +129,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reco
 		{phaseVolumes, r.waitForVolumes},
 		{phaseRelease, r.release},
 	}
-	if karpenterOwned(node) {
+	if karpenter.Finalized(node) {
 		phases = []phase{
 			{phaseTraffic, r.cutTraffic},
 			{phaseRelease, r.releaseToKarpenter},

@@ -2,7 +2,6 @@ package finalizer
 
 import (
 	"context"
-	"slices"
 
 	corev1 "k8s.io/api/core/v1"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
@@ -10,16 +9,12 @@ import (
 	ngv1alpha1 "github.com/nodeguard/nodeguard/api/v1alpha1"
 )
 
-// karpenterOwned reports whether Karpenter (or AKS node auto-provisioning)
-// terminates the node: its karpenter.sh/termination finalizer drains the node
-// and deletes the instance. nodeguard then only cuts the traffic: a second
-// drain would evict the same pods twice, and Karpenter ignores other
-// finalizers' progress anyway.
-func karpenterOwned(node *corev1.Node) bool {
-	return slices.Contains(node.Finalizers, ngv1alpha1.KarpenterTerminationFinalizer)
-}
-
-// releaseToKarpenter removes nodeguard's finalizer once the traffic cut is
+// releaseToKarpenter is the last phase of a node Karpenter (or AKS node
+// auto-provisioning) terminates (karpenter.Finalized): its
+// karpenter.sh/termination finalizer drains the node and deletes the
+// instance, so nodeguard only cuts the traffic: a second drain would evict
+// the same pods twice, and Karpenter ignores other finalizers' progress
+// anyway. It removes nodeguard's finalizer once the traffic cut is
 // confirmed or timed out (cutTraffic), leaving the drain to Karpenter.
 func (r *Reconciler) releaseToKarpenter(ctx context.Context, node *corev1.Node) (reconcile.Result, error) {
 	r.event(node, corev1.EventTypeNormal, ReasonReleasedToKarpenter,

@@ -19,6 +19,7 @@ import (
 
 	ngv1alpha1 "github.com/nodeguard/nodeguard/api/v1alpha1"
 	"github.com/nodeguard/nodeguard/budget"
+	"github.com/nodeguard/nodeguard/internal/karpenter"
 )
 
 // DeletePath serves the validating webhook for Node DELETE.
@@ -115,7 +116,7 @@ func (h *DeleteHandler) decide(ctx context.Context, node *corev1.Node, dryRun bo
 	if !h.Managed.Matches(labels.Set(node.Labels)) {
 		return decision{allowed: true, message: "node is not managed by nodeguard"}, nil
 	}
-	how, err := karpenterTerminates(ctx, h.Reader, h.Managed, node)
+	how, err := karpenter.Terminates(ctx, h.Reader, h.Managed, node)
 	if err != nil {
 		return decision{}, err
 	}

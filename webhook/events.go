@@ -23,11 +23,6 @@ const (
 	// drain (429); the drainer retries.
 	ReasonDrainDenied = "DrainDenied"
 
-	// ReasonKarpenterDisruptionAbandoned (Node, Warning): nodeguard had denied
-	// the node's NodeClaim delete for 30 s while Karpenter kept it tainted
-	// karpenter.sh/disrupted; nodeguard removed the taint.
-	ReasonKarpenterDisruptionAbandoned = "KarpenterDisruptionAbandoned"
-
 	// ReasonWebhookScopeMismatch (webhook configuration, Warning): a webhook's
 	// objectSelector does not select the nodes of --node-selector.
 	ReasonWebhookScopeMismatch = "WebhookScopeMismatch"
@@ -36,6 +31,4 @@ const (
 	// actionAdmitEviction: deciding an eviction of someone else's drain.
 	actionAdmitEviction = "AdmitEviction"
 	actionCheckScope    = "CheckWebhookScope"
-	// actionReleaseKarpenter: removing a disrupted taint Karpenter left.
-	actionReleaseKarpenter = "ReleaseKarpenterDisruption"
 )

@@ -18,7 +18,9 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/metrics"
 	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
 
+	ngv1alpha1 "github.com/nodeguard/nodeguard/api/v1alpha1"
 	"github.com/nodeguard/nodeguard/budget"
+	"github.com/nodeguard/nodeguard/internal/karpenter"
 )
 
 // NodeClaimDeletePath serves the validating webhook for Karpenter's NodeClaim
@@ -30,7 +32,7 @@ const NodeClaimWebhookName = "nodeclaim.nodeguard.io"
 
 // Karpenter (and AKS node auto-provisioning) disrupts a node by deleting its
 // NodeClaim; the Node's deletion follows from the NodeClaim's finalizer and is
-// admitted while that NodeClaim is deleting (karpenterTerminates). The
+// admitted while that NodeClaim is deleting (karpenter.Terminates). The
 // NodeClaim DELETE is therefore where the budgets apply. The webhook is called
 // only for NodeClaims that have a node and are not deleting yet (a NodeClaim
 // that never registered is Karpenter's to clean up, nodeguard or not), and,
@@ -39,7 +41,7 @@ const NodeClaimWebhookName = "nodeclaim.nodeguard.io"
 // Node). Installed where the NodeClaim CRD does not exist, the configuration
 // matches nothing and costs nothing; the handler reads the NodeClaim only
 // from the review (the Node DELETE webhook reads a Karpenter node's NodeClaim
-// from the API server, karpenterTerminates).
+// from the API server, karpenter.Terminates).
 // +kubebuilder:webhook:path=/validate-nodeclaim-delete,mutating=false,failurePolicy=fail,sideEffects=NoneOnDryRun,groups=karpenter.sh,resources=nodeclaims,verbs=delete,versions=v1,name=nodeclaim.nodeguard.io,admissionReviewVersions=v1,timeoutSeconds=5,patch=`{"matchConditions":[{"name":"not-deleting","expression":"!has(oldObject.metadata.deletionTimestamp)"},{"name":"has-node","expression":"has(oldObject.status) && has(oldObject.status.nodeName) && oldObject.status.nodeName != ''"}]}`
 
 // nodeClaim is the part of a karpenter.sh/v1 NodeClaim the decision reads.
@@ -96,12 +98,7 @@ func (h *NodeClaimDeleteHandler) Handle(ctx context.Context, req admission.Reque
 	}
 	if !dryRun && node != nil {
 		h.record(node, claim.Metadata.Name, d)
-		if !d.allowed {
-			h.markDenied(ctx, node, d.deniedBy(node))
-		}
-		if len(d.claimed) > 0 {
-			h.markCharged(ctx, node)
-		}
+		h.mark(ctx, node, d)
 	}
 	if d.allowed {
 		observeNodeClaim(resultAllowed, d.reason)
@@ -109,6 +106,32 @@ func (h *NodeClaimDeleteHandler) Handle(ctx context.Context, req admission.Reque
 	}
 	observeNodeClaim(resultDenied, d.reason)
 	return denied(d.code, d.message)
+}
+
+// mark leaves the decision on the node (internal/karpenter's marks): a
+// denial, for the release of a node Karpenter keeps tainted; a charge, the
+// disruption under way until Karpenter deletes the Node.
+func (h *NodeClaimDeleteHandler) mark(ctx context.Context, node *corev1.Node, d decision) {
+	if h.Client == nil {
+		return
+	}
+	if !d.allowed {
+		karpenter.MarkDenied(ctx, h.Client, node, d.deniedBy(node), h.Clock.Now())
+	}
+	if len(d.claimed) > 0 {
+		karpenter.MarkCharged(ctx, h.Client, node, h.Clock.Now())
+	}
+}
+
+// deniedBy names what denied a NodeClaim DELETE, for the denial mark.
+func (d decision) deniedBy(node *corev1.Node) string {
+	switch {
+	case d.denier != nil:
+		return fmt.Sprintf("NodeDisruptionBudget %q", d.denier.Name)
+	case d.reason == reasonMaintenanceHold:
+		return fmt.Sprintf("maintenance Lease %s/%s", ngv1alpha1.MaintenanceLeaseNamespace, node.Name)
+	}
+	return "nodeguard"
 }
 
 func decodeNodeClaim(raw runtime.RawExtension) (*nodeClaim, error) {

@@ -30,6 +30,7 @@ import (
 	"github.com/nodeguard/nodeguard/finalizer/drain"
 	"github.com/nodeguard/nodeguard/internal/autoscaler"
 	"github.com/nodeguard/nodeguard/internal/clientca"
+	"github.com/nodeguard/nodeguard/internal/karpenter"
 	ngwebhook "github.com/nodeguard/nodeguard/webhook"
 )
 
@@ -98,7 +99,7 @@ func setupGuard(mgr ctrl.Manager, opts options, adminState *azure.Manager, drain
 	if err := ngwebhook.SetupBackfill(mgr, managed); err != nil {
 		return err
 	}
-	if err := ngwebhook.SetupKarpenterRelease(mgr); err != nil {
+	if err := karpenter.SetupRelease(mgr); err != nil {
 		return err
 	}
 	if err := mgr.Add(&ngwebhook.ScopeCheck{Reader: mgr.GetAPIReader(), Managed: managed,
