@@ -147,15 +147,12 @@ func (r *Reconciler) followDrain(ctx context.Context, node *corev1.Node, by stri
 	return reconcile.Result{RequeueAfter: next}, nil
 }
 
-// endDrain gives the node's disruption back to its budgets, removes the marks
-// (the taint watcher then restores None) and says the drain is over.
+// endDrain removes the marks (the taint watcher then restores None), gives
+// the node's disruption back to its budgets and says the drain is over.
 func (r *Reconciler) endDrain(ctx context.Context, node *corev1.Node, by string) (reconcile.Result, error) {
 	budgets, err := budget.Matching(ctx, r.Client, node)
 	if err != nil {
 		return reconcile.Result{}, err
-	}
-	if err := r.Outside.Rule.Claimer.ReleaseAll(ctx, budgets, node.Name); err != nil {
-		return reconcile.Result{}, fmt.Errorf("giving back the drain of node %s: %w", node.Name, err)
 	}
 	for _, typ := range []corev1.NodeConditionType{corev1.NodeDrainInProgress, corev1.NodeDrained} {
 		if c := nodeCondition(node, typ); c != nil && c.Status == corev1.ConditionTrue {
@@ -175,6 +172,13 @@ func (r *Reconciler) endDrain(ctx context.Context, node *corev1.Node, by string)
 	}
 	if err := r.Client.Patch(ctx, node, patch); err != nil {
 		return reconcile.Result{}, client.IgnoreNotFound(err) // a conflict: the next pass decides again
+	}
+	// The claims go after the marks: a budget never counts the node out by
+	// its mark after giving its disruption to the next node. A failed
+	// give-back is the budget status controller's to prune (the node shows no
+	// disruption under way any more).
+	if err := r.Outside.Rule.Claimer.ReleaseAll(ctx, budgets, node.Name); err != nil {
+		return reconcile.Result{}, fmt.Errorf("giving back the drain of node %s: %w", node.Name, err)
 	}
 	names := make([]string, 0, len(budgets))
 	for _, b := range budgets {

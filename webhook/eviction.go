@@ -45,7 +45,8 @@ const DefaultEvictionTimeout = 4 * time.Second
 // +kubebuilder:rbac:groups="",resources=pods,verbs=get;list;watch
 
 // EvictionHandler counts someone else's drain against the node's budgets.
-// An eviction from a schedulable node is admitted at once. The first
+// An eviction from a schedulable node is admitted at once (a cache lookup of
+// the pod and the node, and one read of the node from the API server). The first
 // eviction from a cordoned node (or one whose DrainInProgress condition says
 // it drains) charges the node's NodeDisruptionBudgets by the one rule
 // (budget.Rule) and marks the node (ngv1alpha1.DrainChargedAtAnnotation),
@@ -57,8 +58,10 @@ type EvictionHandler struct {
 	// Off admits every eviction (--outside-drains=false).
 	Off  bool
 	Pods *PodNodes
-	// Nodes reads nodes (the manager's cache).
-	Nodes client.Reader
+	// Nodes reads nodes (the manager's cache); Reader reads a node the cache
+	// shows schedulable again from the API server.
+	Nodes  client.Reader
+	Reader client.Reader
 	// Client writes the drain mark.
 	Client   client.Client
 	Rule     *budget.Rule
@@ -168,11 +171,18 @@ func (h *EvictionHandler) decide(ctx context.Context, req admission.Request, dry
 		}
 		return decision{}, fmt.Errorf("reading node %s: %w", nodeName, err)
 	}
-	switch {
-	case !drains(&node):
-		return allow(reasonSchedulable, "node %s is schedulable", node.Name)
-	case !h.Managed.Matches(labels.Set(node.Labels)):
+	if !h.Managed.Matches(labels.Set(node.Labels)) {
 		return allow(reasonUnmanaged, "node %s is not managed by nodeguard", node.Name)
+	}
+	if !drains(&node) {
+		// A drainer cordons, then evicts at once: the cache may not show
+		// the cordon yet, and only a read from the API server can.
+		if err := h.Reader.Get(ctx, client.ObjectKey{Name: nodeName}, &node); err != nil {
+			return decision{}, fmt.Errorf("reading node %s: %w", nodeName, err)
+		}
+		if !drains(&node) {
+			return allow(reasonSchedulable, "node %s is schedulable", node.Name)
+		}
 	}
 	if why := disruptedBy(&node, h.Signals); why != "" {
 		return allow(reasonDisrupted, "node %s is already being disrupted (%s): its evictions charge nothing more", node.Name, why)

@@ -45,11 +45,10 @@ func createPod(t *testing.T, name, node string) *corev1.Pod {
 	return pod
 }
 
-// cordon marks the node unschedulable and, given a guard, waits until its
-// cache shows it: an eviction decided from a cache that has not seen the
-// cordon yet is an eviction from a schedulable node (the termination
-// controller charges such a drain once it sees the cordon, follow.go).
-func cordon(t *testing.T, name string, g *guard) {
+// cordon marks the node unschedulable, as kubectl drain does before its
+// first eviction (sent at once: the guard must not rely on its cache having
+// seen the cordon).
+func cordon(t *testing.T, name string) {
 	t.Helper()
 	node := getNode(t, name)
 	patch := client.MergeFrom(node.DeepCopy())
@@ -57,14 +56,6 @@ func cordon(t *testing.T, name string, g *guard) {
 	if err := env.Client.Patch(context.Background(), node, patch); err != nil {
 		t.Fatal(err)
 	}
-	if g == nil {
-		return
-	}
-	harness.Eventually(t, 10*time.Second, func(ctx context.Context) (bool, error) {
-		var cached corev1.Node
-		err := g.cache.Get(ctx, client.ObjectKey{Name: name}, &cached)
-		return err == nil && cached.Spec.Unschedulable, err
-	}, "the guard's cache shows node %s cordoned", name)
 }
 
 // evict asks the Eviction API to evict the pod, as kubectl drain does.
@@ -98,7 +89,7 @@ func TestDrainsInOneBudgetTakeTurns(t *testing.T) {
 	if err := evict(elsewhere, true); err != nil {
 		t.Fatalf("dry-run eviction from a schedulable node: %v", err)
 	}
-	cordon(t, "drains-0", g)
+	cordon(t, "drains-0")
 	if err := evict(first, true); err != nil {
 		t.Fatalf("dry-run eviction from a cordoned node within the budget: %v", err)
 	}
@@ -120,7 +111,7 @@ func TestDrainsInOneBudgetTakeTurns(t *testing.T) {
 		return getBudget(t, "drains").Status.DisruptionsAllowed == 0, nil
 	}, "the budget counts the drained node out")
 
-	cordon(t, "drains-1", g)
+	cordon(t, "drains-1")
 	err := evict(second, false)
 	if !apierrors.IsTooManyRequests(err) || !strings.Contains(err.Error(), `NodeDisruptionBudget "drains" allows no more disruptions now`) ||
 		!strings.Contains(err.Error(), "drains-0 (drained by "+by+")") {
@@ -163,7 +154,7 @@ func evictionHandler(t *testing.T, gate ngwebhook.TrafficGate) *ngwebhook.Evicti
 	cs := kubernetes.NewForConfigOrDie(env.Config)
 	claimer := newReplica()
 	return &ngwebhook.EvictionHandler{
-		Pods: ngwebhook.NewPodNodes(cs, env.Client), Nodes: env.Client, Client: env.Client,
+		Pods: ngwebhook.NewPodNodes(cs, env.Client), Nodes: env.Client, Reader: env.Client, Client: env.Client,
 		Rule:    &budget.Rule{Claimer: claimer, Budgets: env.Client, Clock: clock.RealClock{}},
 		Managed: labels.Everything(), Traffic: gate, Clock: clock.RealClock{}, Timeout: ngwebhook.DefaultEvictionTimeout,
 	}
@@ -189,7 +180,7 @@ func TestEvictionBadInputChargesNothing(t *testing.T) {
 	createReadyNodes(t, "badevict", 2)
 	createBudget(t, "badevict", 1, builder.NDBMaxUnavailable("1"))
 	createPod(t, "badevict-unbound", "")
-	cordon(t, "badevict-0", nil)
+	cordon(t, "badevict-0")
 	h := evictionHandler(t, ngwebhook.TrafficGate{})
 	ctx := context.Background()
 
@@ -223,7 +214,7 @@ func TestEvictionWaitsForTheTrafficCut(t *testing.T) {
 	createReadyNodes(t, "cutevict", 2)
 	createBudget(t, "cutevict", 1, builder.NDBMaxUnavailable("1"))
 	createPod(t, "cutevict-a", "cutevict-0")
-	cordon(t, "cutevict-0", nil)
+	cordon(t, "cutevict-0")
 	h := evictionHandler(t, ngwebhook.TrafficGate{Enabled: true, Timeout: time.Hour})
 	ctx := context.Background()
 
@@ -246,4 +237,37 @@ func TestEvictionWaitsForTheTrafficCut(t *testing.T) {
 	harness.Eventually(t, 10*time.Second, func(ctx context.Context) (bool, error) {
 		return h.Handle(ctx, evictionReview("default", "cutevict-a", nil)).Allowed, nil
 	}, "evictions are admitted once the cut is recorded")
+}
+
+// TestDrainedNodeIsNotChargedTwiceByItsDelete: a node whose drain was charged
+// and is then deleted (kubectl drain, then kubectl delete node) is admitted
+// without a second disruption: the budget still allows the one it had left
+// for another node.
+func TestDrainedNodeIsNotChargedTwiceByItsDelete(t *testing.T) {
+	harness.SkipWithoutEnv(t, env)
+	g := startGuard(t, false)
+	useGuards(t, g)
+	createReadyNodes(t, "drainthendelete", 4)
+	createBudget(t, "drainthendelete", 2, builder.NDBMaxUnavailable("2"))
+	pod := createPod(t, "drainthendelete-a", "drainthendelete-0")
+	cordon(t, "drainthendelete-0")
+	if err := evict(pod, false); err != nil {
+		t.Fatalf("first eviction: %v", err)
+	}
+	harness.Eventually(t, 30*time.Second, func(ctx context.Context) (bool, error) {
+		var cached corev1.Node
+		err := g.cache.Get(ctx, client.ObjectKey{Name: "drainthendelete-0"}, &cached)
+		_, charged := ngv1alpha1.DrainCharged(&cached)
+		return charged && getBudget(t, "drainthendelete").Status.DisruptionsAllowed == 1, err
+	}, "the budget counts the drained node out, and the guard's cache shows it")
+
+	if out, err := harness.Kubectl(env.Kubeconfig, "", "delete", "node", "drainthendelete-0", "--wait=false"); err != nil {
+		t.Fatalf("deleting the drained node: %v\n%s", err, out)
+	}
+	if ndb := getBudget(t, "drainthendelete"); ndb.Status.DisruptionsAllowed != 1 {
+		t.Fatalf("the delete of the drained node charged again: %d allowed, disruptedNodes %v", ndb.Status.DisruptionsAllowed, ndb.Status.DisruptedNodes)
+	}
+	if out, err := harness.Kubectl(env.Kubeconfig, "", "delete", "node", "drainthendelete-1", "--wait=false", "--dry-run=server"); err != nil {
+		t.Errorf("the budget's last disruption is gone after the drained node's delete: %v\n%s", err, out)
+	}
 }

@@ -91,7 +91,7 @@ func registerEviction(mgr ctrl.Manager, opts Options, claimer *budget.Claimer, r
 		rule = &budget.Rule{Claimer: claimer, Budgets: mgr.GetClient(), Instances: opts.Instances, Clock: clock.RealClock{}}
 	}
 	mgr.GetWebhookServer().Register(EvictionPath, &webhook.Admission{Handler: &EvictionHandler{
-		Pods: pods, Nodes: mgr.GetClient(), Client: mgr.GetClient(),
+		Pods: pods, Nodes: mgr.GetClient(), Reader: mgr.GetAPIReader(), Client: mgr.GetClient(),
 		Rule:    rule,
 		Managed: opts.Managed, Signals: opts.Signals, Traffic: opts.Traffic,
 		Recorder: recorder, Clock: clock.RealClock{}, Timeout: DefaultEvictionTimeout,
