@@ -42,7 +42,8 @@ const (
 var admissionOps = []string{"CREATE", "UPDATE", "DELETE", "DELETE, 1 client", opEviction}
 
 // opEviction is the eviction of a pod from a schedulable node: the common
-// path of the eviction webhook (a pod locator lookup, no write).
+// path of the eviction webhook (a pod locator lookup and one read of the node
+// from the API server, no write).
 const opEviction = "pod EVICTION, schedulable node"
 
 type admitResult struct {
