@@ -19,6 +19,7 @@ import (
 	authenticationv1 "k8s.io/api/authentication/v1"
 	corev1 "k8s.io/api/core/v1"
 	eventsv1 "k8s.io/api/events/v1"
+	policyv1 "k8s.io/api/policy/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -208,7 +209,8 @@ var leastPrivilegeRuns int
 // uses every feature: the guard (finalizer on create, backfill, a delete
 // admitted within a NodeDisruptionBudget and one denied), the drain (evictions
 // under a PDB, a do-not-evict pod deleted past its deadline, the maintenance
-// Lease, a Deployment restarted under a PDB blocked by design), the taint watcher (admin state Down and back to None, the
+// Lease, a Deployment restarted under a PDB blocked by design), someone else's
+// eviction (the pod read from the API server), the taint watcher (admin state Down and back to None, the
 // spot-eviction taint from a PreemptScheduled event), budget status, leader
 // election and the secure metrics endpoint. Then, from the API server's audit
 // log: no request of nodeguard was forbidden, every verb the roles grant
@@ -308,6 +310,14 @@ func TestLeastPrivilege(t *testing.T) {
 	// A Karpenter node's delete reads its NodeClaim: only a NodeClaim being
 	// deleted waives the budgets (a dry run charges nothing and keeps the node).
 	karpenterNodeDryRunDelete(t, run+"-karpenter")
+
+	// Someone else's drain: the eviction webhook reads a pod its cache does
+	// not have from the API server (here one that does not exist, which it
+	// admits: the Eviction API then answers 404).
+	ghost := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "never-created"}}
+	if err := env.Client.SubResource("eviction").Create(ctx, ghost, &policyv1.Eviction{}); !apierrors.IsNotFound(err) {
+		t.Errorf("evicting a pod that does not exist: got %v, want the Eviction API's 404", err)
+	}
 
 	// The taint watcher: a signal taint cuts traffic, its removal restores it.
 	signalled := names[2]
