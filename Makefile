@@ -8,6 +8,9 @@ GO         ?= go
 # Integration and e2e packages each start a control plane; on 2 cores run at most
 # two packages at once.
 TEST_P     ?= 2
+# The e2e tests mostly wait on the cluster: make test runs them as this many
+# processes (each its own control plane) beside the other packages.
+E2E_SHARDS ?= 3
 TEST_FLAGS ?=
 CONTROLLER_GEN := $(BIN)/controller-gen
 # The release version stamped into the binary and the image; the tag vX.Y.Z
@@ -44,7 +47,7 @@ build: ## Build bin/nodeguard.
 
 .PHONY: test
 test: tools-test ## Run unit, integration and e2e tests on Kubernetes 1.37, then test-oldest (builds the control-plane tools, cert-manager and Karpenter first when missing).
-	$(GO) test -p $(TEST_P) -timeout 40m $(TEST_FLAGS) ./...
+	GO=$(GO) TEST_P=$(TEST_P) E2E_SHARDS=$(E2E_SHARDS) TEST_FLAGS='$(TEST_FLAGS)' hack/test.sh
 	$(MAKE) test-oldest
 	cd test/chart && $(GO) test $(TEST_FLAGS) ./...
 	cd hack/release && $(GO) test -timeout 20m $(TEST_FLAGS) ./...
