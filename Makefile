@@ -46,11 +46,8 @@ build: ## Build bin/nodeguard.
 ##@ Test
 
 .PHONY: test
-test: tools-test ## Run unit, integration and e2e tests on Kubernetes 1.37, then test-oldest (builds the control-plane tools, cert-manager and Karpenter first when missing).
-	GO=$(GO) TEST_P=$(TEST_P) E2E_SHARDS=$(E2E_SHARDS) TEST_FLAGS='$(TEST_FLAGS)' hack/test.sh
-	$(MAKE) test-oldest
-	cd test/chart && $(GO) test $(TEST_FLAGS) ./...
-	cd hack/release && $(GO) test -timeout 20m $(TEST_FLAGS) ./...
+test: tools-test ## Run unit, integration and e2e tests on Kubernetes 1.37, test-oldest, the chart and release tests, side by side (hack/test.sh; builds the control-plane tools, cert-manager and Karpenter first when missing).
+	GO=$(GO) MAKE=$(MAKE) TEST_P=$(TEST_P) E2E_SHARDS=$(E2E_SHARDS) TEST_FLAGS='$(TEST_FLAGS)' hack/test.sh
 
 # The integration tests whose outcome depends on kube-apiserver's behaviour:
 # admission of node deletes, and the node conditions a drain writes; and the

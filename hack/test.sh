@@ -1,39 +1,81 @@
 #!/usr/bin/env bash
-# make test's first step: every package's tests on Kubernetes 1.37. The e2e
-# package's tests wait on the cluster far more than they compute (one process
-# of them was 12 of make test's 14 minutes, the machine mostly idle), so they
-# run as E2E_SHARDS processes, each with its own control plane, beside the
-# other packages (TEST_P at a time). Test names are dealt to the shards in
-# turn, in source order.
+# make test's steps, run side by side: every package's tests on Kubernetes
+# 1.37, the e2e tests as E2E_SHARDS processes, test-oldest (1.36), the chart
+# tests and the release tests. The tests wait on their clusters far more than
+# they compute (one e2e process was 12 of make test's 14 minutes, the machine
+# mostly idle), and the release tests only compile; so they overlap. Each job's
+# lines carry its name; a failing e2e shard prints its failed tests' output.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 go=${GO:-go}
+make=${MAKE:-make}
 shards=${E2E_SHARDS:-3}
 flags=(-timeout 40m)
 read -r -a extra <<<"${TEST_FLAGS:-}"
 flags+=("${extra[@]}")
-e2e=./test/e2e
+logs=${TMPDIR:-/tmp}/nodeguard-test-logs
+mkdir -p "$logs"
 
-mapfile -t tests < <(grep -ho '^func Test[A-Za-z0-9_]*' "$e2e"/*_test.go | cut -c6- | grep -vx TestMain)
+# The e2e tests' seconds on 2 cores (make test, e2e --- PASS lines); a test
+# not listed counts as 20. The shards are dealt longest first, each test to the
+# shard with the least so far.
+declare -A seconds=(
+	[TestChaosSoak]=120 [TestKarpenterStrandedCandidatesServeAgain]=90
+	[TestKarpenterConsolidationFollowsTheBudget]=60 [TestKubectlDrainOfABlockedPDBIsReplacedFirst]=55
+	[TestUpgradeActorStaysWithinTheBudget]=45 [TestKarpenterNodeDeleteFollowsTheBudget]=36
+)
+
+# label NAME prefixes each line of its input with the job's name.
+label() { sed -u "s|^|$1: |"; }
+
+# e2e_shards prints one -run expression per shard.
+e2e_shards() {
+	local -a tests load runs
+	mapfile -t tests < <(grep -ho '^func Test[A-Za-z0-9_]*' test/e2e/*_test.go | cut -c6- | grep -vx TestMain |
+		while read -r t; do echo "${seconds[$t]:-20} $t"; done | sort -rn | cut -d' ' -f2)
+	for ((i = 0; i < shards; i++)); do load[i]=0; runs[i]=""; done
+	for t in "${tests[@]}"; do
+		local least=0
+		for ((i = 1; i < shards; i++)); do ((load[i] < load[least])) && least=$i; done
+		load[least]=$((load[least] + ${seconds[$t]:-20}))
+		runs[least]+="${runs[least]:+|}$t"
+	done
+	for ((i = 0; i < shards; i++)); do [ -n "${runs[i]}" ] && echo "^(${runs[i]})\$"; done
+}
+
+# e2e_shard N RUN runs one shard verbosely into its log and prints each test's
+# result line; on failure, the output of its failed tests and the package's tail.
+e2e_shard() {
+	local log=$logs/e2e-shard-$1.log status=0
+	$go test -v "${flags[@]}" -run "$2" ./test/e2e >"$log" 2>&1 || status=$?
+	grep -E '^(--- |ok|FAIL|panic:)' "$log" || true
+	if [ $status -ne 0 ]; then
+		echo "failed; whole log: $log"
+		awk '/^=== RUN/ {buf = ""; keep = 1} keep {buf = buf $0 "\n"} /^--- FAIL/ {printf "%s", buf; keep = 0} /^--- (PASS|SKIP)/ {keep = 0; buf = ""} END {if (keep) printf "%s", buf}' "$log"
+		awk 'seen {print} /^--- / {seen = 1}' "$log" | tail -40
+	fi
+	return $status
+}
+
 mapfile -t others < <($go list ./... | grep -vx "github.com/nodeguard/nodeguard/test/e2e")
-
 # Compile the e2e package once, so that the shards only link it.
-$go test -c -o /dev/null "$e2e"
+$go test -c -o /dev/null ./test/e2e
 
 pids=()
-$go test -p "${TEST_P:-2}" "${flags[@]}" "${others[@]}" &
+{ $go test -p "${TEST_P:-2}" "${flags[@]}" "${others[@]}" 2>&1 | label packages; exit "${PIPESTATUS[0]}"; } &
 pids+=($!)
-for ((i = 0; i < shards; i++)); do
-	names=()
-	for ((j = i; j < ${#tests[@]}; j += shards)); do names+=("${tests[j]}"); done
-	[ ${#names[@]} -gt 0 ] || continue
-	run="^($(IFS='|'; echo "${names[*]}"))\$"
-	(
-		$go test "${flags[@]}" -run "$run" "$e2e" 2>&1 | sed "s|^|e2e $((i + 1))/$shards: |"
-		exit "${PIPESTATUS[0]}"
-	) &
+n=0
+while read -r run; do
+	n=$((n + 1))
+	{ e2e_shard "$n" "$run" 2>&1 | label "e2e $n/$shards"; exit "${PIPESTATUS[0]}"; } &
 	pids+=($!)
-done
+done < <(e2e_shards)
+{ $make --no-print-directory test-oldest 2>&1 | label oldest; exit "${PIPESTATUS[0]}"; } &
+pids+=($!)
+{ (cd test/chart && $go test "${flags[@]}" ./...) 2>&1 | label chart; exit "${PIPESTATUS[0]}"; } &
+pids+=($!)
+{ (cd hack/release && $go test "${flags[@]}" ./...) 2>&1 | label release; exit "${PIPESTATUS[0]}"; } &
+pids+=($!)
 status=0
 for pid in "${pids[@]}"; do wait "$pid" || status=1; done
 exit $status
