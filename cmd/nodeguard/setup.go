@@ -2,6 +2,7 @@ package main
 
 import (
 	"crypto/tls"
+	"errors"
 	"fmt"
 	"os"
 	"slices"
@@ -96,10 +97,8 @@ func setupGuard(mgr ctrl.Manager, opts options, adminState *azure.Manager, drain
 			return err
 		}
 	}
-	if err := ngwebhook.SetupBackfill(mgr, managed); err != nil {
-		return err
-	}
-	if err := karpenter.SetupRelease(mgr); err != nil {
+	// The finalizer's backfill; the release of nodes Karpenter left tainted.
+	if err := errors.Join(ngwebhook.SetupBackfill(mgr, managed), karpenter.SetupRelease(mgr)); err != nil {
 		return err
 	}
 	if err := mgr.Add(&ngwebhook.ScopeCheck{Reader: mgr.GetAPIReader(), Managed: managed,
