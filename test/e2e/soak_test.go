@@ -206,7 +206,7 @@ func startSoak(t *testing.T, plan soakPlan) *soak {
 		"--kubeconfig=" + env.Kubeconfig, "--health-probe-bind-address=0", "--node-selector=" + soakLabel + "=" + s.run,
 		"--leader-elect=true", "--leader-election-namespace=" + s.system(), "--leader-election-id=" + soakLeaderLease,
 		"--leader-elect-lease-duration=6s", "--leader-elect-renew-deadline=4s", "--leader-elect-retry-period=1s",
-		"--graceful-shutdown-timeout=5s", "--admin-state-timeout=20s", "--zap-log-level=debug",
+		"--graceful-shutdown-timeout=15s", "--admin-state-timeout=20s", "--zap-log-level=debug",
 		"--azure-request-timeout=" + soakRequestTimeout.String(), "--azure-admin-state-resync=" + soakResync.String(),
 	}, harness.EmulatorArgs(front.URL(), subscription, resourceGroup)...)
 	webhooks, err := harness.StartWebhookFront(env.WebhookAddr())
