@@ -17,7 +17,6 @@ import (
 	policyv1 "k8s.io/api/policy/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -416,9 +415,8 @@ func (s *soak) createWorkloads(t *testing.T, ns, pool string) {
 
 func (s *soak) cordonSpares(t *testing.T, cordon bool) {
 	t.Helper()
-	patch := []byte(fmt.Sprintf(`{"spec":{"unschedulable":%t}}`, cordon))
 	for _, n := range s.spares {
-		if err := env.Client.Patch(context.Background(), &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: n}}, client.RawPatch(types.MergePatchType, patch)); err != nil {
+		if err := setUnschedulable(context.Background(), n, cordon); err != nil {
 			t.Fatal(err)
 		}
 	}

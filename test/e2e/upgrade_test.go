@@ -15,6 +15,7 @@ import (
 	policyv1 "k8s.io/api/policy/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/uuid"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -124,14 +125,10 @@ func (u *upgrader) drain(ctx context.Context, node string) error {
 	return fmt.Errorf("Drain node %s failed when evicting pods: timed out after %s (Too many Requests)", node, u.drainTimeout)
 }
 
+// setUnschedulable cordons or uncordons the node, as kubectl does.
 func setUnschedulable(ctx context.Context, name string, unschedulable bool) error {
-	var node corev1.Node
-	if err := env.Client.Get(ctx, client.ObjectKey{Name: name}, &node); err != nil {
-		return err
-	}
-	patch := client.MergeFrom(node.DeepCopy())
-	node.Spec.Unschedulable = unschedulable
-	return env.Client.Patch(ctx, &node, patch)
+	patch := []byte(fmt.Sprintf(`{"spec":{"unschedulable":%t}}`, unschedulable))
+	return env.Client.Patch(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: name}}, client.RawPatch(types.MergePatchType, patch))
 }
 
 // reimage plays the reimage: the kubelet stops (NotReady), then comes back
