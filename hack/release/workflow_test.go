@@ -42,8 +42,9 @@ func TestWorkflowsLint(t *testing.T) {
 	}
 }
 
-// TestReleaseWorkflowPublishes: on a version tag the release workflow builds
-// the image with make image (the path make test checks), pushes it, attaches
+// TestReleaseWorkflowPublishes: on a version tag the release workflow checks
+// the image on both platforms (make test-release), builds it with make image,
+// pushes it, attaches
 // an SBOM, and pushes the chart as an OCI artifact.
 func TestReleaseWorkflowPublishes(t *testing.T) {
 	data, err := os.ReadFile(filepath.Join(workflows, "release.yaml"))
@@ -53,6 +54,7 @@ func TestReleaseWorkflowPublishes(t *testing.T) {
 	w := string(data)
 	for _, want := range []string{
 		`tags: ["v*.*.*"]`,
+		"make test-release",
 		"make image VERSION=",
 		`PUSH="${{ steps.names.outputs.image }}:`,
 		"anchore/sbom-action@",

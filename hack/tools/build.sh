@@ -51,10 +51,12 @@ progress() {
 
 # build MODULE EXPECTED OUT PACKAGE... builds packages of a tools module to OUT
 # (a file, or bin/ for several); EXPECTED is its cold build time on 2 cores.
+# The tools carry no symbol table or debug information (-s -w): nobody
+# debugs them here, and it makes each link about 40% shorter.
 build() {
 	local module=$1 expected=$2 out=$3; shift 3
 	echo "building $module: $* ($expected cold on 2 cores; later runs skip it)"
-	if ! (cd "$here/$module" && go build -v -o "$out" "$@" 2>&1) | progress "$module"; then
+	if ! (cd "$here/$module" && go build -v -ldflags='-s -w' -o "$out" "$@" 2>&1) | progress "$module"; then
 		echo "building $module tools failed" >&2
 		exit 1
 	fi
