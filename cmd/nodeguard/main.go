@@ -45,22 +45,10 @@ func main() {
 		fmt.Fprintln(os.Stderr, "nodeguard:", err)
 		os.Exit(2)
 	}
-	setMemoryLimit(opts.memoryLimitRatio)
+	memlimit.SetAndLog(opts.memoryLimitRatio, ctrl.Log)
 	if err := run(opts); err != nil {
 		ctrl.Log.Error(err, "nodeguard stopped")
 		os.Exit(1)
-	}
-}
-
-// setMemoryLimit sets the Go runtime's soft memory limit from the
-// container's (--memory-limit-ratio). Without it nodeguard runs as before.
-func setMemoryLimit(ratio float64) {
-	soft, container, err := memlimit.Set(ratio)
-	switch {
-	case err != nil:
-		ctrl.Log.Error(err, "Reading the container's memory limit; the Go runtime keeps its default soft limit")
-	case soft > 0:
-		ctrl.Log.Info("Soft memory limit set from the container's", "softLimitBytes", soft, "containerLimitBytes", container, "ratio", ratio)
 	}
 }
 

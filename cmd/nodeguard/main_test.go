@@ -60,29 +60,26 @@ func TestInvalidFlagsFailWithAClearMessage(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds the binary")
 	}
-	cmd := exec.Command(build(t), "--leader-elect-lease-duration=5s", "--leader-elect-renew-deadline=10s")
-	out, err := cmd.CombinedOutput()
-	if code := cmd.ProcessState.ExitCode(); err == nil || code != 2 {
-		t.Fatalf("exit code %d (%v), want 2", code, err)
-	}
-	if !strings.Contains(string(out), "--leader-elect-renew-deadline (10s) must be shorter than --leader-elect-lease-duration (5s)") {
-		t.Errorf("unclear error:\n%s", out)
-	}
-	cmd = exec.Command(build(t), "--signal-taints=ToBeDeletedByClusterAutoscaler,bad key")
-	out, err = cmd.CombinedOutput()
-	if code := cmd.ProcessState.ExitCode(); err == nil || code != 2 {
-		t.Fatalf("--signal-taints: exit code %d (%v), want 2", code, err)
-	}
-	if !strings.Contains(string(out), `--signal-taints: signal taint "bad key": key`) {
-		t.Errorf("unclear --signal-taints error:\n%s", out)
-	}
-	cmd = exec.Command(build(t), "--memory-limit-ratio=1.5")
-	out, err = cmd.CombinedOutput()
-	if code := cmd.ProcessState.ExitCode(); err == nil || code != 2 {
-		t.Fatalf("--memory-limit-ratio: exit code %d (%v), want 2", code, err)
-	}
-	if !strings.Contains(string(out), "--memory-limit-ratio 1.5: want 0 (off) or a fraction up to 1") {
-		t.Errorf("unclear --memory-limit-ratio error:\n%s", out)
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--leader-elect-lease-duration=5s", "--leader-elect-renew-deadline=10s"},
+			"--leader-elect-renew-deadline (10s) must be shorter than --leader-elect-lease-duration (5s)"},
+		{[]string{"--signal-taints=ToBeDeletedByClusterAutoscaler,bad key"}, `--signal-taints: signal taint "bad key": key`},
+		{[]string{"--memory-limit-ratio=1.5"}, "--memory-limit-ratio 1.5: want 0 (off) or a fraction up to 1"},
+		// With a 5 s grace, a stop that found a connection kube-apiserver
+		// had opened but not used yet exited 1: the grace ran out.
+		{[]string{"--graceful-shutdown-timeout=5s"}, "--graceful-shutdown-timeout (5s) must be 0 (exit at once) or at least 10s"},
+	} {
+		cmd := exec.Command(build(t), c.args...)
+		out, err := cmd.CombinedOutput()
+		if code := cmd.ProcessState.ExitCode(); err == nil || code != 2 {
+			t.Errorf("%v: exit code %d (%v), want 2", c.args, code, err)
+		}
+		if !strings.Contains(string(out), c.want) {
+			t.Errorf("%v: unclear error, want %q:\n%s", c.args, c.want, out)
+		}
 	}
 }
 

@@ -20,6 +20,11 @@ import (
 // may have.
 const maxWebhookTimeout = 30 * time.Second
 
+// minGracefulShutdown is the shortest stop with a grace: on shutdown Go's HTTP
+// server waits up to 6 s for connections opened but not yet used, which
+// kube-apiserver's connection pool keeps to the webhook.
+const minGracefulShutdown = 10 * time.Second
+
 // options are the command-line flags of nodeguard.
 type options struct {
 	metricsAddr             string
@@ -100,7 +105,8 @@ func (o *options) bind(fs *flag.FlagSet) {
 	o.taintWatch = taintwatch.NewOptions()
 	o.taintWatch.BindFlags(fs)
 	fs.DurationVar(&o.gracefulShutdown, "graceful-shutdown-timeout", 30*time.Second,
-		"How long to wait on SIGTERM for in-flight work to finish before exiting.")
+		"How long to wait on SIGTERM for in-flight work to finish before exiting: 0 (exit at once) or at least 10s, "+
+			"as the webhook server waits up to 6s for connections kube-apiserver opened but has not used yet. Keep it below the pod's terminationGracePeriodSeconds.")
 }
 
 // unconfirmedFloor is the shortest --unconfirmed-claim-timeout: three times
@@ -126,6 +132,9 @@ func (o *options) validate() error {
 	}
 	if o.deleteTimeout <= 0 || o.deleteTimeout >= maxWebhookTimeout {
 		return fmt.Errorf("--delete-admission-timeout (%s) must be positive and below the longest webhook timeoutSeconds the API server allows (%s)", o.deleteTimeout, maxWebhookTimeout)
+	}
+	if g := o.gracefulShutdown; g < 0 || (g > 0 && g < minGracefulShutdown) {
+		return fmt.Errorf("--graceful-shutdown-timeout (%s) must be 0 (exit at once) or at least %s", g, minGracefulShutdown)
 	}
 	if err := o.termination.Validate(); err != nil {
 		return err

@@ -14,6 +14,8 @@ import (
 	"runtime/debug"
 	"strconv"
 	"strings"
+
+	"github.com/go-logr/logr"
 )
 
 // unlimited is where a cgroup v1 limit means none: the kernel reports "no
@@ -101,4 +103,16 @@ func Set(ratio float64) (soft, container int64, err error) {
 	soft = int64(math.Min(ratio, 1) * float64(container))
 	debug.SetMemoryLimit(soft)
 	return soft, container, nil
+}
+
+// SetAndLog is Set for nodeguard's start-up: it logs what it set, or why it
+// set nothing, and the runtime keeps its default soft limit on an error.
+func SetAndLog(ratio float64, log logr.Logger) {
+	soft, container, err := Set(ratio)
+	switch {
+	case err != nil:
+		log.Error(err, "Reading the container's memory limit; the Go runtime keeps its default soft limit")
+	case soft > 0:
+		log.Info("Soft memory limit set from the container's", "softLimitBytes", soft, "containerLimitBytes", container, "ratio", ratio)
+	}
 }
