@@ -5,6 +5,11 @@ SHELL := /usr/bin/env bash
 
 BIN        := $(CURDIR)/bin
 GO         ?= go
+# Every build here (the tools, the tests, the image) is static and free of
+# this machine's paths, as the release image must be: then one compile of each
+# package serves them all. Only the race detector needs cgo (make test-race).
+export CGO_ENABLED := 0
+export GOFLAGS     += -trimpath
 # Integration and e2e packages each start a control plane; on 2 cores run at most
 # two packages at once.
 TEST_P     ?= 2
@@ -75,8 +80,8 @@ test-unit: ## Run only the tests that need no control plane.
 
 .PHONY: test-race
 test-race: tools-sandbox ## Run under the race detector: every package's tests that need no control plane (-short), then the webhook package against its control plane.
-	$(GO) test -race -short $(TEST_FLAGS) ./...
-	$(GO) test -race -timeout 20m $(TEST_FLAGS) ./webhook
+	CGO_ENABLED=1 $(GO) test -race -short $(TEST_FLAGS) ./...
+	CGO_ENABLED=1 $(GO) test -race -timeout 20m $(TEST_FLAGS) ./webhook
 
 SOAK ?= 20m
 

@@ -5,12 +5,26 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
+	"strings"
 )
 
-// RepoRoot is the root of the nodeguard repository, found from this file's path.
+// RepoRoot is the root of the nodeguard repository, found from this file's
+// path; in a -trimpath build (make's), which has no such path, from the
+// working directory up to the nodeguard module's go.mod.
 func RepoRoot() string {
-	_, file, _, _ := runtime.Caller(0)
-	return filepath.Clean(filepath.Join(filepath.Dir(file), "..", ".."))
+	if _, file, _, _ := runtime.Caller(0); filepath.IsAbs(file) {
+		return filepath.Clean(filepath.Join(filepath.Dir(file), "..", ".."))
+	}
+	wd, _ := os.Getwd()
+	for dir := wd; ; dir = filepath.Dir(dir) {
+		mod, err := os.ReadFile(filepath.Join(dir, "go.mod"))
+		if err == nil && strings.HasPrefix(string(mod), "module github.com/nodeguard/nodeguard\n") {
+			return dir
+		}
+		if filepath.Dir(dir) == dir {
+			return wd
+		}
+	}
 }
 
 // BinDir is where make tools puts the control-plane binaries: $NODEGUARD_BIN_DIR,
