@@ -197,7 +197,7 @@ func (c *cloudNodeController) pass(ctx context.Context, t *testing.T) {
 	}
 	for i := range nodes.Items {
 		n := &nodes.Items[i]
-		if n.DeletionTimestamp != nil || nodeIsReady(n) || c.emulator.VMExists(n.Spec.ProviderID) {
+		if n.DeletionTimestamp != nil || nodeReady(n) || c.emulator.VMExists(n.Spec.ProviderID) {
 			continue
 		}
 		if err := env.Client.Delete(ctx, n); client.IgnoreNotFound(err) != nil && ctx.Err() == nil {
@@ -205,15 +205,6 @@ func (c *cloudNodeController) pass(ctx context.Context, t *testing.T) {
 			t.Logf("cloud node controller: DeletingNodeFailed %s: %v", n.Name, err)
 		}
 	}
-}
-
-func nodeIsReady(n *corev1.Node) bool {
-	for _, c := range n.Status.Conditions {
-		if c.Type == corev1.NodeReady {
-			return c.Status == corev1.ConditionTrue
-		}
-	}
-	return false
 }
 
 // TestCloudNodeControllerIsNeverRefused: a NotReady node whose VM is gone,

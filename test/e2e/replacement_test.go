@@ -61,10 +61,7 @@ func newReplaceCluster(t *testing.T, name string, targets int, place func(ns str
 	harness.Eventually(t, time.Minute, func(ctx context.Context) (bool, error) {
 		for _, name := range c.targets {
 			var n corev1.Node
-			if err := env.Client.Get(ctx, client.ObjectKey{Name: name}, &n); err != nil || len(n.Spec.Taints) > 0 ||
-				!slices.ContainsFunc(n.Status.Conditions, func(c corev1.NodeCondition) bool {
-					return c.Type == corev1.NodeReady && c.Status == corev1.ConditionTrue
-				}) {
+			if err := env.Client.Get(ctx, client.ObjectKey{Name: name}, &n); err != nil || len(n.Spec.Taints) > 0 || !nodeReady(&n) {
 				return false, err
 			}
 		}

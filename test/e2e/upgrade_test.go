@@ -181,7 +181,7 @@ func TestUpgradeActorStaysWithinTheBudget(t *testing.T) {
 	harness.Eventually(t, time.Minute, func(ctx context.Context) (bool, error) {
 		for _, name := range nodes {
 			var node corev1.Node
-			if err := env.Client.Get(ctx, client.ObjectKey{Name: name}, &node); err != nil || !nodeIsReady(&node) || len(node.Spec.Taints) > 0 {
+			if err := env.Client.Get(ctx, client.ObjectKey{Name: name}, &node); err != nil || !nodeReady(&node) || len(node.Spec.Taints) > 0 {
 				return false, err
 			}
 		}
