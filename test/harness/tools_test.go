@@ -1,0 +1,58 @@
+package harness
+
+import (
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+// compiledModules lists the module versions of the packages that building
+// pkgs compiles in dir (a replaced module at its replacement's version).
+func compiledModules(t *testing.T, dir string, pkgs ...string) map[string]string {
+	t.Helper()
+	args := append([]string{"list", "-deps", "-test", "-f", "{{with .Module}}{{.Path}} {{.Version}}{{with .Replace}} {{.Version}}{{end}}{{end}}"}, pkgs...)
+	cmd := exec.Command("go", args...)
+	cmd.Dir = dir
+	out, err := cmd.Output()
+	if err != nil {
+		t.Fatalf("go list in %s: %v", dir, err)
+	}
+	mods := map[string]string{}
+	for _, line := range strings.Split(strings.TrimSpace(string(out)), "\n") {
+		if f := strings.Fields(line); len(f) >= 2 {
+			mods[f[0]] = f[len(f)-1]
+		}
+	}
+	return mods
+}
+
+// TestToolsShareNodeguardsDependencyVersions: every module whose packages
+// both nodeguard and a tool compile is at one version in both, so that a cold
+// make test compiles each of those packages once, not once per module.
+func TestToolsShareNodeguardsDependencyVersions(t *testing.T) {
+	if testing.Short() {
+		t.Skip("loads the tools modules' packages")
+	}
+	root := RepoRoot()
+	nodeguard := compiledModules(t, root, "./...")
+	for dir, pkgs := range map[string][]string{
+		"hack/tools/kube":    {"k8s.io/kubernetes/cmd/kube-apiserver", "k8s.io/kubernetes/cmd/kube-controller-manager", "k8s.io/kubernetes/cmd/kube-scheduler"},
+		"hack/tools/codegen": {"sigs.k8s.io/controller-tools/cmd/controller-gen"},
+	} {
+		shared := 0
+		for path, version := range compiledModules(t, filepath.Join(root, dir), pkgs...) {
+			ours, ok := nodeguard[path]
+			if !ok || path == "github.com/nodeguard/nodeguard" {
+				continue
+			}
+			shared++
+			if ours != version {
+				t.Errorf("%s compiles %s %s, nodeguard %s: require nodeguard's version in %s/go.mod (or bump nodeguard's)", dir, path, version, ours, dir)
+			}
+		}
+		if shared < 10 {
+			t.Errorf("%s shares %d modules with nodeguard; want the Kubernetes libraries at least", dir, shared)
+		}
+	}
+}
