@@ -39,6 +39,7 @@ func TestToolsShareNodeguardsDependencyVersions(t *testing.T) {
 	for dir, pkgs := range map[string][]string{
 		"hack/tools/kube":    {"k8s.io/kubernetes/cmd/kube-apiserver", "k8s.io/kubernetes/cmd/kube-controller-manager", "k8s.io/kubernetes/cmd/kube-scheduler"},
 		"hack/tools/codegen": {"sigs.k8s.io/controller-tools/cmd/controller-gen"},
+		"hack/tools/kwok":    {"sigs.k8s.io/kwok/cmd/kwok"},
 	} {
 		shared := 0
 		for path, version := range compiledModules(t, filepath.Join(root, dir), pkgs...) {
