@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
 # make test's steps, run side by side: every package's tests on Kubernetes
 # 1.37, the e2e tests as E2E_SHARDS processes, test-oldest (1.36), the chart
-# tests and the release tests (the image for this machine's platform). The
-# tests wait on their clusters far more than they compute (one e2e process was
-# 12 of make test's 14 minutes, the machine mostly idle), and the release tests
-# only compile; so they overlap. Each job's
-# lines carry its name; a failing e2e shard prints its failed tests' output.
+# tests and the release tests (the image for this machine's platform). Each
+# e2e process waits on its cluster far more than it computes, so they overlap
+# (warm, the machine would idle under one; cold, the compiles keep both cores
+# busy). Each job's lines carry its name; a failing e2e shard prints its
+# failed tests' output.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 go=${GO:-go}
