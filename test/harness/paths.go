@@ -8,6 +8,9 @@ import (
 	"strings"
 )
 
+// moduleLine opens the go.mod of the nodeguard module.
+const moduleLine = "module github.com/nodeguard/nodeguard\n"
+
 // RepoRoot is the root of the nodeguard repository, found from this file's
 // path; in a -trimpath build (make's), which has no such path, from the
 // working directory up to the nodeguard module's go.mod.
@@ -18,7 +21,7 @@ func RepoRoot() string {
 	wd, _ := os.Getwd()
 	for dir := wd; ; dir = filepath.Dir(dir) {
 		mod, err := os.ReadFile(filepath.Join(dir, "go.mod"))
-		if err == nil && strings.HasPrefix(string(mod), "module github.com/nodeguard/nodeguard\n") {
+		if err == nil && strings.HasPrefix(string(mod), moduleLine) {
 			return dir
 		}
 		if filepath.Dir(dir) == dir {

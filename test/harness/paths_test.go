@@ -39,7 +39,7 @@ func TestKubeBinaryOfTheOldestRelease(t *testing.T) {
 // either build, with source paths (go test) or without (make's -trimpath).
 func TestRepoRootIsTheModule(t *testing.T) {
 	mod, err := os.ReadFile(filepath.Join(RepoRoot(), "go.mod"))
-	if err != nil || !strings.HasPrefix(string(mod), "module github.com/nodeguard/nodeguard\n") {
+	if err != nil || !strings.HasPrefix(string(mod), moduleLine) {
 		t.Fatalf("RepoRoot %s: go.mod %v, want the nodeguard module's", RepoRoot(), err)
 	}
 }
