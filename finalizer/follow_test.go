@@ -91,9 +91,9 @@ func TestFollowedDrainIsCutThenGivenBack(t *testing.T) {
 	f.markCharged(t, n.name, "upgrader")
 
 	f.passUntil(t, n.name, func() bool {
-		_, cut := getNode(t, n.name).Annotations[ngv1alpha1.TrafficCutAtAnnotation]
-		return cut
-	}, "the followed drain's traffic cut is recorded")
+		c := condition(getNode(t, n.name), ngv1alpha1.TrafficCutCondition)
+		return c != nil && c.Status == corev1.ConditionTrue
+	}, "the followed drain's traffic cut is recorded (TrafficCut True)")
 	for pool, state := range entryStates(emu, n.name) {
 		if state != "Down" {
 			t.Errorf("entry in %s is %s once the cut is recorded", pool, state)
@@ -117,8 +117,8 @@ func TestFollowedDrainIsCutThenGivenBack(t *testing.T) {
 	patchNode(t, n.name, func(node *corev1.Node) { node.Spec.Unschedulable = false }) // kubectl uncordon
 	f.pass(t, n.name)
 	node := getNode(t, n.name)
-	if _, charged := ngv1alpha1.DrainCharged(node); charged || node.Annotations[ngv1alpha1.TrafficCutAtAnnotation] != "" {
-		t.Fatalf("marks left after the node came back: %v", node.Annotations)
+	if _, charged := ngv1alpha1.DrainCharged(node); charged || condition(node, ngv1alpha1.TrafficCutCondition) != nil {
+		t.Fatalf("marks left after the node came back: %v, %+v", node.Annotations, node.Status.Conditions)
 	}
 	if got := disruptedNodes(t, f.ns); len(got) != 0 {
 		t.Errorf("the budget still charges %v", got)

@@ -32,6 +32,9 @@ type nodeMemory struct {
 	drainedAt time.Time
 	// cutWait: a background wait for the traffic cut will wake the node.
 	cutWait bool
+	// cutEnded is when the traffic cut ended, to the nanosecond; the
+	// TrafficCut condition keeps it to the second across restarts.
+	cutEnded time.Time
 }
 
 // remember returns the node's memory, made on first use. Call with r.mu held.

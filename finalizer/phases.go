@@ -15,14 +15,15 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	ngv1alpha1 "github.com/nodeguard/nodeguard/api/v1alpha1"
+	"github.com/nodeguard/nodeguard/internal/nodepatch"
 )
 
 // cordon marks the node unschedulable and adds the draining taint, which
 // counts the node unavailable for budgets and asks for AdminState Down. The
-// patch holds an optimistic lock (it replaces the taint list), and the taint
-// watcher's record of AdminState Down lands with the deletion, so the first
-// try often conflicts: it reads the node again and retries at once, not
-// after a turn in a queue a fleet's deletion keeps long.
+// patch is guarded by a test of the node's taints only (nodepatch): the taint
+// watcher's and the kubelet's writes, which land as the deletion does, never
+// make it fail. A changed taint list does: it reads the node again and
+// retries at once, not after a turn in a queue a fleet's deletion keeps long.
 func (r *Reconciler) cordon(ctx context.Context, node *corev1.Node) (reconcile.Result, error) {
 	for attempt := 1; ; attempt++ {
 		if node.Spec.Unschedulable && drainingTaint(node) != nil {
@@ -52,15 +53,13 @@ func (r *Reconciler) cordon(ctx context.Context, node *corev1.Node) (reconcile.R
 const cordonAttempts = 3
 
 func (r *Reconciler) patchCordon(ctx context.Context, node *corev1.Node) error {
-	patch := client.MergeFromWithOptions(node.DeepCopy(), client.MergeFromWithOptimisticLock{})
-	node.Spec.Unschedulable = true
-	if drainingTaint(node) == nil {
-		node.Spec.Taints = append(node.Spec.Taints, corev1.Taint{
-			Key: ngv1alpha1.DrainingTaintKey, Value: ngv1alpha1.DrainingTaintValue,
-			Effect: corev1.TaintEffectNoSchedule, TimeAdded: ptr.To(metav1.NewTime(r.Clock.Now())),
-		})
+	if drainingTaint(node) != nil {
+		return nodepatch.Apply(ctx, r.Client, node, nodepatch.Add("/spec/unschedulable", true))
 	}
-	return r.Client.Patch(ctx, node, patch)
+	return nodepatch.Apply(ctx, r.Client, node, cordonPatch(node, corev1.Taint{
+		Key: ngv1alpha1.DrainingTaintKey, Value: ngv1alpha1.DrainingTaintValue,
+		Effect: corev1.TaintEffectNoSchedule, TimeAdded: ptr.To(metav1.NewTime(r.Clock.Now())),
+	})...)
 }
 
 func drainingTaint(node *corev1.Node) *corev1.Taint {
@@ -126,8 +125,9 @@ func (r *Reconciler) waitForVolumes(ctx context.Context, node *corev1.Node) (rec
 	return reconcile.Result{RequeueAfter: left + time.Millisecond}, nil
 }
 
-// release removes only nodeguard's finalizer, with an optimistic lock, which
-// lets the API server delete the node, and gives up the maintenance Lease.
+// release removes only nodeguard's finalizer (a JSON patch that tests it is
+// still where it was read), which lets the API server delete the node, and
+// gives up the maintenance Lease.
 func (r *Reconciler) release(ctx context.Context, node *corev1.Node) (reconcile.Result, error) {
 	r.event(node, corev1.EventTypeNormal, ReasonReleased, "traffic cut and pods drained: releasing the node")
 	return r.removeFinalizer(ctx, node)
@@ -141,10 +141,10 @@ func (r *Reconciler) removeFinalizer(ctx context.Context, node *corev1.Node) (re
 	if err := r.flushConditions(ctx, node); err != nil {
 		return reconcile.Result{}, err
 	}
-	patch := client.MergeFromWithOptions(node.DeepCopy(), client.MergeFromWithOptimisticLock{})
-	node.Finalizers = slices.DeleteFunc(slices.Clone(node.Finalizers), func(f string) bool { return f == ngv1alpha1.TerminationFinalizer })
-	if err := r.Client.Patch(ctx, node, patch); client.IgnoreNotFound(err) != nil {
-		return reconcile.Result{}, fmt.Errorf("removing finalizer: %w", err)
+	if i := slices.Index(node.Finalizers, ngv1alpha1.TerminationFinalizer); i >= 0 {
+		if err := nodepatch.Apply(ctx, r.Client, node, finalizerRemoval(i)...); client.IgnoreNotFound(err) != nil {
+			return reconcile.Result{}, fmt.Errorf("removing finalizer: %w", err)
+		}
 	}
 	r.releaseMaintenanceLease(ctx, node)
 	terminationDuration.Observe(r.Clock.Since(node.DeletionTimestamp.Time).Seconds())
@@ -158,11 +158,6 @@ func (r *Reconciler) persistDrained(ctx context.Context, node *corev1.Node, at t
 		return nil
 	}
 	return r.annotateAt(ctx, node, ngv1alpha1.DrainedAtAnnotation, at)
-}
-
-// annotate records the current time under key on the node.
-func (r *Reconciler) annotate(ctx context.Context, node *corev1.Node, key string) error {
-	return r.annotateAt(ctx, node, key, r.Clock.Now())
 }
 
 func (r *Reconciler) annotateAt(ctx context.Context, node *corev1.Node, key string, at time.Time) error {

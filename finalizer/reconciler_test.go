@@ -589,67 +589,115 @@ func TestDrainLooksAgainAtItsDeadline(t *testing.T) {
 	}
 }
 
-// TestNodeWrittenDuringThePassIsNotAFailure: the taint watcher records
-// AdminState Down on a node as its deletion lands, racing the pass's
-// optimistic cordon. The API server answers 409; the pass is no failure (no
-// reconcile error, whose log carries a stack trace): it reads the node again
-// and cordons in the same pass, keeping the other writer's change. A release
-// that loses such a race looks again at once, and the next pass releases.
+// TestNodeWrittenDuringThePassIsNotAFailure: other writers change a node
+// while a pass writes it. The taint watcher's and the kubelet's writes land
+// as its deletion does: the cordon and the release test only the field they
+// replace, so such a write never makes them fail, and is kept. A writer that
+// changes that very field (a taint added, a finalizer before nodeguard's
+// removed, which moves it) makes the API server refuse the patch; the pass is no failure (no
+// reconcile error, whose log carries a stack trace): the cordon reads the
+// node again and cordons in the same pass (the other writer's taint kept),
+// and the release looks again at once.
 func TestNodeWrittenDuringThePassIsNotAFailure(t *testing.T) {
-	f := newFixture(t, "conflict")
-	node := f.ns + "-node"
-	f.node(t, node, builder.Ready())
-	f.pod(t, "web", node, controlledBy("ReplicaSet")) // evicted, it stays terminating: the node stays
-	f.deleteNode(t, node)
-	direct := f.r.Client
-	raceNextNodePatch := func(key string) func() bool {
-		var raced func() bool
-		f.r.Client, raced = harness.NodePatchRacedOnce(t, env, func(n *corev1.Node) {
-			if n.Annotations == nil {
-				n.Annotations = map[string]string{}
+	for _, tt := range []struct {
+		name string
+		// cordon and release are the other writers' changes that race them.
+		cordon, release func(*corev1.Node)
+		// releaseRefused: the release's patch is refused and the next pass
+		// releases.
+		releaseRefused bool
+	}{
+		{name: "annotations", cordon: annotate("example.com/other-writer"), release: annotate("example.com/at-release")},
+		{name: "the same fields", cordon: addTaint("example.com/other-writer"), releaseRefused: true,
+			// Its finalizer, before nodeguard's, is removed: nodeguard's moves.
+			release: func(n *corev1.Node) {
+				n.Finalizers = slices.DeleteFunc(n.Finalizers, func(f string) bool { return f == "example.com/other-writer" })
+			},
+		},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			f := newFixture(t, "conflict")
+			node := f.ns + "-node"
+			f.node(t, node, builder.Ready())
+			if tt.releaseRefused {
+				patchNode(t, node, func(n *corev1.Node) { n.Finalizers = append([]string{"example.com/other-writer"}, n.Finalizers...) })
 			}
-			n.Annotations[key] = "x"
+			f.pod(t, "web", node, controlledBy("ReplicaSet")) // evicted, it stays terminating: the node stays
+			f.deleteNode(t, node)
+			direct := f.r.Client
+			raceNextNodePatch := func(write func(*corev1.Node)) func() bool {
+				var raced func() bool
+				f.r.Client, raced = harness.NodePatchRacedOnce(t, env, write)
+				return raced
+			}
+
+			// kept: the other writer's change is on the node.
+			kept := func(n *corev1.Node) bool {
+				return n.Annotations["example.com/other-writer"] == "x" ||
+					slices.ContainsFunc(n.Spec.Taints, func(t corev1.Taint) bool { return t.Key == "example.com/other-writer" })
+			}
+			raced := raceNextNodePatch(tt.cordon)
+			if _, err := f.r.Reconcile(context.Background(), reconcile.Request{NamespacedName: types.NamespacedName{Name: node}}); err != nil {
+				t.Fatalf("a cordon raced by another writer failed the pass: %v", err)
+			}
+			if !raced() {
+				t.Fatal("the pass wrote no node: the race was not played")
+			}
+			n := getNode(t, node)
+			if !n.Spec.Unschedulable || drainingTaint(n) == nil || !kept(n) {
+				t.Errorf("after the raced pass: unschedulable %v, taints %v, annotations %v; want cordoned, tainted and the other write kept in the same pass",
+					n.Spec.Unschedulable, n.Spec.Taints, n.Annotations)
+			}
+			if got := f.events.with(ReasonCordoned); len(got) != 1 {
+				t.Errorf("Cordoned events %q, want 1", got)
+			}
+
+			f.r.Client = direct
+			harness.Eventually(t, time.Minute, func(context.Context) (bool, error) {
+				return f.podState(t, "web") == "terminating", nil
+			}, "the pod is evicted")
+			f.finish(t, "web")
+			raced = raceNextNodePatch(tt.release)
+			res, err := f.r.Reconcile(context.Background(), reconcile.Request{NamespacedName: types.NamespacedName{Name: node}})
+			if err != nil {
+				t.Fatalf("a release raced by another writer failed the pass: %v", err)
+			}
+			if !raced() {
+				t.Fatal("the release pass wrote no node: the race was not played")
+			}
+			if !tt.releaseRefused {
+				if gone, err := harness.NodeGone(context.Background(), env.Client, node); !gone || err != nil {
+					t.Fatalf("the node is still there (%v) after a release raced by an annotation, want released in the same pass", err)
+				}
+				return
+			}
+			if res.RequeueAfter <= 0 || res.RequeueAfter > time.Second {
+				t.Errorf("after the release was refused the pass asks to run again after %v, want at once", res.RequeueAfter)
+			}
+			if !slices.Contains(getNode(t, node).Finalizers, ngv1alpha1.TerminationFinalizer) {
+				t.Fatal("the finalizer is gone although its index changed before the release: the test did not race it")
+			}
+			f.pass(t, node)
+			harness.Eventually(t, time.Minute, func(ctx context.Context) (bool, error) {
+				return harness.NodeGone(ctx, env.Client, node)
+			}, "the next pass releases the node")
 		})
-		return raced
 	}
+}
 
-	raced := raceNextNodePatch("example.com/other-writer")
-	if _, err := f.r.Reconcile(context.Background(), reconcile.Request{NamespacedName: types.NamespacedName{Name: node}}); err != nil {
-		t.Fatalf("a cordon that lost to another writer failed the pass: %v", err)
+// addTaint is another writer adding a taint to a node.
+func addTaint(key string) func(*corev1.Node) {
+	return func(n *corev1.Node) {
+		n.Spec.Taints = append(n.Spec.Taints, corev1.Taint{Key: key, Effect: corev1.TaintEffectPreferNoSchedule})
 	}
-	if !raced() {
-		t.Fatal("the pass wrote no node: the race was not played")
-	}
-	n := getNode(t, node)
-	if !n.Spec.Unschedulable || drainingTaint(n) == nil || n.Annotations["example.com/other-writer"] != "x" {
-		t.Errorf("after the raced pass: unschedulable %v, draining taint %v, other writer's annotation %q; want cordoned, tainted and the other write kept in the same pass",
-			n.Spec.Unschedulable, drainingTaint(n), n.Annotations["example.com/other-writer"])
-	}
-	if got := f.events.with(ReasonCordoned); len(got) != 1 {
-		t.Errorf("Cordoned events %q, want 1", got)
-	}
+}
 
-	f.r.Client = direct
-	harness.Eventually(t, time.Minute, func(context.Context) (bool, error) {
-		return f.podState(t, "web") == "terminating", nil
-	}, "the pod is evicted")
-	f.finish(t, "web")
-	raced = raceNextNodePatch("example.com/at-release")
-	res, err := f.r.Reconcile(context.Background(), reconcile.Request{NamespacedName: types.NamespacedName{Name: node}})
-	if err != nil {
-		t.Fatalf("a release that lost to another writer failed the pass: %v", err)
+// annotate is another writer setting an annotation on a node.
+func annotate(key string) func(*corev1.Node) {
+	return func(n *corev1.Node) {
+		if n.Annotations == nil {
+			n.Annotations = map[string]string{}
+		}
+		n.Annotations[key] = "x"
 	}
-	if !raced() {
-		t.Fatal("the release pass wrote no node: the race was not played")
-	}
-	if res.RequeueAfter <= 0 || res.RequeueAfter > time.Second {
-		t.Errorf("after the release's conflict the pass asks to run again after %v, want at once", res.RequeueAfter)
-	}
-	if !slices.Contains(getNode(t, node).Finalizers, ngv1alpha1.TerminationFinalizer) {
-		t.Fatal("the finalizer is gone although the release lost the race: the test did not race it")
-	}
-	f.pass(t, node)
-	harness.Eventually(t, time.Minute, func(ctx context.Context) (bool, error) {
-		return harness.NodeGone(ctx, env.Client, node)
-	}, "the next pass releases the node")
 }

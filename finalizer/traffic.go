@@ -41,7 +41,7 @@ const (
 	conditionCut      = "AdminStateDown"
 	conditionFailed   = "AdminStateUpdateFailed"
 	conditionTimedOut = "AdminStateNotConfirmed"
-	conditionNoPool   = "NotInAnyBackendPool"
+	conditionNoPool   = ngv1alpha1.TrafficCutReasonNoPool
 )
 
 // trafficFailedPoll is how often a drain held by --traffic-cut-failure=wait
@@ -57,13 +57,14 @@ type notCut struct {
 // cutTraffic asks for AdminState Down and waits until Azure confirms it on
 // every backend pool of the node, or every pool confirmed or failed, for at
 // most AdminStateTimeout from the cordon: an ARM outage never wedges a drain
-// unless --traffic-cut-failure=wait asks for it. It records when the phase
-// ended, and then waits CutoverPause.
+// unless --traffic-cut-failure=wait asks for it. The TrafficCut condition
+// records how the phase ended, in the pass's status write (no write of the
+// node of its own); then it waits CutoverPause.
 func (r *Reconciler) cutTraffic(ctx context.Context, node *corev1.Node) (reconcile.Result, error) {
 	if r.AdminState == nil {
 		return reconcile.Result{}, nil
 	}
-	if cutAt, ok := ngv1alpha1.AnnotationTime(node, ngv1alpha1.TrafficCutAtAnnotation); ok {
+	if cutAt, ok := r.cutEnded(node); ok {
 		if wait := cutAt.Add(r.Opts.CutoverPause).Sub(r.Clock.Now()); wait > 0 {
 			r.waitFor(node.UID, "traffic cut; pausing %s (--cutover-pause) before the drain", wait.Round(time.Second))
 			return reconcile.Result{RequeueAfter: wait}, nil
@@ -83,14 +84,30 @@ func (r *Reconciler) cutTraffic(ctx context.Context, node *corev1.Node) (reconci
 		return r.holdUncut(ctx, node, *failure)
 	}
 	r.reportCut(node, failure)
-	if err := r.annotate(ctx, node, ngv1alpha1.TrafficCutAtAnnotation); err != nil {
-		return reconcile.Result{}, err
-	}
+	r.mu.Lock()
+	r.remember(node.UID).cutEnded = r.Clock.Now()
+	r.mu.Unlock()
 	if r.Opts.CutoverPause > 0 {
 		r.waitFor(node.UID, "traffic cut; pausing %s (--cutover-pause) before the drain", r.Opts.CutoverPause)
 		return reconcile.Result{RequeueAfter: r.Opts.CutoverPause}, nil
 	}
 	return reconcile.Result{}, nil
+}
+
+// cutEnded reports whether and when the node's traffic cut ended, from the
+// TrafficCut condition, to the nanosecond when this process saw it end (a
+// pause resumed after a restart may end up to a second early).
+func (r *Reconciler) cutEnded(node *corev1.Node) (time.Time, bool) {
+	at, ok := ngv1alpha1.TrafficCutEnded(node, r.Opts.TrafficCutFailure == TrafficCutFailureWait)
+	if !ok {
+		return at, false
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if m := r.recall(node.UID); !m.cutEnded.IsZero() {
+		return m.cutEnded, true
+	}
+	return at, true
 }
 
 // awaitCut reads the manager's answer: confirmed (nil, zero), not cut (the
@@ -187,11 +204,10 @@ func (n notCut) eventReason() string {
 	return ReasonTrafficCutTimedOut
 }
 
-// markCutConfirmed turns a TrafficCut condition that said "not cut" (a
-// drain that waited) True; a node that never had one gets none.
+// markCutConfirmed sets the TrafficCut condition True, or turns one that
+// said "not cut" (a drain that waited) True.
 func (r *Reconciler) markCutConfirmed(node *corev1.Node) {
-	c := nodeCondition(node, ngv1alpha1.TrafficCutCondition)
-	if c == nil || c.Status == corev1.ConditionTrue {
+	if c := nodeCondition(node, ngv1alpha1.TrafficCutCondition); c != nil && c.Status == corev1.ConditionTrue {
 		return
 	}
 	r.setTrafficCondition(node, corev1.ConditionTrue, conditionCut, "load balancer AdminState Down confirmed on every backend pool entry of the node")

@@ -164,6 +164,47 @@ func TestTrafficCutFailureIsReported(t *testing.T) {
 	}
 }
 
+// TestCutoverPauseHoldsTheFirstEvictionAcrossARestart: the confirmed cut is
+// recorded in the TrafficCut condition (True, when it ended), and
+// --cutover-pause holds the first eviction that long after it, also for a
+// process that starts over in the middle of the pause and knows the cut only
+// from the condition.
+func TestCutoverPauseHoldsTheFirstEvictionAcrossARestart(t *testing.T) {
+	f := newFixture(t, "cutover")
+	f.r.Opts.AdminStateTimeout, f.r.Opts.CutoverPause = time.Minute, 30*time.Second
+	n := newAzureNode(f, 0)
+	emu := f.withAzure(t, armemulator.Topology{}, 0, n)
+	f.azureNode(t, n)
+	f.pod(t, "web", n.name, controlledBy("ReplicaSet"))
+	f.deleteNode(t, n.name)
+
+	f.passUntil(t, n.name, func() bool {
+		c := condition(getNode(t, n.name), ngv1alpha1.TrafficCutCondition)
+		return c != nil && c.Status == corev1.ConditionTrue && c.Reason == conditionCut
+	}, "the confirmed cut is recorded in the TrafficCut condition")
+	if got := entryStates(emu, n.name); got["kubernetes/kubernetes"] != "Down" {
+		t.Fatalf("entries %v once the cut is recorded, want Down", got)
+	}
+	cut := f.clock.Now()
+	f.clock.SetTime(cut.Add(20 * time.Second))
+	f.pass(t, n.name)
+	if got := f.podState(t, "web"); got != "running" {
+		t.Fatalf("pod web is %s 20s into a 30s cutover pause", got)
+	}
+
+	// A new leader knows the cut only from the node.
+	f.r.mu.Lock()
+	f.r.memory = nil
+	f.r.mu.Unlock()
+	f.clock.SetTime(cut.Add(28 * time.Second))
+	f.pass(t, n.name)
+	if got := f.podState(t, "web"); got != "running" {
+		t.Fatalf("pod web is %s 28s into a 30s cutover pause, after a restart", got)
+	}
+	f.clock.SetTime(cut.Add(31 * time.Second))
+	f.passUntil(t, n.name, func() bool { return f.podState(t, "web") != "running" }, "the drain starts once the pause is over")
+}
+
 // A pool that fails at once (a NIC-based pool listing the node only in its
 // backendIPConfigurations: no entry can carry Down) does not start the
 // drain while the node's other pools' writes are in flight: the first

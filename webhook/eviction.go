@@ -359,14 +359,14 @@ func (h *EvictionHandler) mark(ctx context.Context, node *corev1.Node, user stri
 }
 
 // awaitTrafficCut refuses evictions from a charged node ("retry") until its
-// traffic cut is recorded (nodeguard.io/traffic-cut-at) or, unless the policy
-// is wait, --admin-state-timeout after the charge.
+// traffic cut has ended (the TrafficCut condition) or, unless the policy is
+// wait, --admin-state-timeout after the charge.
 func (h *EvictionHandler) awaitTrafficCut(node *corev1.Node, pod string) decision {
 	if !h.Traffic.Enabled {
 		return decision{allowed: true, reason: reasonCharged, message: fmt.Sprintf("the drain of node %s is charged to its budgets", node.Name)}
 	}
-	if _, cut := node.Annotations[ngv1alpha1.TrafficCutAtAnnotation]; cut {
-		return decision{allowed: true, reason: reasonCharged, message: fmt.Sprintf("the drain of node %s is charged and its traffic cut", node.Name)}
+	if _, ended := ngv1alpha1.TrafficCutEnded(node, h.Traffic.Wait); ended {
+		return decision{allowed: true, reason: reasonCharged, message: fmt.Sprintf("the drain of node %s is charged and its traffic cut ended (condition %s)", node.Name, ngv1alpha1.TrafficCutCondition)}
 	}
 	chargedAt, ok := ngv1alpha1.AnnotationTime(node, ngv1alpha1.DrainChargedAtAnnotation)
 	left := chargedAt.Add(h.Traffic.Timeout).Sub(h.Clock.Now())

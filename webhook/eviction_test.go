@@ -229,9 +229,13 @@ func TestEvictionWaitsForTheTrafficCut(t *testing.T) {
 	if by, charged := ngv1alpha1.DrainCharged(node); !charged || by != "upgrader" {
 		t.Fatalf("the node is not marked charged by the requester: %v", node.Annotations)
 	}
+	// The termination controller records the confirmed cut as it does.
 	patch := client.MergeFrom(node.DeepCopy())
-	node.Annotations[ngv1alpha1.TrafficCutAtAnnotation] = ngv1alpha1.FormatTime(time.Now())
-	if err := env.Client.Patch(ctx, node, patch); err != nil {
+	node.Status.Conditions = append(node.Status.Conditions, corev1.NodeCondition{
+		Type: ngv1alpha1.TrafficCutCondition, Status: corev1.ConditionTrue, Reason: "AdminStateDown",
+		LastTransitionTime: metav1.Now(), LastHeartbeatTime: metav1.Now(),
+	})
+	if err := env.Client.Status().Patch(ctx, node, patch); err != nil {
 		t.Fatal(err)
 	}
 	harness.Eventually(t, 10*time.Second, func(ctx context.Context) (bool, error) {

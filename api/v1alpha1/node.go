@@ -211,6 +211,24 @@ func DrainCharged(node *corev1.Node) (string, bool) {
 	return by, true
 }
 
+// TrafficCutEnded reports whether the traffic cut before a node's drain has
+// ended, and when, from the TrafficCut condition: Azure confirmed the cut, or
+// the drain goes on without it (waitForCut is false: --traffic-cut-failure=drain;
+// or the node is in no backend pool). A node an earlier nodeguard version
+// began to terminate carries TrafficCutAtAnnotation instead.
+func TrafficCutEnded(node *corev1.Node, waitForCut bool) (time.Time, bool) {
+	for _, c := range node.Status.Conditions {
+		if c.Type != TrafficCutCondition {
+			continue
+		}
+		if c.Status == corev1.ConditionTrue || !waitForCut || c.Reason == TrafficCutReasonNoPool {
+			return c.LastTransitionTime.Time, true
+		}
+		return time.Time{}, false
+	}
+	return AnnotationTime(node, TrafficCutAtAnnotation)
+}
+
 // IsDrainingTaint reports whether a taint is nodeguard's draining taint.
 func IsDrainingTaint(t corev1.Taint) bool { return t.Key == DrainingTaintKey }
 

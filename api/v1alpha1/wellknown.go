@@ -26,14 +26,15 @@ const (
 	// nodeguard's --drain-timeout for that node.
 	DrainTimeoutAnnotation = "nodeguard.io/drain-timeout"
 
-	// TrafficCutAtAnnotation and DrainedAtAnnotation record (RFC 3339) when a
-	// terminating node's load-balancer traffic was cut (or the wait for it gave
-	// up) and when its drain finished: the termination's durable progress.
-	// DrainedAtAnnotation is written only on a node whose release waits for
-	// its VolumeAttachments (it dates that wait's timeout); a node released
-	// in the pass its drain ended never carries it.
+	// DrainedAtAnnotation records (RFC 3339) when a terminating node's drain
+	// finished. It is written only on a node whose release waits for its
+	// VolumeAttachments (it dates that wait's timeout); a node released in
+	// the pass its drain ended never carries it.
+	DrainedAtAnnotation = "nodeguard.io/drained-at"
+	// TrafficCutAtAnnotation recorded when the traffic cut ended, before the
+	// TrafficCut condition did: nodeguard reads it on nodes that an earlier
+	// version began to terminate, and writes it no more.
 	TrafficCutAtAnnotation = "nodeguard.io/traffic-cut-at"
-	DrainedAtAnnotation    = "nodeguard.io/drained-at"
 
 	// AdminStateDownAnnotation (RFC 3339 time) marks a node whose
 	// load-balancer entries nodeguard asked to be Down. nodeguard restores None
@@ -53,10 +54,14 @@ const (
 	// waits for.
 	TerminatingCondition corev1.NodeConditionType = "nodeguard.io/Terminating"
 
-	// TrafficCutCondition is the node condition that says a terminating
-	// node's load-balancer traffic was NOT cut (False, with why) before its
-	// drain; True once Azure confirmed it after all.
+	// TrafficCutCondition is the node condition that says how the traffic
+	// cut before a node's drain ended: True once Azure confirmed AdminState
+	// Down on every entry, False with why when it was not cut. It is the
+	// termination's durable record of the cut (TrafficCutEnded).
 	TrafficCutCondition corev1.NodeConditionType = "nodeguard.io/TrafficCut"
+	// TrafficCutReasonNoPool (TrafficCut False): the node is in no backend
+	// pool, so there was nothing to cut.
+	TrafficCutReasonNoPool = "NotInAnyBackendPool"
 
 	// DoNotEvictAnnotation ("true") on a pod makes the drain wait for the pod to
 	// go on its own instead of evicting it.

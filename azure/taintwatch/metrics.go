@@ -26,7 +26,7 @@ var (
 	}, []string{labelSignal})
 	nodesHeldDown = prometheus.NewGauge(prometheus.GaugeOpts{
 		Name: "nodeguard_signal_admin_state_held_nodes",
-		Help: "Nodes whose load-balancer entries nodeguard set Down and has not yet released (nodes carrying the nodeguard.io/admin-state-down annotation).",
+		Help: "Nodes whose load-balancer entries nodeguard set Down for a signal and will restore to None once it is gone (nodes carrying the nodeguard.io/admin-state-down annotation); a node being deleted is not counted: its entries are restored only once it is gone.",
 	})
 	adminStateRequests = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "nodeguard_signal_admin_state_requests_total",

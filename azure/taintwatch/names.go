@@ -5,10 +5,11 @@
 //     inputs of azure.DesiredState: the signal taints (--signal-taints), nodeguard's
 //     draining taint, and deletion under nodeguard's finalizer. It hands a
 //     node that must be Down to the admin-state manager at once, after
-//     recording that nodeguard took it Down (ngv1alpha1.AdminStateDownAnnotation). When
-//     every signal is gone it restores None, but only on nodes carrying that
-//     annotation, so nodeguard never overrides another tool's choice. Cordon
-//     and other unschedulable signals are ignored on purpose.
+//     recording that nodeguard took it Down (ngv1alpha1.AdminStateDownAnnotation;
+//     not on a node being deleted, which is never restored while it exists).
+//     When every signal is gone it restores None, but only on nodes carrying
+//     that annotation, so nodeguard never overrides another tool's choice.
+//     Cordon and other unschedulable signals are ignored on purpose.
 //   - SpotTainter (leader only) turns the first PreemptScheduled event of a
 //     node into the spot-eviction taint, with an optimistic-lock patch. The
 //     taint is the durable record: later events and restarts add nothing.

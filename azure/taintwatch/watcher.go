@@ -216,9 +216,13 @@ func (w *Watcher) untrack(n *corev1.Node) {
 
 // holdDown records durably that nodeguard takes the node Down (before asking,
 // so that a crash in between can never leave an entry Down that nobody
-// restores), then hands the node to the manager.
+// restores), then hands the node to the manager. A node being deleted gets no
+// record and no event: its deletion cannot be undone, so nothing restores
+// None while it exists (the manager's records do once it is gone), and the
+// termination controller reports its cut. That write would also land as the
+// termination controller cordons the node.
 func (w *Watcher) holdDown(ctx context.Context, n *corev1.Node, rec nodeRecord) (reconcile.Result, error) {
-	if !heldDown(n) {
+	if n.DeletionTimestamp == nil && !heldDown(n) {
 		patch := client.MergeFrom(n.DeepCopy())
 		if n.Annotations == nil {
 			n.Annotations = map[string]string{}
@@ -230,9 +234,11 @@ func (w *Watcher) holdDown(ctx context.Context, n *corev1.Node, rec nodeRecord) 
 			}
 			return reconcile.Result{}, fmt.Errorf("recording admin state Down on node %s: %w", n.Name, err)
 		}
+		w.event(n, ReasonAdminStateDownRequested, "signals %s: asked Azure to set the node's load-balancer backend entries Down; nodeguard restores None once every signal is gone", w.describe(rec.signals))
+	}
+	if !rec.tracked || rec.desired != azure.AdminStateDown {
 		adminStateRequests.WithLabelValues(string(azure.AdminStateDown)).Inc()
 		ctrl.LoggerFrom(ctx).Info("Node carries a signal; setting load-balancer admin state Down", "node", klog.KObj(n), "signals", rec.signals)
-		w.event(n, ReasonAdminStateDownRequested, "signals %s: asked Azure to set the node's load-balancer backend entries Down; nodeguard restores None once every signal is gone", w.describe(rec.signals))
 	}
 	w.AdminState.SetDesired(n, azure.AdminStateDown)
 	w.track(n, azure.AdminStateDown)
@@ -243,13 +249,13 @@ func (w *Watcher) holdDown(ctx context.Context, n *corev1.Node, rec nodeRecord) 
 // it, removes the record and forgets the node: from then on nodeguard leaves
 // its entries alone. A node nodeguard never took Down is not touched.
 func (w *Watcher) restore(ctx context.Context, n *corev1.Node, rec nodeRecord) (reconcile.Result, error) {
+	if n.DeletionTimestamp != nil {
+		// Going away: once it is gone, the manager restores what it recorded.
+		return reconcile.Result{}, nil
+	}
 	if !heldDown(n) {
 		// Never ours, or the record was removed by hand: hands off.
 		w.untrack(n)
-		return reconcile.Result{}, nil
-	}
-	if n.DeletionTimestamp != nil {
-		// Going away: once it is gone, the manager restores what it recorded.
 		return reconcile.Result{}, nil
 	}
 	if !rec.tracked || rec.desired != azure.AdminStateNone {

@@ -3,6 +3,7 @@ package taintwatch
 import (
 	"context"
 	"net/http"
+	"slices"
 	"testing"
 	"time"
 
@@ -10,6 +11,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/event"
 
 	ngv1alpha1 "github.com/nodeguard/nodeguard/api/v1alpha1"
@@ -184,6 +186,50 @@ func TestDeletedNodeCausesNoWriteAndReplacementIsNotDown(t *testing.T) {
 	wantEntries(t, emu, stays.name, "None")
 	if heldDown(getNode(t, gone.name)) {
 		t.Errorf("the replacement node carries %s", ngv1alpha1.AdminStateDownAnnotation)
+	}
+}
+
+// TestDeletingNodeIsTakenDownWithoutAWrite: a node deleted under nodeguard's
+// finalizer goes Down with no write of the node and no event of the watcher:
+// its deletion cannot be undone, so nothing restores None while it exists,
+// and the termination controller cordons it (and reports the cut) meanwhile.
+func TestDeletingNodeIsTakenDownWithoutAWrite(t *testing.T) {
+	harness.SkipWithoutEnv(t, env)
+	n := vmssNode("deleting-down", 7)
+	emu := startEmulator(t, n)
+	node := createNode(t, n)
+	startNodeguard(t, emu, nodeguardOptions{})
+	ctx := context.Background()
+	patch := client.MergeFrom(node.DeepCopy())
+	node.Finalizers = append(node.Finalizers, ngv1alpha1.TerminationFinalizer)
+	if err := env.Client.Patch(ctx, node, patch); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { removeFinalizer(t, n.name) })
+	if err := env.Client.Delete(ctx, node); err != nil {
+		t.Fatal(err)
+	}
+	deleting := getNode(t, n.name)
+
+	waitEntries(t, emu, n.name, "Down")
+	got := getNode(t, n.name)
+	if heldDown(got) || got.ResourceVersion != deleting.ResourceVersion {
+		t.Errorf("the deleting node was written (resourceVersion %s, then %s; annotations %v), want no write",
+			deleting.ResourceVersion, got.ResourceVersion, got.Annotations)
+	}
+	if events, err := nodeEvents(t, got); err != nil || events[ReasonAdminStateDownRequested] > 0 {
+		t.Errorf("events %v (%v), want no %s on a deleting node", events, err, ReasonAdminStateDownRequested)
+	}
+}
+
+// removeFinalizer lets a node the test deleted under nodeguard's finalizer go.
+func removeFinalizer(t *testing.T, name string) {
+	t.Helper()
+	node := getNode(t, name)
+	patch := client.MergeFrom(node.DeepCopy())
+	node.Finalizers = slices.DeleteFunc(node.Finalizers, func(f string) bool { return f == ngv1alpha1.TerminationFinalizer })
+	if err := env.Client.Patch(context.Background(), node, patch); client.IgnoreNotFound(err) != nil {
+		t.Fatal(err)
 	}
 }
 

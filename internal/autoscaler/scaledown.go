@@ -5,6 +5,7 @@ import (
 	"fmt"
 
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/client-go/tools/events"
 	ctrl "sigs.k8s.io/controller-runtime"
@@ -17,6 +18,8 @@ import (
 
 	ngv1alpha1 "github.com/nodeguard/nodeguard/api/v1alpha1"
 	"github.com/nodeguard/nodeguard/budget"
+	"github.com/nodeguard/nodeguard/internal/nodepatch"
+	"github.com/nodeguard/nodeguard/internal/requeue"
 )
 
 // ScaleDownReconciler keeps cluster-autoscaler from picking a node that a
@@ -115,13 +118,18 @@ func (r *ScaleDownReconciler) Reconcile(ctx context.Context, req reconcile.Reque
 	}
 	_, ours := node.Annotations[ngv1alpha1.ScaleDownDisabledByAnnotation]
 	_, anyValue := node.Annotations[ngv1alpha1.ScaleDownDisabledAnnotation]
+	var patchErr error
 	switch {
 	case blocking != "" && !anyValue:
-		return reconcile.Result{}, r.patch(ctx, &node, true, blocking)
+		patchErr = r.patch(ctx, &node, true, blocking)
 	case blocking == "" && ours:
-		return reconcile.Result{}, r.patch(ctx, &node, false, "")
+		patchErr = r.patch(ctx, &node, false, "")
 	}
-	return reconcile.Result{}, nil
+	if apierrors.IsConflict(patchErr) {
+		// Changed meanwhile (a deletion, a user's annotation): look again.
+		return reconcile.Result{RequeueAfter: requeue.AfterConflict}, nil
+	}
+	return reconcile.Result{}, patchErr
 }
 
 // blockingBudget names a budget that selects the managed node and allows no
@@ -147,19 +155,26 @@ func (r *ScaleDownReconciler) blockingBudget(ctx context.Context, node *corev1.N
 	return "", nil
 }
 
+// patch sets or removes the annotation and nodeguard's mark. Its tests
+// guard what it relies on (nodepatch): a node whose deletion began meanwhile
+// is never written (it leaves anyway), and a user's annotation set meanwhile
+// is never overwritten; other changes of the node never make it fail.
 func (r *ScaleDownReconciler) patch(ctx context.Context, node *corev1.Node, disable bool, budget string) error {
-	patch := client.MergeFromWithOptions(node.DeepCopy(), client.MergeFromWithOptimisticLock{})
-	if node.Annotations == nil {
-		node.Annotations = map[string]string{}
+	disabled, by := nodepatch.AnnotationPath(ngv1alpha1.ScaleDownDisabledAnnotation), nodepatch.AnnotationPath(ngv1alpha1.ScaleDownDisabledByAnnotation)
+	ops := []nodepatch.Op{nodepatch.Test("/metadata/deletionTimestamp", nil)}
+	switch {
+	case disable && len(node.Annotations) == 0:
+		ops = append(ops, nodepatch.Test("/metadata/annotations", nil), nodepatch.Add("/metadata/annotations", map[string]string{
+			ngv1alpha1.ScaleDownDisabledAnnotation: "true", ngv1alpha1.ScaleDownDisabledByAnnotation: budget}))
+	case disable:
+		ops = append(ops, nodepatch.Test(disabled, nil), nodepatch.Add(disabled, "true"), nodepatch.Add(by, budget))
+	default:
+		ops = append(ops, nodepatch.Test(by, node.Annotations[ngv1alpha1.ScaleDownDisabledByAnnotation]), nodepatch.Remove(by))
+		if value, ok := node.Annotations[ngv1alpha1.ScaleDownDisabledAnnotation]; ok {
+			ops = append(ops, nodepatch.Test(disabled, value), nodepatch.Remove(disabled))
+		}
 	}
-	if disable {
-		node.Annotations[ngv1alpha1.ScaleDownDisabledAnnotation] = "true"
-		node.Annotations[ngv1alpha1.ScaleDownDisabledByAnnotation] = budget
-	} else {
-		delete(node.Annotations, ngv1alpha1.ScaleDownDisabledAnnotation)
-		delete(node.Annotations, ngv1alpha1.ScaleDownDisabledByAnnotation)
-	}
-	if err := r.Client.Patch(ctx, node, patch); err != nil {
+	if err := nodepatch.Apply(ctx, r.Client, node, ops...); err != nil {
 		return fmt.Errorf("patching node %s: %w", node.Name, err)
 	}
 	if r.Recorder != nil {

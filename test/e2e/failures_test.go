@@ -132,7 +132,7 @@ func TestKilledAtEveryPhaseStillReleasesWithinBudgets(t *testing.T) {
 		{"cordoned", func(ctx context.Context) bool { ok, _ := getNode(ctx); return ok && node.Spec.Unschedulable }},
 		{"traffic cut", func(ctx context.Context) bool {
 			ok, _ := getNode(ctx)
-			_, cut := node.Annotations[ngv1alpha1.TrafficCutAtAnnotation]
+			_, cut := ngv1alpha1.TrafficCutEnded(&node, false)
 			return ok && cut
 		}},
 	}
