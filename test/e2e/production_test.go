@@ -78,12 +78,8 @@ func TestProductionNodeDrainsInTiersAndIsReleased(t *testing.T) {
 	ns := freshName("aks")
 	target := ns + "-target"
 	harness.MustCreate(t, env.Client, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}})
-	var emuNodes []armemulator.Node
-	node := func(name string, i int) *corev1.Node {
-		ip := fmt.Sprintf("10.60.0.%d", i+4)
-		emuNodes = append(emuNodes, armemulator.Node{Name: name, IPs: []string{ip}, ProviderID: vmssProviderID(40 + i)})
-		return builder.Node(name, builder.WithLabels("pool", ns), builder.WithProviderID(vmssProviderID(40+i)), builder.WithInternalIP(ip))
-	}
+	pool := &azurePool{pool: ns}
+	node := func(name string, i int) *corev1.Node { return pool.node(name, 40+i, fmt.Sprintf("10.60.0.%d", i+4)) }
 	harness.MustCreate(t, env.Client, node(target, 0))
 	onPool := builder.OnNodes("pool", ns)
 	harness.MustCreate(t, env.Client, builder.Deployment(ns, "web", 3, onPool))
@@ -109,7 +105,7 @@ func TestProductionNodeDrainsInTiersAndIsReleased(t *testing.T) {
 	}, "web, coredns and both DaemonSets' pods run on %s", target)
 	// Room for the evicted pods.
 	harness.MustCreate(t, env.Client, node(ns+"-spare", 1))
-	emu, err := armemulator.Start("127.0.0.1:0", armemulator.SeedForNodes(subscription, resourceGroup, emuNodes, armemulator.Topology{}), armemulator.Options{})
+	emu, err := armemulator.Start("127.0.0.1:0", armemulator.SeedForNodes(subscription, resourceGroup, pool.vms, armemulator.Topology{}), armemulator.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -47,11 +47,9 @@ func newReplaceCluster(t *testing.T, name string, targets int, place func(ns str
 	t.Helper()
 	c := &replaceCluster{ns: freshName(name)}
 	harness.MustCreate(t, env.Client, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: c.ns}})
-	var emuNodes []armemulator.Node
+	pool := &azurePool{pool: c.ns}
 	node := func(nodeName string, i int) *corev1.Node {
-		ip := fmt.Sprintf("10.70.%d.%d", len(c.ns), i+4)
-		emuNodes = append(emuNodes, armemulator.Node{Name: nodeName, IPs: []string{ip}, ProviderID: vmssProviderID(60 + i)})
-		return builder.Node(nodeName, builder.WithLabels("pool", c.ns), builder.WithProviderID(vmssProviderID(60+i)), builder.WithInternalIP(ip))
+		return pool.node(nodeName, 60+i, fmt.Sprintf("10.70.%d.%d", len(c.ns), i+4))
 	}
 	for i := range targets {
 		c.targets = append(c.targets, fmt.Sprintf("%s-target-%d", c.ns, i))
@@ -83,7 +81,7 @@ func newReplaceCluster(t *testing.T, name string, targets int, place func(ns str
 	for i := range 2 {
 		harness.MustCreate(t, env.Client, node(fmt.Sprintf("%s-spare-%d", c.ns, i), targets+i))
 	}
-	emu, err := armemulator.Start("127.0.0.1:0", armemulator.SeedForNodes(subscription, resourceGroup, emuNodes, armemulator.Topology{}), armemulator.Options{})
+	emu, err := armemulator.Start("127.0.0.1:0", armemulator.SeedForNodes(subscription, resourceGroup, pool.vms, armemulator.Topology{}), armemulator.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}

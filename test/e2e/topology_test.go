@@ -47,6 +47,19 @@ func vmssProviderID(index int) string {
 		subscription, resourceGroup, index)
 }
 
+// azurePool makes the nodes of a pool (label pool=<pool>), each a VM of the
+// scale set with one internal IP, and keeps them for the ARM emulator's seed.
+type azurePool struct {
+	pool string
+	vms  []armemulator.Node
+}
+
+// node is the pool's node name on VM vm (vmssProviderID) with address ip.
+func (p *azurePool) node(name string, vm int, ip string) *corev1.Node {
+	p.vms = append(p.vms, armemulator.Node{Name: name, IPs: []string{ip}, ProviderID: vmssProviderID(vm)})
+	return builder.Node(name, builder.WithLabels("pool", p.pool), builder.WithProviderID(vmssProviderID(vm)), builder.WithInternalIP(ip))
+}
+
 // topologies counts the topologies made under each name in this process.
 var topologies = map[string]int{}
 
@@ -68,11 +81,9 @@ func newTopology(t *testing.T, name string, doNotEvict bool) *topology {
 	name = freshName(name)
 	c := env.Client
 	top := &topology{ns: name, target: name + "-target"}
-	var emuNodes []armemulator.Node
+	pool := &azurePool{pool: name}
 	node := func(nodeName string, index int) *corev1.Node {
-		ip := fmt.Sprintf("10.%d.0.%d", len(name), index+4)
-		emuNodes = append(emuNodes, armemulator.Node{Name: nodeName, IPs: []string{ip}, ProviderID: vmssProviderID(index)})
-		return builder.Node(nodeName, builder.WithLabels("pool", name), builder.WithProviderID(vmssProviderID(index)), builder.WithInternalIP(ip))
+		return pool.node(nodeName, index, fmt.Sprintf("10.%d.0.%d", len(name), index+4))
 	}
 	harness.MustCreate(t, env.Client, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: name}})
 	harness.MustCreate(t, env.Client, node(top.target, 0))
@@ -97,7 +108,7 @@ func newTopology(t *testing.T, name string, doNotEvict bool) *topology {
 		harness.MustCreate(t, env.Client, node(spare, i+1))
 	}
 	emu, err := armemulator.Start("127.0.0.1:0",
-		armemulator.SeedForNodes(subscription, resourceGroup, emuNodes, armemulator.Topology{NICBased: true, Internal: true}),
+		armemulator.SeedForNodes(subscription, resourceGroup, pool.vms, armemulator.Topology{NICBased: true, Internal: true}),
 		armemulator.Options{Async: true, AsyncPolls: 1})
 	if err != nil {
 		t.Fatal(err)

@@ -33,12 +33,8 @@ func TestDeletedNodesAreWrittenTwice(t *testing.T) {
 	harness.SkipWithoutEnv(t, env)
 	ns := freshName("writes")
 	harness.MustCreate(t, env.Client, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}})
-	var emuNodes []armemulator.Node
-	node := func(name string, i int) *corev1.Node {
-		ip := fmt.Sprintf("10.61.0.%d", i+4)
-		emuNodes = append(emuNodes, armemulator.Node{Name: name, IPs: []string{ip}, ProviderID: vmssProviderID(60 + i)})
-		return builder.Node(name, builder.WithLabels("pool", ns), builder.WithProviderID(vmssProviderID(60+i)), builder.WithInternalIP(ip))
-	}
+	pool := &azurePool{pool: ns}
+	node := func(name string, i int) *corev1.Node { return pool.node(name, 60+i, fmt.Sprintf("10.61.0.%d", i+4)) }
 	var targets []string
 	for i := range 3 {
 		targets = append(targets, fmt.Sprintf("%s-%d", ns, i))
@@ -67,7 +63,7 @@ func TestDeletedNodesAreWrittenTwice(t *testing.T) {
 		harness.MustCreate(t, env.Client, node(fmt.Sprintf("%s-spare-%d", ns, i), 3+i))
 	}
 	harness.MustCreate(t, env.Client, builder.NDB(ns, builder.NDBSelecting("pool", ns), builder.NDBMaxUnavailable("3")))
-	emu, err := armemulator.Start("127.0.0.1:0", armemulator.SeedForNodes(subscription, resourceGroup, emuNodes, armemulator.Topology{Internal: true}),
+	emu, err := armemulator.Start("127.0.0.1:0", armemulator.SeedForNodes(subscription, resourceGroup, pool.vms, armemulator.Topology{Internal: true}),
 		armemulator.Options{Async: true, AsyncPolls: 1})
 	if err != nil {
 		t.Fatal(err)
