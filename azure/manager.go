@@ -89,9 +89,12 @@ type nodeState struct {
 	// carries the label that keeps cloud providers from adding it to load
 	// balancers. A node in no pool with neither had nothing to cut.
 	member, excluded bool
-	confirmed        bool
-	failed           error
-	notify           chan struct{}
+	// deleting: the node is being deleted; the termination controller
+	// reports its cut (NodeReleased, the TrafficCut condition).
+	deleting  bool
+	confirmed bool
+	failed    error
+	notify    chan struct{}
 	// warned: pools whose missing entry was reported for gen.
 	warned map[string]bool
 	// gone is set for a node that no longer exists but still has entries
@@ -234,6 +237,7 @@ func (m *Manager) SetDesired(node *corev1.Node, state AdminState) {
 		changed = true
 	}
 	_, n.excluded = node.Labels[corev1.LabelNodeExcludeBalancers]
+	n.deleting = node.DeletionTimestamp != nil
 	if !ok || n.desired != state {
 		n.desired = state
 		n.gen++

@@ -291,8 +291,10 @@ func (n *nodeState) anyFailed() bool {
 }
 
 // updateConfirmed marks a node confirmed once no pool has work left, and
-// returns the confirmation event when nodeguard changed its entries. Call
-// with m.mu held.
+// returns the confirmation event when nodeguard changed its entries, but for
+// a node being deleted: the termination controller says the cut in its one
+// NodeReleased event (each event written is a write a fleet's deletion pays
+// per node). Call with m.mu held.
 func (m *Manager) updateConfirmed(n *nodeState) []pendingEvent {
 	if n.confirmed || !n.known || n.gone != nil {
 		return nil
@@ -311,7 +313,7 @@ func (m *Manager) updateConfirmed(n *nodeState) []pendingEvent {
 	if n.nothingCut() {
 		return []pendingEvent{{n, noBackendPoolEvent(m.cfg.ResourceGroup, m.unknown)}}
 	}
-	if !n.changed {
+	if !n.changed || (n.deleting && n.desired == AdminStateDown) {
 		return nil
 	}
 	return []pendingEvent{{n, confirmedEvent(n.desired, len(n.pools))}}

@@ -15,9 +15,11 @@ import (
 	ngv1alpha1 "github.com/nodeguard/nodeguard/api/v1alpha1"
 )
 
-// conditionMinInterval spaces the condition's writes for one node: a drain
-// pass can run every half second, kubectl describe need not change that often.
-const conditionMinInterval = 3 * time.Second
+// conditionRefresh spaces the changes of the Terminating condition's message
+// within one phase (the pods left, a PDB's numbers): every status write of a
+// node goes to every watcher of nodes, and a fleet's drains would write each
+// node every few seconds for minutes. A new phase is staged at once.
+const conditionRefresh = 30 * time.Second
 
 // conditionReasons name the phases in the condition (CamelCase, as reasons are).
 var conditionReasons = map[string]string{
@@ -56,9 +58,9 @@ func (r *Reconciler) reportCondition(node *corev1.Node, phase string) (heldFor t
 	last := m.condition
 	now := r.Clock.Now()
 	due := last.reason != reason || last.message != message
-	if due && now.Sub(last.at) < conditionMinInterval && last.reason == reason {
+	if due && last.reason == reason && now.Sub(last.at) < conditionRefresh {
 		due = false // same phase, new detail: wait for the interval
-		heldFor = conditionMinInterval - now.Sub(last.at)
+		heldFor = conditionRefresh - now.Sub(last.at)
 	}
 	if due {
 		m.condition = writtenCondition{reason: reason, message: message, at: now}
@@ -82,19 +84,21 @@ func (r *Reconciler) stageTerminating(node *corev1.Node, reason, message string,
 	})
 }
 
-// stagedConditions are the condition changes of a node's pass, not written
-// yet: conditions to set, and types to remove.
+// stagedConditions are the condition changes of a node not written yet:
+// conditions to set, and types to remove. since is when the oldest of them
+// was staged (Options.StatusSettle).
 type stagedConditions struct {
 	set    []corev1.NodeCondition
 	remove []corev1.NodeConditionType
+	since  time.Time
 }
 
-// stageCondition sets one of nodeguard's node conditions in the pass's
+// stageCondition sets one of nodeguard's node conditions in the node's next
 // status write (flushConditions), keeping its transition time while its
 // status stays, and on node, for the rest of the pass to read. A pass writes
-// the node's status once, at its end: every write of a node goes to every
-// watcher of nodes (a fleet's worth of components), and a write before the
-// first eviction held the eviction back by a round trip.
+// the node's status at most once, at its end: every write of a node goes to
+// every watcher of nodes (a fleet's worth of components), and a write before
+// the first eviction held the eviction back by a round trip.
 func (r *Reconciler) stageCondition(node *corev1.Node, c corev1.NodeCondition) {
 	now := metav1.NewTime(r.Clock.Now())
 	if c.LastHeartbeatTime.IsZero() {
@@ -131,20 +135,77 @@ func (r *Reconciler) stage(uid types.UID, change func(*stagedConditions)) {
 	if m.staged == nil {
 		m.staged = &stagedConditions{}
 	}
+	if m.staged.since.IsZero() {
+		m.staged.since = r.Clock.Now()
+	}
 	change(m.staged)
 }
 
-// flushConditions writes what the pass staged in one strategic merge patch
-// keyed by type, which leaves the kubelet's conditions alone. On failure
-// the next pass stages them again: they are derived from the node, and the
-// Terminating condition's record is dropped.
-func (r *Reconciler) flushConditions(ctx context.Context, node *corev1.Node) error {
+// overlayStaged applies the changes staged and not written yet to a node read
+// for a pass, which then reads its conditions as it will write them.
+func (r *Reconciler) overlayStaged(node *corev1.Node) {
+	r.mu.Lock()
+	var staged stagedConditions
+	if m := r.memory[node.UID]; m != nil && m.staged != nil {
+		staged = *m.staged
+	}
+	r.mu.Unlock()
+	for _, c := range staged.set {
+		if old := nodeCondition(node, c.Type); old != nil {
+			*old = c
+		} else {
+			node.Status.Conditions = append(node.Status.Conditions, c)
+		}
+	}
+	for _, typ := range staged.remove {
+		node.Status.Conditions = slices.DeleteFunc(node.Status.Conditions, func(c corev1.NodeCondition) bool { return c.Type == typ })
+	}
+}
+
+// flushConditions writes the staged changes once the oldest of them has
+// waited Options.StatusSettle, and otherwise says how long until then. A
+// phase that ends sooner (Azure confirming within a second, a drain that
+// empties the node at once) is never written: the node's release, or the
+// next phase, makes it moot.
+func (r *Reconciler) flushConditions(ctx context.Context, node *corev1.Node) (heldFor time.Duration, err error) {
+	r.mu.Lock()
+	var staged *stagedConditions
+	if m := r.memory[node.UID]; m != nil && m.staged != nil {
+		if wait := r.Opts.StatusSettle - r.Clock.Since(m.staged.since); wait > 0 {
+			r.mu.Unlock()
+			return wait, nil
+		}
+		staged, m.staged = m.staged, nil
+	}
+	r.mu.Unlock()
+	return 0, r.writeConditions(ctx, node, staged)
+}
+
+// flushConditionsNow writes the staged changes whatever their age.
+func (r *Reconciler) flushConditionsNow(ctx context.Context, node *corev1.Node) error {
 	r.mu.Lock()
 	var staged *stagedConditions
 	if m := r.memory[node.UID]; m != nil {
 		staged, m.staged = m.staged, nil
 	}
 	r.mu.Unlock()
+	return r.writeConditions(ctx, node, staged)
+}
+
+// dropStaged forgets the staged changes of a node that goes.
+func (r *Reconciler) dropStaged(uid types.UID) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if m := r.memory[uid]; m != nil {
+		m.staged = nil
+	}
+}
+
+// writeConditions writes staged changes in one strategic merge patch keyed by
+// type, which leaves the kubelet's conditions alone. On failure the next
+// pass stages them again: they are derived from the node, and the
+// Terminating condition's record is dropped.
+func (r *Reconciler) writeConditions(ctx context.Context, node *corev1.Node, staged *stagedConditions) error {
 	if staged == nil || len(staged.set)+len(staged.remove) == 0 {
 		return nil
 	}
@@ -179,12 +240,16 @@ func nodeCondition(node *corev1.Node, typ corev1.NodeConditionType) *corev1.Node
 	return nil
 }
 
+// keptByOthers reports whether another finalizer keeps the node once
+// nodeguard releases it; when nodeguard's is the last, the node goes.
+func (r *Reconciler) keptByOthers(node *corev1.Node) bool {
+	return slices.ContainsFunc(node.Finalizers, func(f string) bool { return f != ngv1alpha1.TerminationFinalizer })
+}
+
 // removeCondition takes the Terminating condition off a node that another
-// finalizer keeps after nodeguard releases it; when nodeguard's finalizer is
-// the last, the node goes and the condition with it.
+// finalizer keeps after nodeguard releases it.
 func (r *Reconciler) removeCondition(node *corev1.Node) {
-	others := slices.ContainsFunc(node.Finalizers, func(f string) bool { return f != ngv1alpha1.TerminationFinalizer })
-	if others && nodeCondition(node, ngv1alpha1.TerminatingCondition) != nil {
+	if nodeCondition(node, ngv1alpha1.TerminatingCondition) != nil {
 		r.stageRemoval(node, ngv1alpha1.TerminatingCondition)
 	}
 }

@@ -115,6 +115,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reco
 		r.forget(ctx, node.UID)
 		return reconcile.Result{}, nil
 	}
+	r.overlayStaged(node)
 	if r.instanceGone(ctx, node) {
 		_, err := r.releaseGone(ctx, node)
 		r.forget(ctx, node.UID)
@@ -136,8 +137,12 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reco
 		}
 	}
 	result, err := r.runPhases(ctx, node, phases)
-	if ferr := r.flushConditions(ctx, node); ferr != nil && err == nil {
+	held, ferr := r.flushConditions(ctx, node)
+	if ferr != nil && err == nil {
 		return reconcile.Result{}, fmt.Errorf("node %s: %w", node.Name, ferr)
+	}
+	if held > 0 && !result.IsZero() && (result.RequeueAfter == 0 || held < result.RequeueAfter) {
+		result.RequeueAfter = held // a wait that lasts is written then
 	}
 	return result, err
 }

@@ -48,7 +48,7 @@ func (r *Reconciler) drain(ctx context.Context, node *corev1.Node) (reconcile.Re
 	if plan.Remaining() == 0 {
 		r.stopDraining(ctx, node)
 		drainDuration.Observe(r.Clock.Since(terminationStarted(node)).Seconds())
-		r.event(node, corev1.EventTypeNormal, ReasonDrained, "every evictable pod is gone")
+		r.progress(node.UID, "drained: every evictable pod is gone")
 		r.markDrained(node)
 		r.recordDrained(node.UID)
 		return reconcile.Result{}, nil
@@ -301,9 +301,18 @@ func (r *Reconciler) podsGoneWait() time.Duration {
 	return DefaultDrainBackstop
 }
 
+// Pacing of the DrainWaiting events: the first once the drain has lasted
+// drainWaitingAfter, the next when what it waits for changed, at most every
+// drainWaitingInterval. A drain that ends sooner says it all in NodeReleased;
+// the Terminating condition says what the drain waits for now.
+const (
+	drainWaitingAfter    = 30 * time.Second
+	drainWaitingInterval = time.Minute
+)
+
 // reportBlockers emits, once each, an event per pod the drain cannot evict,
-// and an event when what the drain waits for changes (at most every
-// conditionMinInterval), so that kubectl describe node tells the story.
+// and a DrainWaiting event when the drain lasts, so that kubectl describe
+// node tells the story.
 func (r *Reconciler) reportBlockers(node *corev1.Node, plan *drain.Plan, out drain.Outcome) {
 	for _, pod := range append(plan.MultiplePDBs, out.MultiplePDBs...) {
 		if r.once(node.UID, "multi/"+string(pod.UID)) {
@@ -319,12 +328,13 @@ func (r *Reconciler) reportBlockers(node *corev1.Node, plan *drain.Plan, out dra
 	}
 	msg := waitingMessage(plan, out)
 	now := r.Clock.Now()
+	lasted := now.Sub(r.drainStarted(node))
 	r.mu.Lock()
 	m := r.remember(node.UID)
 	last := m.waiting
-	// A drain pass runs on every change: at most one event per
-	// conditionMinInterval, like the condition, so events do not flood.
-	due := last.message != msg && (last.at.IsZero() || now.Sub(last.at) >= conditionMinInterval)
+	// A drain pass runs on every change: events must not follow each one.
+	due := last.message != msg && lasted >= drainWaitingAfter &&
+		(last.at.IsZero() || now.Sub(last.at) >= drainWaitingInterval)
 	if due {
 		m.waiting = writtenMessage{message: msg, at: now}
 	}

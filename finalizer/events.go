@@ -1,12 +1,25 @@
 package finalizer
 
+import (
+	"fmt"
+	"slices"
+	"strings"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/types"
+)
+
 // Event reasons of the termination, on the Node (kubectl describe node shows
 // them in order).
+//
+// The steps every termination takes (the maintenance Lease held, the cordon,
+// the traffic cut confirmed, the drain done) are not events of their own:
+// they are said together in NodeReleased, and while the node waits its
+// conditions say where it stands. Every event is a write, and a fleet's
+// deletion pays each per node.
 const (
 	ReasonWaitingForMaintenanceHold = "WaitingForMaintenanceHold"
-	ReasonMaintenanceLeaseAcquired  = "MaintenanceLeaseAcquired"
-	ReasonCordoned                  = "CordonedForTermination"
-	ReasonTrafficCut                = "TrafficCut"
 	// ReasonTrafficCutTimedOut (Warning): Azure did not confirm AdminState
 	// Down within --admin-state-timeout; traffic is not known to be cut.
 	ReasonTrafficCutTimedOut = "TrafficCutTimedOut"
@@ -25,10 +38,10 @@ const (
 	ReasonDrainBlockedByBudget   = "DrainBlockedByBudget"
 	ReasonWaitingForReplacement  = "WaitingForReplacement"
 	ReasonReplacementStalled     = "ReplacementStalled"
-	ReasonDrained                = "Drained"
 	ReasonWaitingForVolumeDetach = "WaitingForVolumeDetach"
 	ReasonVolumeDetachTimedOut   = "VolumeDetachTimedOut"
-	ReasonReleased               = "NodeReleased"
+	// ReasonReleased: the node is released; its note lists the steps taken.
+	ReasonReleased = "NodeReleased"
 	// ReasonInstanceGone: a NotReady node whose VM is gone, released at once.
 	ReasonInstanceGone = "InstanceGoneReleased"
 	// ReasonReleasedToKarpenter: a Karpenter node, released after the traffic
@@ -44,3 +57,31 @@ const (
 
 	actionRestart = "RestartForDrain"
 )
+
+// progress records a step of the termination for the NodeReleased event.
+func (r *Reconciler) progress(uid types.UID, format string, args ...any) {
+	step := fmt.Sprintf(format, args...)
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	m := r.remember(uid)
+	if !slices.Contains(m.done, step) {
+		m.done = append(m.done, step)
+	}
+}
+
+// releaseNote says how long the termination took and the steps this process
+// took, e.g. "releasing the node 3s after its deletion: cordoned and tainted
+// ...; traffic cut: ...; drained: every evictable pod is gone".
+func (r *Reconciler) releaseNote(node *corev1.Node, what string) string {
+	r.mu.Lock()
+	done := slices.Clone(r.recall(node.UID).done)
+	r.mu.Unlock()
+	note := what
+	if node.DeletionTimestamp != nil {
+		note += fmt.Sprintf(" %s after its deletion", r.Clock.Since(node.DeletionTimestamp.Time).Round(time.Second))
+	}
+	if len(done) > 0 {
+		note += ": " + strings.Join(done, "; ")
+	}
+	return note
+}

@@ -31,6 +31,7 @@ func NewFlags() Flags {
 		BlockedPDBPolicy:   drain.BlockedPDBWait,
 		BlockedPDBSettle:   DefaultBlockedPDBSettle,
 		ReplacementTimeout: DefaultReplacementTimeout,
+		StatusSettle:       DefaultStatusSettle,
 	}, ParallelEvictions: DefaultParallelEvictions}
 }
 

@@ -99,7 +99,8 @@ func (r *Reconciler) follow(ctx context.Context, node *corev1.Node) (reconcile.R
 	if err == nil && result.IsZero() {
 		result, err = r.followDrain(ctx, node, by)
 	}
-	if ferr := r.flushConditions(ctx, node); ferr != nil && err == nil {
+	// Written at once: the eviction webhook reads the drain's TrafficCut.
+	if ferr := r.flushConditionsNow(ctx, node); ferr != nil && err == nil {
 		err = ferr
 	}
 	if err != nil {
@@ -163,7 +164,7 @@ func (r *Reconciler) endDrain(ctx context.Context, node *corev1.Node, by string)
 	if nodeCondition(node, ngv1alpha1.TrafficCutCondition) != nil {
 		r.stageRemoval(node, ngv1alpha1.TrafficCutCondition)
 	}
-	if err := r.flushConditions(ctx, node); err != nil {
+	if err := r.flushConditionsNow(ctx, node); err != nil {
 		return reconcile.Result{}, err
 	}
 	patch := client.MergeFromWithOptions(node.DeepCopy(), client.MergeFromWithOptimisticLock{})

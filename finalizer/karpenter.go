@@ -2,6 +2,7 @@ package finalizer
 
 import (
 	"context"
+	"fmt"
 
 	corev1 "k8s.io/api/core/v1"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
@@ -17,7 +18,6 @@ import (
 // anyway. It removes nodeguard's finalizer once the traffic cut is
 // confirmed or timed out (cutTraffic), leaving the drain to Karpenter.
 func (r *Reconciler) releaseToKarpenter(ctx context.Context, node *corev1.Node) (reconcile.Result, error) {
-	r.event(node, corev1.EventTypeNormal, ReasonReleasedToKarpenter,
-		"traffic cut: releasing the node to Karpenter, whose %s finalizer drains it and deletes its instance", ngv1alpha1.KarpenterTerminationFinalizer)
-	return r.removeFinalizer(ctx, node)
+	return r.releaseSaying(ctx, node, ReasonReleasedToKarpenter, fmt.Sprintf(
+		"released the node to Karpenter, whose %s finalizer drains it and deletes its instance,", ngv1alpha1.KarpenterTerminationFinalizer))
 }

@@ -64,7 +64,7 @@ func (r *Reconciler) holdMaintenanceLease(ctx context.Context, node *corev1.Node
 		return reconcile.Result{}, fmt.Errorf("taking maintenance Lease: %w", err)
 	}
 	if current != holder {
-		r.event(node, corev1.EventTypeNormal, ReasonMaintenanceLeaseAcquired, "holding maintenance Lease %s/%s as %s", lease.Namespace, lease.Name, holder)
+		r.progress(node.UID, "held maintenance Lease %s/%s as %s", lease.Namespace, lease.Name, holder)
 	}
 	return reconcile.Result{}, nil
 }
@@ -107,7 +107,7 @@ func (r *Reconciler) createLease(ctx context.Context, node *corev1.Node, now tim
 	if err != nil {
 		return fmt.Errorf("creating maintenance Lease: %w", err)
 	}
-	r.event(node, corev1.EventTypeNormal, ReasonMaintenanceLeaseAcquired, "holding maintenance Lease %s/%s as %s", lease.Namespace, lease.Name, holder)
+	r.progress(node.UID, "held maintenance Lease %s/%s as %s", lease.Namespace, lease.Name, holder)
 	return nil
 }
 

@@ -1,11 +1,15 @@
 package finalizer
 
 import (
+	"context"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/client/interceptor"
 
 	ngv1alpha1 "github.com/nodeguard/nodeguard/api/v1alpha1"
 	"github.com/nodeguard/nodeguard/test/builder"
@@ -29,7 +33,7 @@ func TestDrainWritesLifecycleConditions(t *testing.T) {
 	wantBlockers := "\n* Pods " + f.ns + "/web-0, " + f.ns + "/web-1: under PDB " + f.ns +
 		"/web (allows 0 disruptions: currentHealthy 1, desiredHealthy 1, expectedPods 2)"
 	f.passUntil(t, node, func() bool {
-		f.clock.Step(conditionMinInterval)
+		f.clock.Step(conditionRefresh)
 		c := condition(getNode(t, node), ngv1alpha1.TerminatingCondition)
 		return c != nil && c.Reason == "Draining" && strings.HasPrefix(c.Message, "Drain not completed yet (started at ") &&
 			strings.Contains(c.Message, wantBlockers)
@@ -62,5 +66,58 @@ func TestDrainWritesLifecycleConditions(t *testing.T) {
 	}
 	if c := condition(n, corev1.NodeDrainInProgress); c == nil || c.Status != corev1.ConditionFalse || c.Reason != LifecycleReasonDrainCompleted {
 		t.Errorf("DrainInProgress %+v after the drain, want False (%s)", c, LifecycleReasonDrainCompleted)
+	}
+}
+
+// TestStatusWrittenOnlyWhenAWaitLasts: a terminating node's conditions are
+// written once a change has waited StatusSettle, with everything staged
+// meanwhile, and a node that nodeguard's finalizer alone keeps is not written
+// at its release: its status goes with it.
+func TestStatusWrittenOnlyWhenAWaitLasts(t *testing.T) {
+	f := newFixture(t, "settle")
+	f.r.Opts.StatusSettle = DefaultStatusSettle
+	var writes atomic.Int32
+	counting, err := client.NewWithWatch(env.Config, client.Options{Scheme: env.Scheme})
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.r.Client = interceptor.NewClient(counting, interceptor.Funcs{
+		SubResourcePatch: func(ctx context.Context, c client.Client, sub string, obj client.Object, patch client.Patch, opts ...client.SubResourcePatchOption) error {
+			if _, ok := obj.(*corev1.Node); ok && sub == "status" {
+				writes.Add(1)
+			}
+			return c.SubResource(sub).Patch(ctx, obj, patch, opts...)
+		},
+	})
+	node := f.ns + "-node"
+	f.node(t, node, builder.Ready())
+	f.pod(t, "web", node, controlledBy("ReplicaSet")) // evicted, it stays terminating
+	f.deleteNode(t, node)
+
+	started := f.clock.Now()
+	f.passUntil(t, node, func() bool { return f.podState(t, "web") == "terminating" }, "the pod is evicted")
+	res := f.pass(t, node)
+	if n := getNode(t, node); writes.Load() != 0 || condition(n, ngv1alpha1.TerminatingCondition) != nil {
+		t.Fatalf("%d status writes within the settle, conditions %+v: want none yet", writes.Load(), n.Status.Conditions)
+	}
+	if res.RequeueAfter <= 0 || res.RequeueAfter > DefaultStatusSettle {
+		t.Errorf("a pass holding status changes asks to run again after %v, want within %v", res.RequeueAfter, DefaultStatusSettle)
+	}
+
+	f.clock.Step(DefaultStatusSettle)
+	f.pass(t, node)
+	n := getNode(t, node)
+	c := condition(n, corev1.NodeDrainInProgress)
+	if writes.Load() != 1 || c == nil || c.Status != corev1.ConditionTrue || condition(n, ngv1alpha1.TerminatingCondition).Reason != "Draining" {
+		t.Fatalf("after the settle: %d status writes, conditions %+v; want one write saying the node drains", writes.Load(), n.Status.Conditions)
+	}
+	if !c.LastTransitionTime.Time.Equal(started.Truncate(time.Second)) {
+		t.Errorf("DrainInProgress transition %v, want when the drain began (%v), not when it was written", c.LastTransitionTime, started)
+	}
+
+	f.finish(t, "web")
+	f.passUntil(t, node, func() bool { return len(f.events.with(ReasonReleased)) > 0 }, "the node is released")
+	if writes.Load() != 1 {
+		t.Errorf("%d status writes, want 1: the release of a node nothing else keeps writes no status", writes.Load())
 	}
 }

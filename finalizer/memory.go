@@ -35,6 +35,8 @@ type nodeMemory struct {
 	// cutEnded is when the traffic cut ended, to the nanosecond; the
 	// TrafficCut condition keeps it to the second across restarts.
 	cutEnded time.Time
+	// done are the steps of the termination taken, for NodeReleased.
+	done []string
 }
 
 // remember returns the node's memory, made on first use. Call with r.mu held.

@@ -20,6 +20,9 @@ const (
 	// changes (a pod stuck past its grace period, an unreachable node's
 	// margin), and a 429 that no PDB change will follow.
 	DefaultDrainBackstop = 5 * time.Second
+	// DefaultStatusSettle is how long a change of a terminating node's
+	// conditions waits before it is written.
+	DefaultStatusSettle = 3 * time.Second
 )
 
 // DefaultStuckPodMargin is Karpenter's rule for a pod stuck terminating.
@@ -62,4 +65,8 @@ type Options struct {
 	ReplacementTimeout time.Duration
 	// DrainBackstop overrides DefaultDrainBackstop.
 	DrainBackstop time.Duration
+	// StatusSettle is how long a change of a terminating node's conditions
+	// waits before it is written, with whatever changed meanwhile: a wait
+	// that ends sooner is never written (0: at the end of each pass).
+	StatusSettle time.Duration
 }

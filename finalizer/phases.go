@@ -31,8 +31,7 @@ func (r *Reconciler) cordon(ctx context.Context, node *corev1.Node) (reconcile.R
 		}
 		err := r.patchCordon(ctx, node)
 		if err == nil {
-			r.event(node, corev1.EventTypeNormal, ReasonCordoned, "cordoned and tainted %s=%s:NoSchedule",
-				ngv1alpha1.DrainingTaintKey, ngv1alpha1.DrainingTaintValue)
+			r.progress(node.UID, "cordoned and tainted %s=%s:NoSchedule", ngv1alpha1.DrainingTaintKey, ngv1alpha1.DrainingTaintValue)
 			return reconcile.Result{}, nil
 		}
 		if !apierrors.IsConflict(err) || attempt == cordonAttempts {
@@ -126,20 +125,34 @@ func (r *Reconciler) waitForVolumes(ctx context.Context, node *corev1.Node) (rec
 }
 
 // release removes only nodeguard's finalizer (a JSON patch that tests it is
-// still where it was read), which lets the API server delete the node, and
-// gives up the maintenance Lease.
+// still where it was read), which lets the API server delete the node, gives
+// up the maintenance Lease, and says so with the steps taken.
 func (r *Reconciler) release(ctx context.Context, node *corev1.Node) (reconcile.Result, error) {
-	r.event(node, corev1.EventTypeNormal, ReasonReleased, "traffic cut and pods drained: releasing the node")
-	return r.removeFinalizer(ctx, node)
+	return r.releaseSaying(ctx, node, ReasonReleased, "released the node")
+}
+
+// releaseSaying is release with the event's reason and first words.
+func (r *Reconciler) releaseSaying(ctx context.Context, node *corev1.Node, reason, what string) (reconcile.Result, error) {
+	note := r.releaseNote(node, what)
+	result, err := r.removeFinalizer(ctx, node)
+	if err == nil {
+		r.event(node, corev1.EventTypeNormal, reason, "%s", note)
+	}
+	return result, err
 }
 
 // removeFinalizer is release without its event.
 func (r *Reconciler) removeFinalizer(ctx context.Context, node *corev1.Node) (reconcile.Result, error) {
-	// What the pass staged is written first: a node that another finalizer
-	// keeps shows how its drain ended.
-	r.removeCondition(node)
-	if err := r.flushConditions(ctx, node); err != nil {
-		return reconcile.Result{}, err
+	// A node that another finalizer keeps shows how its drain ended: what
+	// is staged is written first. One that goes with the finalizer is not
+	// written again: its status goes with it.
+	if r.keptByOthers(node) {
+		r.removeCondition(node)
+		if err := r.flushConditionsNow(ctx, node); err != nil {
+			return reconcile.Result{}, err
+		}
+	} else {
+		r.dropStaged(node.UID)
 	}
 	if i := slices.Index(node.Finalizers, ngv1alpha1.TerminationFinalizer); i >= 0 {
 		if err := nodepatch.Apply(ctx, r.Client, node, finalizerRemoval(i)...); client.IgnoreNotFound(err) != nil {

@@ -277,6 +277,8 @@ func TestBlockedByDesignWaitsWhereARestartCannotKeepTheBudget(t *testing.T) {
 	f.pass(t, node)
 	f.clock.Step(time.Second)
 	f.pass(t, node)
+	f.clock.Step(conditionRefresh) // the condition's new detail within the phase
+	f.pass(t, node)
 
 	for _, name := range []string{"nosurge", "four", "optout", "pdboptout"} {
 		if d := getDeployment(t, f.ns, name); d.Generation != 1 || d.Spec.Template.Annotations[ngv1alpha1.RestartedAtAnnotation] != "" {

@@ -305,7 +305,9 @@ func TestNodeInNoBackendPoolIsNotReportedCut(t *testing.T) {
 			if c == nil || c.Status != corev1.ConditionFalse || c.Reason != conditionNoPool || !strings.Contains(c.Message, "no backend pool") {
 				t.Errorf("condition %s = %+v, want False, %s", ngv1alpha1.TrafficCutCondition, c, conditionNoPool)
 			}
-			if got := f.events.with(ReasonTrafficCut); len(got) > 0 {
+			f.finish(t, "web")
+			f.passUntil(t, n.name, func() bool { return len(f.events.with(ReasonReleased)) > 0 }, "the node is released")
+			if got := f.events.with(ReasonReleased); strings.Contains(got[0], "traffic cut") {
 				t.Errorf("a node in no pool is reported cut: %v", got)
 			}
 			ev := f.events.with(azure.ReasonNoBackendPool)

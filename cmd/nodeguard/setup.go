@@ -115,7 +115,7 @@ func setupGuard(mgr ctrl.Manager, opts options, adminState *azure.Manager, drain
 	if err := hold.SetupWithManager(mgr); err != nil {
 		return err
 	}
-	if err := (&autoscaler.ScaleDownReconciler{Client: mgr.GetClient(), Managed: managed,
+	if err := (&autoscaler.ScaleDownReconciler{Client: mgr.GetClient(), Managed: managed, Clock: clock.RealClock{},
 		Recorder: mgr.GetEventRecorder("nodeguard-scale-down")}).SetupWithManager(mgr); err != nil {
 		return err
 	}

@@ -3,11 +3,15 @@ package autoscaler
 import (
 	"context"
 	"fmt"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/client-go/tools/events"
+	"k8s.io/utils/clock"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/builder"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -29,13 +33,26 @@ import (
 // allows again, nodeguard removes it. It only ever removes the value it set
 // (marked by nodeguard.io/scale-down-disabled): a user's annotation, whatever
 // its value, is left alone.
+//
+// A budget marks its nodes only once it has allowed no disruption for
+// MarkDelay: one that runs out for a moment, while the nodes it just admitted
+// are released, would otherwise write every node it selects twice.
 type ScaleDownReconciler struct {
 	Client   client.Client
 	Managed  labels.Selector
 	Recorder events.EventRecorder
+	Clock    clock.PassiveClock
+	// MarkDelay is how long a budget must have allowed no disruption before
+	// its nodes are marked (0: DefaultMarkDelay).
+	MarkDelay time.Duration
 
 	nodes *budget.NodeLister
 }
+
+// DefaultMarkDelay is ScaleDownReconciler's MarkDelay: cluster-autoscaler
+// looks every 10 s and picks a node only after it has been unneeded for
+// minutes, so a shorter run-out would not have reached it anyway.
+const DefaultMarkDelay = 10 * time.Second
 
 // +kubebuilder:rbac:groups="",resources=nodes,verbs=get;list;watch;patch
 // +kubebuilder:rbac:groups=nodeguard.io,resources=nodedisruptionbudgets,verbs=get;list;watch
@@ -112,7 +129,7 @@ func (r *ScaleDownReconciler) Reconcile(ctx context.Context, req reconcile.Reque
 	if node.DeletionTimestamp != nil {
 		return reconcile.Result{}, nil // leaving anyway
 	}
-	blocking, err := r.blockingBudget(ctx, &node)
+	blocking, wait, err := r.blockingBudget(ctx, &node)
 	if err != nil {
 		return reconcile.Result{}, err
 	}
@@ -120,6 +137,8 @@ func (r *ScaleDownReconciler) Reconcile(ctx context.Context, req reconcile.Reque
 	_, anyValue := node.Annotations[ngv1alpha1.ScaleDownDisabledAnnotation]
 	var patchErr error
 	switch {
+	case blocking != "" && !anyValue && wait > 0:
+		return reconcile.Result{RequeueAfter: wait}, nil // not for long yet
 	case blocking != "" && !anyValue:
 		patchErr = r.patch(ctx, &node, true, blocking)
 	case blocking == "" && ours:
@@ -133,26 +152,47 @@ func (r *ScaleDownReconciler) Reconcile(ctx context.Context, req reconcile.Reque
 }
 
 // blockingBudget names a budget that selects the managed node and allows no
-// disruption now ("" when none). A budget not yet evaluated since its last
-// change blocks nothing yet.
-func (r *ScaleDownReconciler) blockingBudget(ctx context.Context, node *corev1.Node) (string, error) {
+// disruption now ("" when none), the one that has for longest, and how long
+// until it has for MarkDelay (0: it has). A budget not yet evaluated since
+// its last change blocks nothing yet.
+func (r *ScaleDownReconciler) blockingBudget(ctx context.Context, node *corev1.Node) (name string, wait time.Duration, err error) {
 	if !r.Managed.Matches(labels.Set(node.Labels)) {
-		return "", nil
+		return "", 0, nil
 	}
 	var list ngv1alpha1.NodeDisruptionBudgetList
 	if err := r.Client.List(ctx, &list, client.UnsafeDisableDeepCopy); err != nil { // read only
-		return "", fmt.Errorf("listing NodeDisruptionBudgets: %w", err)
+		return "", 0, fmt.Errorf("listing NodeDisruptionBudgets: %w", err)
 	}
 	for i := range list.Items {
 		b := &list.Items[i]
 		if b.Status.ObservedGeneration < b.Generation || b.Status.DisruptionsAllowed > 0 {
 			continue
 		}
-		if selects, err := budget.Selects(b, node); err == nil && selects {
-			return b.Name, nil
+		if selects, err := budget.Selects(b, node); err != nil || !selects {
+			continue
+		}
+		left := r.markDelay() - r.Clock.Since(blockedSince(b, r.Clock.Now()))
+		if name == "" || left < wait {
+			name, wait = b.Name, max(left, 0)
 		}
 	}
-	return "", nil
+	return name, wait, nil
+}
+
+// blockedSince is when the budget last stopped allowing disruptions: its
+// DisruptionAllowed condition's transition, or now when it has none.
+func blockedSince(b *ngv1alpha1.NodeDisruptionBudget, now time.Time) time.Time {
+	if c := meta.FindStatusCondition(b.Status.Conditions, ngv1alpha1.ConditionDisruptionAllowed); c != nil && c.Status == metav1.ConditionFalse {
+		return c.LastTransitionTime.Time
+	}
+	return now
+}
+
+func (r *ScaleDownReconciler) markDelay() time.Duration {
+	if r.MarkDelay > 0 {
+		return r.MarkDelay
+	}
+	return DefaultMarkDelay
 }
 
 // patch sets or removes the annotation and nodeguard's mark. Its tests

@@ -3,14 +3,24 @@
 // client-go's event broadcaster writes each event from a goroutine of its own
 // and cancels them all when it shuts down, so an event recorded just before
 // nodeguard stops (a spot taint added, a drain given up) can be lost. This
-// recorder writes from one queue instead, and Flush writes out what is queued
-// before the process exits.
+// recorder writes from a few queues instead, each object's events from one
+// (in the order recorded), and Flush writes out what is queued before the
+// process exits.
+//
+// Every event is a write that every watcher of events receives, and a
+// fleet's deletion records some per node. As client-go's recorders do, a
+// repeat of an event counts in the series of the first (written at once for
+// the second occurrence, then at most every seriesRefresh), and past
+// aggregateAfter events that differ only in their note about one object
+// within aggregateWindow, the rest are combined into one series.
 package recorder
 
 import (
 	"context"
 	"fmt"
+	"hash/fnv"
 	"os"
+	"strings"
 	"sync"
 	"time"
 
@@ -31,12 +41,24 @@ import (
 )
 
 const (
-	// queueSize bounds the events waiting to be written; more are dropped
-	// (and counted) rather than block a controller.
+	// writers write events in parallel, each object's from one of them;
+	// queueSize bounds the events waiting for each, more are dropped (and
+	// counted) rather than block a controller.
+	writers   = 4
 	queueSize = 1000
-	// seriesWindow is how long a repeat of an event updates the first one's
+	// seriesWindow is how long a repeat of an event joins the first one's
 	// series instead of creating a new event (client-go's value).
 	seriesWindow = 6 * time.Minute
+	// seriesRefresh spaces the writes of a series' count after its second
+	// occurrence (client-go's events.k8s.io recorder: 30 minutes).
+	seriesRefresh = time.Minute
+	// aggregateAfter and aggregateWindow are client-go's event aggregator's:
+	// past 10 similar events about one object within 10 minutes, the rest
+	// are combined.
+	aggregateAfter  = 10
+	aggregateWindow = 10 * time.Minute
+	// combinedPrefix starts the note of a combined event (client-go's words).
+	combinedPrefix = "(combined from similar events): "
 	// noteLimit is the events.k8s.io/v1 limit on a note.
 	noteLimit = 1024
 	// writeAttempts and retryDelay bound the retries of one write.
@@ -58,7 +80,7 @@ var dropped = prometheus.NewCounterVec(prometheus.CounterOpts{
 
 func init() { metrics.Registry.MustRegister(dropped) }
 
-// Provider hands out event recorders that share one write queue.
+// Provider hands out event recorders that share its writers.
 type Provider struct {
 	client client.Client
 	scheme *runtime.Scheme
@@ -67,26 +89,51 @@ type Provider struct {
 
 	mu      sync.Mutex
 	stopped bool
-	queue   chan *eventsv1.Event
+	writers []*writer
 	// writeCtx ends the writes in progress when a flush runs out of time.
 	writeCtx    context.Context
 	cancelWrite context.CancelFunc
-	done        chan struct{}
-	// series are the events written within seriesWindow, by isomorphic key;
-	// only the writer goroutine uses it.
-	series map[seriesKey]*eventsv1.Event
+}
+
+// writer writes the events of its share of the objects, in the order
+// recorded. Only its goroutine uses its maps.
+type writer struct {
+	p     *Provider
+	queue chan *eventsv1.Event
+	done  chan struct{}
+	// series are the events written within seriesWindow, by isomorphic key.
+	series map[seriesKey]*series
+	// similar counts the notes of similar events within aggregateWindow.
+	similar map[similarKey]*similar
+}
+
+// series is an event written and the repeats counted since.
+type series struct {
+	first *eventsv1.Event
+	// count and last are the repeats counted; unwritten says count has
+	// not been written yet.
+	count     int32
+	last      time.Time
+	unwritten bool
+}
+
+// similar are the notes of events that differ only in their note.
+type similar struct {
+	notes map[string]bool
+	since time.Time
 }
 
 // New starts a provider that writes events through c. host names this replica:
 // an event's reportingInstance is its controller, "-" and host, as client-go's.
 func New(c client.Client, scheme *runtime.Scheme, host string) *Provider {
 	ctx, cancel := context.WithCancel(context.Background())
-	p := &Provider{
-		client: c, scheme: scheme, clock: clock.RealClock{}, host: host,
-		queue: make(chan *eventsv1.Event, queueSize), writeCtx: ctx, cancelWrite: cancel,
-		done: make(chan struct{}), series: map[seriesKey]*eventsv1.Event{},
+	p := &Provider{client: c, scheme: scheme, clock: clock.RealClock{}, host: host, writeCtx: ctx, cancelWrite: cancel}
+	for range writers {
+		w := &writer{p: p, queue: make(chan *eventsv1.Event, queueSize), done: make(chan struct{}),
+			series: map[seriesKey]*series{}, similar: map[similarKey]*similar{}}
+		p.writers = append(p.writers, w)
+		go w.run()
 	}
-	go p.write()
 	return p
 }
 
@@ -119,26 +166,36 @@ func (p *Provider) Recorder(controller string) crrecorder.EventRecorder {
 	return &eventRecorder{provider: p, controller: controller}
 }
 
-// Flush stops taking events and writes out the queued ones, until ctx ends.
+// Flush stops taking events and writes out the queued ones and the counts of
+// their series, until ctx ends.
 func (p *Provider) Flush(ctx context.Context) error {
 	p.mu.Lock()
 	if !p.stopped {
 		p.stopped = true
-		close(p.queue)
+		for _, w := range p.writers {
+			close(w.queue)
+		}
 	}
 	p.mu.Unlock()
-	select {
-	case <-p.done:
-		return nil
-	case <-ctx.Done():
-		p.cancelWrite() // the writer counts what is left as dropped
-		<-p.done
-		return fmt.Errorf("writing queued events: %w", ctx.Err())
+	for _, w := range p.writers {
+		select {
+		case <-w.done:
+		case <-ctx.Done():
+			p.cancelWrite() // the writers count what is left as dropped
+			for _, w := range p.writers {
+				<-w.done
+			}
+			return fmt.Errorf("writing queued events: %w", ctx.Err())
+		}
 	}
+	return nil
 }
 
 // enqueue takes an event for writing without blocking the caller.
 func (p *Provider) enqueue(ev *eventsv1.Event) {
+	h := fnv.New32a()
+	_, _ = h.Write([]byte(ev.Regarding.Kind + "/" + ev.Regarding.Namespace + "/" + ev.Regarding.Name))
+	w := p.writers[h.Sum32()%uint32(len(p.writers))]
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.stopped {
@@ -146,67 +203,123 @@ func (p *Provider) enqueue(ev *eventsv1.Event) {
 		return
 	}
 	select {
-	case p.queue <- ev:
+	case w.queue <- ev:
 	default:
 		dropped.WithLabelValues(droppedQueueFull).Inc()
 	}
 }
 
-// write is the one goroutine that writes events, in the order recorded.
-func (p *Provider) write() {
-	defer close(p.done)
-	for ev := range p.queue {
-		if p.writeCtx.Err() != nil {
-			dropped.WithLabelValues(droppedStopped).Inc()
-			continue
-		}
-		if err := p.writeOne(ev); err != nil {
-			dropped.WithLabelValues(droppedWrite).Inc()
-			ctrl.Log.WithName("events").Error(err, "Unable to write event", "reason", ev.Reason,
-				"regarding", ev.Regarding.Name, "note", ev.Note)
+// run writes the writer's events as they come, and the counts of its series
+// every seriesRefresh; once its queue is closed, the counts left.
+func (w *writer) run() {
+	defer close(w.done)
+	tick := time.NewTicker(seriesRefresh)
+	defer tick.Stop()
+	for {
+		select {
+		case ev, ok := <-w.queue:
+			if !ok {
+				w.writeCounts()
+				return
+			}
+			if w.p.writeCtx.Err() != nil {
+				dropped.WithLabelValues(droppedStopped).Inc()
+				continue
+			}
+			if err := w.writeOne(ev); err != nil {
+				dropped.WithLabelValues(droppedWrite).Inc()
+				ctrl.Log.WithName("events").Error(err, "Unable to write event", "reason", ev.Reason,
+					"regarding", ev.Regarding.Name, "note", ev.Note)
+			}
+		case <-tick.C:
+			w.writeCounts()
 		}
 	}
 }
 
-// writeOne creates the event, or counts it in the series of an identical
-// event written within seriesWindow.
-func (p *Provider) writeOne(ev *eventsv1.Event) error {
+// writeOne creates the event, or counts it in the series of an isomorphic
+// event written within seriesWindow: the second occurrence is written at
+// once, later ones with the next refresh.
+func (w *writer) writeOne(ev *eventsv1.Event) error {
+	ev = w.combine(ev)
 	key := keyOf(ev)
 	now := ev.EventTime.Time
-	if first, ok := p.series[key]; ok && now.Sub(lastSeen(first)) < seriesWindow {
-		err := p.retry(func(ctx context.Context) error { return p.addToSeries(ctx, first, now) })
+	if s, ok := w.series[key]; ok && now.Sub(s.last) < seriesWindow {
+		s.count++
+		s.last = now
+		s.unwritten = true
+		if s.first.Series != nil {
+			return nil // with the next refresh
+		}
+		err := w.writeCount(s)
 		if !apierrors.IsNotFound(err) {
 			return err
 		}
 		// The first event is gone (deleted, or its TTL passed): start anew.
 	}
-	p.forgetOldSeries(now)
-	err := p.retry(func(ctx context.Context) error {
-		err := p.client.Create(ctx, ev.DeepCopy())
+	w.forgetOld(now)
+	err := w.p.retry(func(ctx context.Context) error {
+		err := w.p.client.Create(ctx, ev.DeepCopy())
 		if apierrors.IsAlreadyExists(err) {
 			return nil // an earlier attempt got through
 		}
 		return err
 	})
 	if err == nil {
-		p.series[key] = ev
+		w.series[key] = &series{first: ev, count: 1, last: now}
 	}
 	return err
 }
 
-// addToSeries patches the count and last time of first's series.
-func (p *Provider) addToSeries(ctx context.Context, first *eventsv1.Event, now time.Time) error {
-	count := int32(2)
-	if first.Series != nil {
-		count = first.Series.Count + 1
+// combine returns the event as it is written: itself, or, past
+// aggregateAfter similar events about its object, one combined event.
+// events.k8s.io/v1 notes cannot change, so the combined event keeps the note
+// of the first it combined and counts the rest.
+func (w *writer) combine(ev *eventsv1.Event) *eventsv1.Event {
+	k := similarKeyOf(ev)
+	now := ev.EventTime.Time
+	s := w.similar[k]
+	if s == nil || now.Sub(s.since) >= aggregateWindow {
+		s = &similar{notes: map[string]bool{}, since: now}
+		w.similar[k] = s
 	}
-	updated := first.DeepCopy()
-	updated.Series = &eventsv1.EventSeries{Count: count, LastObservedTime: metav1.NewMicroTime(now)}
-	if err := p.client.Patch(ctx, updated, client.MergeFrom(first)); err != nil {
-		return err
+	if s.notes[ev.Note] || len(s.notes) < aggregateAfter {
+		s.notes[ev.Note] = true
+		return ev
 	}
-	first.Series = updated.Series
-	return nil
+	combined := ev.DeepCopy()
+	combined.Note = truncate(combinedPrefix + ev.Note)
+	combined.Related = nil
+	return combined
+}
+
+// writeCounts writes the counts of the series that grew since last written.
+func (w *writer) writeCounts() {
+	for key, s := range w.series {
+		if !s.unwritten || w.p.writeCtx.Err() != nil {
+			continue
+		}
+		err := w.writeCount(s)
+		switch {
+		case apierrors.IsNotFound(err):
+			delete(w.series, key) // gone: the next repeat starts anew
+		case err != nil:
+			ctrl.Log.WithName("events").Error(err, "Unable to write the count of an event series", "reason", s.first.Reason,
+				"regarding", s.first.Regarding.Name, "count", s.count)
+		}
+	}
+}
+
+// writeCount patches the count and last time of a series.
+func (w *writer) writeCount(s *series) error {
+	updated := s.first.DeepCopy()
+	updated.Series = &eventsv1.EventSeries{Count: s.count, LastObservedTime: metav1.NewMicroTime(s.last)}
+	err := w.p.retry(func(ctx context.Context) error { return w.p.client.Patch(ctx, updated, client.MergeFrom(s.first)) })
+	if err == nil {
+		s.first.Series = updated.Series
+		s.unwritten = false
+	}
+	return err
 }
 
 // retry runs write until it succeeds, fails for good, or writeAttempts ran.
@@ -231,20 +344,23 @@ func retriable(err error) bool {
 	return !apierrors.IsNotFound(err) && !apierrors.IsInvalid(err) && !apierrors.IsForbidden(err) && !apierrors.IsBadRequest(err)
 }
 
-// forgetOldSeries drops series older than the window, so the map stays small.
-func (p *Provider) forgetOldSeries(now time.Time) {
-	for k, ev := range p.series {
-		if now.Sub(lastSeen(ev)) >= seriesWindow {
-			delete(p.series, k)
+// forgetOld drops the series and similar counts past their windows, so the
+// maps stay small; a series with a count not written yet is written first.
+func (w *writer) forgetOld(now time.Time) {
+	for k, s := range w.series {
+		if now.Sub(s.last) < seriesWindow {
+			continue
+		}
+		if s.unwritten && w.writeCount(s) != nil {
+			continue
+		}
+		delete(w.series, k)
+	}
+	for k, s := range w.similar {
+		if now.Sub(s.since) >= aggregateWindow {
+			delete(w.similar, k)
 		}
 	}
-}
-
-func lastSeen(ev *eventsv1.Event) time.Time {
-	if ev.Series != nil {
-		return ev.Series.LastObservedTime.Time
-	}
-	return ev.EventTime.Time
 }
 
 // seriesKey is what makes two events the same event: client-go's rule, but
@@ -257,16 +373,40 @@ type seriesKey struct {
 // keyOf names the objects without their resourceVersion (as core/v1's event
 // correlator does; client-go's events.k8s.io recorder keeps it): a node written
 // between two denied deletes, which on a busy cluster is the rule, is still the
-// same node, and the repeat joins the series.
+// same node, and the repeat joins the series. Combined events are one series
+// whatever their note.
 func keyOf(ev *eventsv1.Event) seriesKey {
 	k := seriesKey{controller: ev.ReportingController, action: ev.Action, reason: ev.Reason,
 		note: ev.Note, eventType: ev.Type, regarding: ev.Regarding}
 	k.regarding.ResourceVersion = ""
+	if strings.HasPrefix(ev.Note, combinedPrefix) {
+		k.note = combinedPrefix
+	}
 	if ev.Related != nil {
 		k.related = *ev.Related
 		k.related.ResourceVersion = ""
 	}
 	return k
+}
+
+// similarKey is what makes two events similar: client-go's aggregator's key,
+// without the note (and the related object, which the note names).
+type similarKey struct {
+	controller, action, reason, eventType string
+	regarding                             corev1.ObjectReference
+}
+
+func similarKeyOf(ev *eventsv1.Event) similarKey {
+	k := similarKey{controller: ev.ReportingController, action: ev.Action, reason: ev.Reason, eventType: ev.Type, regarding: ev.Regarding}
+	k.regarding.ResourceVersion = ""
+	return k
+}
+
+func truncate(note string) string {
+	if len(note) > noteLimit {
+		return note[:noteLimit]
+	}
+	return note
 }
 
 func seriesName(regarding string, t time.Time) string {
@@ -296,9 +436,7 @@ func (r *eventRecorder) AnnotatedEventf(regarding, related runtime.Object, annot
 	if len(args) > 0 {
 		note = fmt.Sprintf(note, args...)
 	}
-	if len(note) > noteLimit {
-		note = note[:noteLimit]
-	}
+	note = truncate(note)
 	now := r.provider.clock.Now()
 	namespace := ref.Namespace
 	if namespace == "" {

@@ -541,6 +541,27 @@ func (s *soak) starts() int {
 	return n
 }
 
+// cutConfirmedOutcome is the outcome of a cut that NodeReleased says was
+// confirmed.
+const cutConfirmedOutcome = "confirmed"
+
+// cutOutcome says how a released node's cut ended: the Warning event of a cut
+// not confirmed, else whether its NodeReleased event says it was confirmed.
+func cutOutcome(node string) (string, error) {
+	for _, reason := range []string{finalizer.ReasonTrafficCutTimedOut, finalizer.ReasonTrafficCutFailed} {
+		if count, err := harness.CountEvents(context.Background(), env.Client, node, reason); err != nil || count > 0 {
+			return reason, err
+		}
+	}
+	notes, err := harness.EventNotes(context.Background(), env.Client, node, finalizer.ReasonReleased)
+	if slices.ContainsFunc(notes, func(n string) bool {
+		return strings.Contains(n, "traffic cut: load balancer AdminState Down confirmed")
+	}) {
+		return cutConfirmedOutcome, err
+	}
+	return "no event", err
+}
+
 // checkEntries checks every backend entry once the admin state settled:
 //
 //   - no entry is lost;
@@ -552,24 +573,17 @@ func (s *soak) starts() int {
 func (s *soak) checkEntries(t *testing.T) string {
 	t.Helper()
 	cut := map[string]bool{}
-	// How each released node's cut ended, by its event: the figures say why
+	// How each released node's cut ended, by its events: the figures say why
 	// a cut was not confirmed (faults past --admin-state-timeout, or a
 	// failure), or that no event of it was written (a leader killed first).
 	outcomes := map[string]int{}
 	for _, n := range s.released {
-		outcome := "no event"
-		for _, reason := range []string{finalizer.ReasonTrafficCut, finalizer.ReasonTrafficCutTimedOut, finalizer.ReasonTrafficCutFailed} {
-			count, err := harness.CountEvents(context.Background(), env.Client, n, reason)
-			if err != nil {
-				t.Fatal(err)
-			}
-			if count > 0 {
-				outcome = reason
-				break
-			}
+		outcome, err := cutOutcome(n)
+		if err != nil {
+			t.Fatal(err)
 		}
 		outcomes[outcome]++
-		cut[n] = outcome == finalizer.ReasonTrafficCut
+		cut[n] = outcome == cutConfirmedOutcome
 	}
 	tally := map[string]int{}
 	var wrong []string

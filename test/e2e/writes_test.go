@@ -12,6 +12,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	"github.com/nodeguard/nodeguard/finalizer"
 	"github.com/nodeguard/nodeguard/test/armemulator"
 	"github.com/nodeguard/nodeguard/test/builder"
 	"github.com/nodeguard/nodeguard/test/harness"
@@ -21,14 +22,18 @@ import (
 // (its status and events apart): the cordon and the finalizer's removal.
 const nodeWritesPerDeletion = 2
 
+// writesPerDeletion bounds nodeguard's writes of nodes, node status and
+// events per deleted node (the fleet issue's bound).
+const writesPerDeletion = 6
+
 // TestDeletedNodesAreWrittenTwice deletes three nodes at once, each carrying
 // a PDB-protected Deployment's pods and a tolerate-all DaemonSet pod, with
 // Azure on and the kubelets' heartbeats going. Every write of a node wakes
 // every watcher of nodes in the cluster: nodeguard writes each deleted node
-// exactly twice, the cordon and the finalizer's removal; the budget running
-// out marks the nodes it selects for cluster-autoscaler, but never one that
-// is being deleted. The node-status and event writes are logged, for the
-// fleet's figures.
+// exactly twice, the cordon and the finalizer's removal, never marks one for
+// cluster-autoscaler, and writes at most 6 nodes, node statuses and events in
+// all per deleted node: a status change only when a wait lasts, events
+// saying the admission, the budget's charge and the release.
 func TestDeletedNodesAreWrittenTwice(t *testing.T) {
 	harness.SkipWithoutEnv(t, env)
 	ns := freshName("writes")
@@ -75,7 +80,9 @@ func TestDeletedNodesAreWrittenTwice(t *testing.T) {
 		harness.WaitForTerminationFinalizer(t, env.Client, target)
 	}
 	// Through the proxy, so that each node's DELETE is recorded: what comes
-	// after it is written because of the deletion.
+	// after it is written because of the deletion. Events are counted from
+	// before the first: the admission's may be written before its answer.
+	before := len(proxy.Writes("", ""))
 	harness.MustKubectl(t, proxy.Kubeconfig, "", append([]string{"delete", "node", "--wait=false"}, targets...)...)
 	harness.Eventually(t, 3*time.Minute, func(ctx context.Context) (bool, error) {
 		for _, target := range targets {
@@ -85,6 +92,9 @@ func TestDeletedNodesAreWrittenTwice(t *testing.T) {
 		}
 		return true, nil
 	}, "the three nodes are released")
+	for _, target := range targets {
+		harness.WaitForEvent(t, env.Client, target, finalizer.ReasonReleased) // written after the release
+	}
 
 	writes := proxy.Writes("", "")
 	var statusWrites, eventWrites, refused int
@@ -110,8 +120,7 @@ func TestDeletedNodesAreWrittenTwice(t *testing.T) {
 			t.Errorf("node %s written %d times (%v), want %d: the cordon and the finalizer's removal", target, len(nodeWrites), nodeWrites, nodeWritesPerDeletion)
 		}
 	}
-	first := slices.IndexFunc(writes, func(w harness.Write) bool { return w.Method == http.MethodDelete })
-	for _, w := range writes[first:] {
+	for _, w := range writes[before:] {
 		if strings.Contains(w.Path, "/events") && w.Status < http.StatusBadRequest {
 			eventWrites++
 		}
@@ -119,4 +128,7 @@ func TestDeletedNodesAreWrittenTwice(t *testing.T) {
 	n := float64(len(targets))
 	t.Logf("per deleted node: %d node writes (%.1f more refused), %.1f node-status writes, %.1f event writes", nodeWritesPerDeletion,
 		float64(refused)/n, float64(statusWrites)/n, float64(eventWrites)/n)
+	if all := nodeWritesPerDeletion + float64(statusWrites+eventWrites)/n; all > writesPerDeletion {
+		t.Errorf("%.1f writes of nodes, node statuses and events per deleted node, want at most %d", all, writesPerDeletion)
+	}
 }
