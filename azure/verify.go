@@ -64,6 +64,11 @@ func (m *Manager) verifyWanted(now time.Time) (due bool, next time.Duration) {
 	return true, 0
 }
 
+// Verifying reports whether the manager verifies the entries it holds Down
+// (--azure-admin-state-verify-interval above 0): only then do cluster changes
+// concern it.
+func (m *Manager) Verifying() bool { return m.cfg.VerifyInterval > 0 }
+
 func (m *Manager) verifyInterval() time.Duration { return max(m.cfg.VerifyInterval, minVerifyGap) }
 
 // maxWait stands for "no deadline" in nextWake's minimum.

@@ -1,8 +1,6 @@
 package finalizer
 
 import (
-	"context"
-	"encoding/json"
 	"fmt"
 	"slices"
 	"time"
@@ -10,7 +8,6 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
-	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	ngv1alpha1 "github.com/nodeguard/nodeguard/api/v1alpha1"
 )
@@ -18,7 +15,8 @@ import (
 // conditionRefresh spaces the changes of the Terminating condition's message
 // within one phase (the pods left, a PDB's numbers): every status write of a
 // node goes to every watcher of nodes, and a fleet's drains would write each
-// node every few seconds for minutes. A new phase is staged at once.
+// node every few seconds for minutes. A new phase is staged at once, and so is
+// any change while the condition staged is not written yet.
 const conditionRefresh = 30 * time.Second
 
 // conditionReasons name the phases in the condition (CamelCase, as reasons are).
@@ -57,8 +55,12 @@ func (r *Reconciler) reportCondition(node *corev1.Node, phase string) (heldFor t
 	reason := conditionReasons[phase]
 	last := m.condition
 	now := r.Clock.Now()
+	// Not written yet, the staged condition takes the new detail for free.
+	unwritten := m.staged != nil && slices.ContainsFunc(m.staged.set, func(c corev1.NodeCondition) bool {
+		return c.Type == ngv1alpha1.TerminatingCondition
+	})
 	due := last.reason != reason || last.message != message
-	if due && last.reason == reason && now.Sub(last.at) < conditionRefresh {
+	if due && last.reason == reason && !unwritten && now.Sub(last.at) < conditionRefresh {
 		due = false // same phase, new detail: wait for the interval
 		heldFor = conditionRefresh - now.Sub(last.at)
 	}
@@ -82,153 +84,6 @@ func (r *Reconciler) stageTerminating(node *corev1.Node, reason, message string,
 		Type: ngv1alpha1.TerminatingCondition, Status: corev1.ConditionTrue, Reason: reason, Message: message,
 		LastHeartbeatTime: metav1.NewTime(now),
 	})
-}
-
-// stagedConditions are the condition changes of a node not written yet:
-// conditions to set, and types to remove. since is when the oldest of them
-// was staged (Options.StatusSettle).
-type stagedConditions struct {
-	set    []corev1.NodeCondition
-	remove []corev1.NodeConditionType
-	since  time.Time
-}
-
-// stageCondition sets one of nodeguard's node conditions in the node's next
-// status write (flushConditions), keeping its transition time while its
-// status stays, and on node, for the rest of the pass to read. A pass writes
-// the node's status at most once, at its end: every write of a node goes to
-// every watcher of nodes (a fleet's worth of components), and a write before
-// the first eviction held the eviction back by a round trip.
-func (r *Reconciler) stageCondition(node *corev1.Node, c corev1.NodeCondition) {
-	now := metav1.NewTime(r.Clock.Now())
-	if c.LastHeartbeatTime.IsZero() {
-		c.LastHeartbeatTime = now
-	}
-	c.LastTransitionTime = now
-	if old := nodeCondition(node, c.Type); old != nil {
-		if old.Status == c.Status {
-			c.LastTransitionTime = old.LastTransitionTime
-		}
-		*old = c
-	} else {
-		node.Status.Conditions = append(node.Status.Conditions, c)
-	}
-	r.stage(node.UID, func(s *stagedConditions) {
-		s.remove = slices.DeleteFunc(s.remove, func(t corev1.NodeConditionType) bool { return t == c.Type })
-		s.set = append(slices.DeleteFunc(s.set, func(o corev1.NodeCondition) bool { return o.Type == c.Type }), c)
-	})
-}
-
-// stageRemoval removes a condition in the pass's status write.
-func (r *Reconciler) stageRemoval(node *corev1.Node, typ corev1.NodeConditionType) {
-	node.Status.Conditions = slices.DeleteFunc(node.Status.Conditions, func(c corev1.NodeCondition) bool { return c.Type == typ })
-	r.stage(node.UID, func(s *stagedConditions) {
-		s.set = slices.DeleteFunc(s.set, func(o corev1.NodeCondition) bool { return o.Type == typ })
-		s.remove = append(s.remove, typ)
-	})
-}
-
-func (r *Reconciler) stage(uid types.UID, change func(*stagedConditions)) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	m := r.remember(uid)
-	if m.staged == nil {
-		m.staged = &stagedConditions{}
-	}
-	if m.staged.since.IsZero() {
-		m.staged.since = r.Clock.Now()
-	}
-	change(m.staged)
-}
-
-// overlayStaged applies the changes staged and not written yet to a node read
-// for a pass, which then reads its conditions as it will write them.
-func (r *Reconciler) overlayStaged(node *corev1.Node) {
-	r.mu.Lock()
-	var staged stagedConditions
-	if m := r.memory[node.UID]; m != nil && m.staged != nil {
-		staged = *m.staged
-	}
-	r.mu.Unlock()
-	for _, c := range staged.set {
-		if old := nodeCondition(node, c.Type); old != nil {
-			*old = c
-		} else {
-			node.Status.Conditions = append(node.Status.Conditions, c)
-		}
-	}
-	for _, typ := range staged.remove {
-		node.Status.Conditions = slices.DeleteFunc(node.Status.Conditions, func(c corev1.NodeCondition) bool { return c.Type == typ })
-	}
-}
-
-// flushConditions writes the staged changes once the oldest of them has
-// waited Options.StatusSettle, and otherwise says how long until then. A
-// phase that ends sooner (Azure confirming within a second, a drain that
-// empties the node at once) is never written: the node's release, or the
-// next phase, makes it moot.
-func (r *Reconciler) flushConditions(ctx context.Context, node *corev1.Node) (heldFor time.Duration, err error) {
-	r.mu.Lock()
-	var staged *stagedConditions
-	if m := r.memory[node.UID]; m != nil && m.staged != nil {
-		if wait := r.Opts.StatusSettle - r.Clock.Since(m.staged.since); wait > 0 {
-			r.mu.Unlock()
-			return wait, nil
-		}
-		staged, m.staged = m.staged, nil
-	}
-	r.mu.Unlock()
-	return 0, r.writeConditions(ctx, node, staged)
-}
-
-// flushConditionsNow writes the staged changes whatever their age.
-func (r *Reconciler) flushConditionsNow(ctx context.Context, node *corev1.Node) error {
-	r.mu.Lock()
-	var staged *stagedConditions
-	if m := r.memory[node.UID]; m != nil {
-		staged, m.staged = m.staged, nil
-	}
-	r.mu.Unlock()
-	return r.writeConditions(ctx, node, staged)
-}
-
-// dropStaged forgets the staged changes of a node that goes.
-func (r *Reconciler) dropStaged(uid types.UID) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	if m := r.memory[uid]; m != nil {
-		m.staged = nil
-	}
-}
-
-// writeConditions writes staged changes in one strategic merge patch keyed by
-// type, which leaves the kubelet's conditions alone. On failure the next
-// pass stages them again: they are derived from the node, and the
-// Terminating condition's record is dropped.
-func (r *Reconciler) writeConditions(ctx context.Context, node *corev1.Node, staged *stagedConditions) error {
-	if staged == nil || len(staged.set)+len(staged.remove) == 0 {
-		return nil
-	}
-	entries := make([]any, 0, len(staged.set)+len(staged.remove))
-	for _, c := range staged.set {
-		entries = append(entries, c)
-	}
-	for _, t := range staged.remove {
-		entries = append(entries, map[string]any{"$patch": "delete", "type": t})
-	}
-	patch, err := json.Marshal(map[string]any{"status": map[string]any{"conditions": entries}})
-	if err == nil {
-		err = r.Client.Status().Patch(ctx, node, client.RawPatch(types.StrategicMergePatchType, patch))
-	}
-	if client.IgnoreNotFound(err) != nil {
-		r.mu.Lock()
-		if m := r.memory[node.UID]; m != nil {
-			m.condition = writtenCondition{}
-		}
-		r.mu.Unlock()
-		return fmt.Errorf("writing the node's conditions: %w", err)
-	}
-	return nil
 }
 
 func nodeCondition(node *corev1.Node, typ corev1.NodeConditionType) *corev1.NodeCondition {

@@ -137,12 +137,8 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reco
 		}
 	}
 	result, err := r.runPhases(ctx, node, phases)
-	held, ferr := r.flushConditions(ctx, node)
-	if ferr != nil && err == nil {
+	if ferr := r.flushConditions(ctx, node); ferr != nil && err == nil {
 		return reconcile.Result{}, fmt.Errorf("node %s: %w", node.Name, ferr)
-	}
-	if held > 0 && !result.IsZero() && (result.RequeueAfter == 0 || held < result.RequeueAfter) {
-		result.RequeueAfter = held // a wait that lasts is written then
 	}
 	return result, err
 }
@@ -237,6 +233,7 @@ func (r *Reconciler) forget(ctx context.Context, uid types.UID) {
 	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	stopStatusTimer(r.memory[uid])
 	delete(r.memory, uid)
 }
 

@@ -27,7 +27,6 @@ const (
 	// good in a backend pool (a terminal ARM error, retries exhausted, a
 	// NIC-only pool); traffic is not cut there.
 	ReasonTrafficCutFailed       = "TrafficCutFailed"
-	ReasonWaitingForDrainSlot    = "WaitingForDrainSlot"
 	ReasonDrainWaiting           = "DrainWaiting"
 	ReasonPodUnderMultiplePDBs   = "PodUnderMultiplePDBs"
 	ReasonDoNotEvictPodBlocking  = "DoNotEvictPodBlocking"

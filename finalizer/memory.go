@@ -26,8 +26,10 @@ type nodeMemory struct {
 	// Terminating condition last written (reportCondition).
 	waitingFor string
 	condition  writtenCondition
-	// staged are the condition changes of the running pass.
+	// staged are the condition changes not written yet; status writes
+	// them (status.go).
 	staged *stagedConditions
+	status *statusWriter
 	// drainedAt is when the drain ended (recordDrained).
 	drainedAt time.Time
 	// cutWait: a background wait for the traffic cut will wake the node.

@@ -52,7 +52,9 @@ func nodeChanged(followed func(*corev1.Node) bool) predicate.Predicate {
 
 // sameButHeartbeat reports whether two versions of a node differ in nothing
 // but their resourceVersion and managed fields, the heartbeat times of their
-// conditions and nodeguard's own Terminating condition.
+// conditions and nodeguard's own Terminating condition; on a node it
+// terminates, nodeguard's other conditions too: its passes wrote them, and
+// read them from their memory before they are written (status.go).
 func sameButHeartbeat(old, cur *corev1.Node) bool {
 	if !equality.Semantic.DeepEqual(old.Spec, cur.Spec) ||
 		!equality.Semantic.DeepEqual(old.Labels, cur.Labels) ||
@@ -63,16 +65,20 @@ func sameButHeartbeat(old, cur *corev1.Node) bool {
 		return false
 	}
 	oldStatus, curStatus := old.Status, cur.Status // shallow: only Conditions is replaced
-	oldStatus.Conditions, curStatus.Conditions = withoutHeartbeats(old.Status.Conditions), withoutHeartbeats(cur.Status.Conditions)
+	own := []corev1.NodeConditionType{ngv1alpha1.TerminatingCondition}
+	if ngv1alpha1.TerminatingUnderFinalizer(cur) {
+		own = append(own, ngv1alpha1.TrafficCutCondition, corev1.NodeDrainInProgress, corev1.NodeDrained)
+	}
+	oldStatus.Conditions, curStatus.Conditions = withoutHeartbeats(old.Status.Conditions, own), withoutHeartbeats(cur.Status.Conditions, own)
 	return equality.Semantic.DeepEqual(oldStatus, curStatus)
 }
 
 // withoutHeartbeats copies the conditions without their heartbeat times and
-// without nodeguard's own.
-func withoutHeartbeats(conditions []corev1.NodeCondition) []corev1.NodeCondition {
+// without the types own.
+func withoutHeartbeats(conditions []corev1.NodeCondition, own []corev1.NodeConditionType) []corev1.NodeCondition {
 	out := make([]corev1.NodeCondition, 0, len(conditions))
 	for _, c := range conditions {
-		if c.Type == ngv1alpha1.TerminatingCondition {
+		if slices.Contains(own, c.Type) {
 			continue
 		}
 		c.LastHeartbeatTime = metav1.Time{}

@@ -12,7 +12,8 @@ import (
 )
 
 // TestTerminatingNodeChanged: a terminating node's heartbeats and nodeguard's
-// own condition run no pass; everything a pass reads does.
+// own conditions (written from what its passes staged) run no pass;
+// everything else a pass reads does.
 func TestTerminatingNodeChanged(t *testing.T) {
 	now := metav1.Now()
 	base := &corev1.Node{
@@ -28,8 +29,12 @@ func TestTerminatingNodeChanged(t *testing.T) {
 		want   bool
 	}{
 		{"heartbeat", func(n *corev1.Node) { n.ResourceVersion = "2"; n.Status.Conditions[0].LastHeartbeatTime = later }, false},
-		{"nodeguard's condition", func(n *corev1.Node) {
-			n.Status.Conditions = append(n.Status.Conditions, corev1.NodeCondition{Type: ngv1alpha1.TerminatingCondition, Status: corev1.ConditionTrue, Message: "waiting"})
+		{"nodeguard's conditions", func(n *corev1.Node) {
+			n.Status.Conditions = append(n.Status.Conditions,
+				corev1.NodeCondition{Type: ngv1alpha1.TerminatingCondition, Status: corev1.ConditionTrue, Message: "waiting"},
+				corev1.NodeCondition{Type: ngv1alpha1.TrafficCutCondition, Status: corev1.ConditionTrue},
+				corev1.NodeCondition{Type: corev1.NodeDrainInProgress, Status: corev1.ConditionFalse},
+				corev1.NodeCondition{Type: corev1.NodeDrained, Status: corev1.ConditionTrue})
 		}, false},
 		{"Ready turns Unknown", func(n *corev1.Node) { n.Status.Conditions[0].Status = corev1.ConditionUnknown }, true},
 		{"a taint", func(n *corev1.Node) { n.Spec.Taints = []corev1.Taint{{Key: "k", Effect: corev1.TaintEffectNoExecute}} }, true},

@@ -246,9 +246,7 @@ func (r *Reconciler) waitForDrainSlot(ctx context.Context, node *corev1.Node) (r
 	// one would be written, and the node passed again, for each move.
 	msg := fmt.Sprintf("waiting for a drain slot: %d nodes drain at once (--max-concurrent-drains); those whose termination began earlier go first", limit)
 	r.waitFor(node.UID, "%s", msg)
-	if r.once(node.UID, "drain-slot") {
-		r.event(node, corev1.EventTypeNormal, ReasonWaitingForDrainSlot, "%s; %d nodes wait ahead of this one", msg, ahead)
-	}
+	r.progress(node.UID, "waited for a drain slot (%d nodes drain at once, --max-concurrent-drains)", limit)
 	// No queues yet: PDB changes must not wake a node that cannot evict.
 	r.rememberQueues(node.UID, nil)
 	next := slotWaitBackstop

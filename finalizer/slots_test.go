@@ -81,8 +81,9 @@ func TestDrainSlotsGoInTheOrderTerminationsBegan(t *testing.T) {
 // TestMaxConcurrentDrainsBoundsTheNodesEvictingAtOnce: three nodes deleted at
 // once with --max-concurrent-drains=2. All three are cordoned at once; the
 // pods of the first two are evicted, and the third waits, saying so in its
-// condition, an event and the phase gauge, until a node is released: its
-// slot then wakes the third at once (well before the slot wait's backstop).
+// condition and the phase gauge (and, once released, NodeReleased), until a
+// node is released: its slot then wakes the third at once (well before the
+// slot wait's backstop).
 func TestMaxConcurrentDrainsBoundsTheNodesEvictingAtOnce(t *testing.T) {
 	f := newFixture(t, "slots")
 	nodes := []string{f.ns + "-a", f.ns + "-b", f.ns + "-c"}
@@ -97,8 +98,7 @@ func TestMaxConcurrentDrainsBoundsTheNodesEvictingAtOnce(t *testing.T) {
 	}
 
 	harness.Eventually(t, time.Minute, func(context.Context) (bool, error) {
-		return f.podState(t, "pod-a") == "terminating" && f.podState(t, "pod-b") == "terminating" &&
-			len(f.events.with(ReasonWaitingForDrainSlot)) == 1, nil
+		return f.podState(t, "pod-a") == "terminating" && f.podState(t, "pod-b") == "terminating", nil
 	}, "the first two nodes evict their pods and the third waits for a slot")
 	harness.Eventually(t, time.Minute, func(context.Context) (bool, error) {
 		c := condition(getNode(t, nodes[2]), ngv1alpha1.TerminatingCondition)
@@ -136,6 +136,13 @@ func TestMaxConcurrentDrainsBoundsTheNodesEvictingAtOnce(t *testing.T) {
 		harness.Eventually(t, time.Minute, func(ctx context.Context) (bool, error) {
 			return harness.NodeGone(ctx, env.Client, n)
 		}, "node %s is released", n)
+	}
+	harness.Eventually(t, time.Minute, func(context.Context) (bool, error) {
+		return len(f.events.with(ReasonReleased)) == 3, nil
+	}, "three NodeReleased events")
+	if waited := slices.DeleteFunc(f.events.with(ReasonReleased), func(e string) bool { return !strings.Contains(e, "waited for a drain slot") }); len(waited) != 1 ||
+		!strings.Contains(waited[0], "kube-node-maintenance/"+nodes[2]+" ") {
+		t.Errorf("NodeReleased events saying the node waited for a drain slot: %q, want the third node's", waited)
 	}
 	if got := testutil.ToFloat64(nodesInPhase.WithLabelValues(phaseDrainSlot)) - waitingBefore; got != 0 {
 		t.Errorf("nodeguard_termination_nodes{phase=%q} is %v above where it began with every node gone", phaseDrainSlot, got)

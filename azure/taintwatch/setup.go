@@ -46,7 +46,7 @@ func Setup(mgr ctrl.Manager, adminState *azure.Manager, opts Options) error {
 	if err := w.SetupWithManager(mgr); err != nil {
 		return fmt.Errorf("setting up the taint watcher: %w", err)
 	}
-	if adminState != nil {
+	if adminState != nil && adminState.Verifying() { // its cache of Services costs memory
 		if err := (&serviceWatcher{adminState: adminState}).setup(mgr); err != nil {
 			return err
 		}

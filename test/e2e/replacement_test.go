@@ -460,9 +460,12 @@ func TestBlockedPDBPolicyWaitNeverTouchesTheDeployment(t *testing.T) {
 	}
 	c.requireUntouched(t, append(web, optIn...))
 	ready.require(t, 1)
-	if cond, err := nodeCondition(context.Background(), target); err != nil || cond == nil || !containsAll(cond.Message, "PDB "+c.ns+"/web", "blocked-pdb-policy wait (--blocked-pdb-policy)") {
-		t.Errorf("the node condition %+v (%v) does not say why the drain waits", cond, err)
-	}
+	// The decision changes the message within the phase: written within
+	// conditionRefresh of the last.
+	harness.Eventually(t, time.Minute, func(ctx context.Context) (bool, error) {
+		cond, err := nodeCondition(ctx, target)
+		return cond != nil && containsAll(cond.Message, "PDB "+c.ns+"/web", "blocked-pdb-policy wait (--blocked-pdb-policy)"), err
+	}, "the node condition says why the drain waits")
 
 	if err := env.Client.Delete(context.Background(), &policyv1.PodDisruptionBudget{ObjectMeta: metav1.ObjectMeta{Namespace: c.ns, Name: "web"}}); err != nil {
 		t.Fatal(err)

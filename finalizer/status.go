@@ -1,0 +1,240 @@
+package finalizer
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"slices"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	logf "sigs.k8s.io/controller-runtime/pkg/log"
+)
+
+// A terminating node's conditions are staged by its passes and written
+// once the oldest change has waited Options.StatusSettle, with whatever
+// changed meanwhile: a wait that ends sooner (Azure confirming within a
+// second, a drain that empties the node at once) is never written, and a
+// node that goes with nodeguard's finalizer is not written at its release.
+// Every status write of a node goes to every watcher of nodes, a fleet's
+// worth of components.
+
+// stagedConditions are the condition changes of a node not written yet:
+// conditions to set, and types to remove. since is when the oldest of them
+// was staged.
+type stagedConditions struct {
+	set    []corev1.NodeCondition
+	remove []corev1.NodeConditionType
+	since  time.Time
+}
+
+// statusWriter is a node's status writing: one write at a time, in the
+// order the changes were staged, and the timer that writes them when due.
+type statusWriter struct {
+	writing chan struct{} // a lock that a timer's write and a pass share
+	timer   *time.Timer
+}
+
+// stageCondition sets one of nodeguard's node conditions in the node's next
+// status write, keeping its transition time while its status stays, and on
+// node, for the rest of the pass to read.
+func (r *Reconciler) stageCondition(node *corev1.Node, c corev1.NodeCondition) {
+	now := metav1.NewTime(r.Clock.Now())
+	if c.LastHeartbeatTime.IsZero() {
+		c.LastHeartbeatTime = now
+	}
+	c.LastTransitionTime = now
+	if old := nodeCondition(node, c.Type); old != nil {
+		if old.Status == c.Status {
+			c.LastTransitionTime = old.LastTransitionTime
+		}
+		*old = c
+	} else {
+		node.Status.Conditions = append(node.Status.Conditions, c)
+	}
+	r.stage(node.UID, func(s *stagedConditions) {
+		s.remove = slices.DeleteFunc(s.remove, func(t corev1.NodeConditionType) bool { return t == c.Type })
+		s.set = append(slices.DeleteFunc(s.set, func(o corev1.NodeCondition) bool { return o.Type == c.Type }), c)
+	})
+}
+
+// stageRemoval removes a condition in the node's next status write.
+func (r *Reconciler) stageRemoval(node *corev1.Node, typ corev1.NodeConditionType) {
+	node.Status.Conditions = slices.DeleteFunc(node.Status.Conditions, func(c corev1.NodeCondition) bool { return c.Type == typ })
+	r.stage(node.UID, func(s *stagedConditions) {
+		s.set = slices.DeleteFunc(s.set, func(o corev1.NodeCondition) bool { return o.Type == typ })
+		s.remove = append(s.remove, typ)
+	})
+}
+
+func (r *Reconciler) stage(uid types.UID, change func(*stagedConditions)) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	m := r.remember(uid)
+	if m.staged == nil {
+		m.staged = &stagedConditions{since: r.Clock.Now()}
+	}
+	change(m.staged)
+}
+
+// overlayStaged applies the changes staged and not written yet to a node read
+// for a pass, which then reads its conditions as they will be written.
+func (r *Reconciler) overlayStaged(node *corev1.Node) {
+	r.mu.Lock()
+	var staged stagedConditions
+	if m := r.memory[node.UID]; m != nil && m.staged != nil {
+		staged = *m.staged
+	}
+	r.mu.Unlock()
+	for _, c := range staged.set {
+		if old := nodeCondition(node, c.Type); old != nil {
+			*old = c
+		} else {
+			node.Status.Conditions = append(node.Status.Conditions, c)
+		}
+	}
+	for _, typ := range staged.remove {
+		node.Status.Conditions = slices.DeleteFunc(node.Status.Conditions, func(c corev1.NodeCondition) bool { return c.Type == typ })
+	}
+}
+
+// flushConditions writes the staged changes at the end of a pass if the
+// oldest has waited StatusSettle; sooner, a timer writes them then, without a
+// pass of its own.
+func (r *Reconciler) flushConditions(ctx context.Context, node *corev1.Node) error {
+	if wait := r.statusDue(node.UID); wait > 0 {
+		r.flushLater(node, wait)
+		return nil
+	}
+	return r.flushConditionsNow(ctx, node)
+}
+
+// statusDue is how long until the node's staged changes are due (0: now, or
+// nothing staged).
+func (r *Reconciler) statusDue(uid types.UID) time.Duration {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if m := r.memory[uid]; m != nil && m.staged != nil {
+		return max(r.Opts.StatusSettle-r.Clock.Since(m.staged.since), 0)
+	}
+	return 0
+}
+
+// flushLater arms the node's timer, unless it is armed.
+func (r *Reconciler) flushLater(node *corev1.Node, wait time.Duration) {
+	key := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: node.Name, UID: node.UID}}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	w := r.statusWriter(r.remember(node.UID))
+	if w.timer == nil {
+		w.timer = time.AfterFunc(wait, func() { r.flushTimed(key) })
+	}
+}
+
+// flushTimed writes what is due when the timer fires. A failed write wakes
+// the node: its pass stages the changes again.
+func (r *Reconciler) flushTimed(node *corev1.Node) {
+	r.mu.Lock()
+	if m := r.memory[node.UID]; m != nil && m.status != nil {
+		m.status.timer = nil
+	}
+	r.mu.Unlock()
+	if wait := r.statusDue(node.UID); wait > 0 {
+		r.flushLater(node, wait)
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), statusWriteTimeout)
+	defer cancel()
+	if err := r.flushConditionsNow(ctx, node); err != nil {
+		logf.Log.WithName("termination").Error(err, "Writing the conditions of a terminating node", "node", node.Name)
+		wakeNode(ctx, r.wakeups, node.Name)
+	}
+}
+
+// statusWriteTimeout bounds a timer's status write.
+const statusWriteTimeout = 30 * time.Second
+
+// flushConditionsNow writes the staged changes whatever their age. Writes of
+// one node go one at a time, each with what was staged when it began: a
+// later change is never overwritten by an earlier one.
+func (r *Reconciler) flushConditionsNow(ctx context.Context, node *corev1.Node) error {
+	r.mu.Lock()
+	m := r.memory[node.UID]
+	if m == nil || m.staged == nil {
+		r.mu.Unlock()
+		return nil
+	}
+	w := r.statusWriter(m)
+	r.mu.Unlock()
+	select {
+	case w.writing <- struct{}{}:
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	defer func() { <-w.writing }()
+	r.mu.Lock()
+	staged := m.staged
+	m.staged = nil
+	r.mu.Unlock()
+	return r.writeConditions(ctx, node, staged)
+}
+
+// statusWriter returns the node's status writer, made on first use. Call with
+// r.mu held.
+func (r *Reconciler) statusWriter(m *nodeMemory) *statusWriter {
+	if m.status == nil {
+		m.status = &statusWriter{writing: make(chan struct{}, 1)}
+	}
+	return m.status
+}
+
+// dropStaged forgets the staged changes of a node that goes.
+func (r *Reconciler) dropStaged(uid types.UID) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if m := r.memory[uid]; m != nil {
+		m.staged = nil
+	}
+}
+
+// stopStatusTimer stops the node's timer, for a node forgotten. Call with
+// r.mu held.
+func stopStatusTimer(m *nodeMemory) {
+	if m != nil && m.status != nil && m.status.timer != nil {
+		m.status.timer.Stop()
+		m.status.timer = nil
+	}
+}
+
+// writeConditions writes staged changes in one strategic merge patch keyed by
+// type, which leaves the kubelet's conditions alone. On failure the next
+// pass stages them again: they are derived from the node, and the
+// Terminating condition's record is dropped.
+func (r *Reconciler) writeConditions(ctx context.Context, node *corev1.Node, staged *stagedConditions) error {
+	if staged == nil || len(staged.set)+len(staged.remove) == 0 {
+		return nil
+	}
+	entries := make([]any, 0, len(staged.set)+len(staged.remove))
+	for _, c := range staged.set {
+		entries = append(entries, c)
+	}
+	for _, t := range staged.remove {
+		entries = append(entries, map[string]any{"$patch": "delete", "type": t})
+	}
+	patch, err := json.Marshal(map[string]any{"status": map[string]any{"conditions": entries}})
+	if err == nil {
+		err = r.Client.Status().Patch(ctx, node, client.RawPatch(types.StrategicMergePatchType, patch))
+	}
+	if client.IgnoreNotFound(err) != nil {
+		r.mu.Lock()
+		if m := r.memory[node.UID]; m != nil {
+			m.condition = writtenCondition{}
+		}
+		r.mu.Unlock()
+		return fmt.Errorf("writing the node's conditions: %w", err)
+	}
+	return nil
+}
