@@ -78,10 +78,12 @@ func (b *Backfill) Reconcile(ctx context.Context, req reconcile.Request) (reconc
 	return reconcile.Result{RequeueAfter: finalizerAddedHold}, nil
 }
 
-// clearMark removes an expired finalizer-added-at mark.
+// clearMark removes an expired finalizer-added-at mark, but not from a node
+// being deleted: no admission reads it any more, the node goes with it, and
+// each write of a node goes to every watcher of nodes.
 func (b *Backfill) clearMark(ctx context.Context, node *corev1.Node) (reconcile.Result, error) {
 	value, marked := node.Annotations[ngv1alpha1.FinalizerAddedAtAnnotation]
-	if !marked {
+	if !marked || node.DeletionTimestamp != nil {
 		return reconcile.Result{}, nil
 	}
 	// An unreadable mark is removed at once: admission treats it as fresh.

@@ -371,9 +371,16 @@ func TestMissingFinalizerNeverLetsANodeGoUnguarded(t *testing.T) {
 	}
 	startGuard(t, true)
 	harness.Eventually(t, 15*time.Second, func(context.Context) (bool, error) {
-		_, marked := getNode(t, "late-0").Annotations[ngv1alpha1.FinalizerAddedAtAnnotation]
+		return slices.Contains(getNode(t, "late-1").Finalizers, ngv1alpha1.TerminationFinalizer), nil
+	}, "late-1 carries the finalizer")
+	harness.Eventually(t, 15*time.Second, func(context.Context) (bool, error) {
+		_, marked := getNode(t, "late-1").Annotations[ngv1alpha1.FinalizerAddedAtAnnotation]
 		return !marked, nil
 	}, "the backfill removes the finalizer-added-at mark after the hold")
+	// A node being deleted is not written for it: no admission reads it.
+	if _, marked := getNode(t, "late-0").Annotations[ngv1alpha1.FinalizerAddedAtAnnotation]; !marked {
+		t.Error("the backfill wrote a node being deleted to remove its finalizer-added-at mark")
+	}
 }
 
 // TestAPIServerDeletesANodeWhoseFinalizerWasAddedDuringItsDelete is the
