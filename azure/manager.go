@@ -19,6 +19,7 @@ import (
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	ngv1alpha1 "github.com/nodeguard/nodeguard/api/v1alpha1"
 	"github.com/nodeguard/nodeguard/azure/armclient"
 	"github.com/nodeguard/nodeguard/azure/backends"
 	"github.com/nodeguard/nodeguard/azure/config"
@@ -89,8 +90,9 @@ type nodeState struct {
 	// carries the label that keeps cloud providers from adding it to load
 	// balancers. A node in no pool with neither had nothing to cut.
 	member, excluded bool
-	// deleting: the node is being deleted; the termination controller
-	// reports its cut (NodeReleased, the TrafficCut condition).
+	// deleting: the node is being deleted under nodeguard's finalizer; the
+	// termination controller reports its cut (NodeReleased, the TrafficCut
+	// condition).
 	deleting  bool
 	confirmed bool
 	failed    error
@@ -237,7 +239,7 @@ func (m *Manager) SetDesired(node *corev1.Node, state AdminState) {
 		changed = true
 	}
 	_, n.excluded = node.Labels[corev1.LabelNodeExcludeBalancers]
-	n.deleting = node.DeletionTimestamp != nil
+	n.deleting = ngv1alpha1.TerminatingUnderFinalizer(node)
 	if !ok || n.desired != state {
 		n.desired = state
 		n.gen++

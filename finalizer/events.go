@@ -69,8 +69,9 @@ func (r *Reconciler) progress(uid types.UID, format string, args ...any) {
 }
 
 // releaseNote says how long the termination took and the steps this process
-// took, e.g. "releasing the node 3s after its deletion: cordoned and tainted
-// ...; traffic cut: ...; drained: every evictable pod is gone".
+// took, e.g. "released the node 3s after its deletion: held maintenance Lease
+// ...; cordoned and tainted ...; traffic cut: ...; drained: every evictable
+// pod is gone".
 func (r *Reconciler) releaseNote(node *corev1.Node, what string) string {
 	r.mu.Lock()
 	done := slices.Clone(r.recall(node.UID).done)

@@ -84,10 +84,11 @@ func TestStatusWrittenOnlyWhenAWaitLasts(t *testing.T) {
 	}
 	f.r.Client = interceptor.NewClient(counting, interceptor.Funcs{
 		SubResourcePatch: func(ctx context.Context, c client.Client, sub string, obj client.Object, patch client.Patch, opts ...client.SubResourcePatchOption) error {
-			if _, ok := obj.(*corev1.Node); ok && sub == "status" {
-				writes.Add(1)
+			err := c.SubResource(sub).Patch(ctx, obj, patch, opts...)
+			if _, ok := obj.(*corev1.Node); ok && sub == "status" && err == nil {
+				writes.Add(1) // once written: the test reads the node next
 			}
-			return c.SubResource(sub).Patch(ctx, obj, patch, opts...)
+			return err
 		},
 	})
 	node := f.ns + "-node"
