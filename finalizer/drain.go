@@ -94,26 +94,31 @@ func (r *Reconciler) drain(ctx context.Context, node *corev1.Node) (reconcile.Re
 	return reconcile.Result{RequeueAfter: r.byDeadline(next, deadline, hasDeadline)}, nil
 }
 
-// recordDrained remembers when the node's drain ended. The node is annotated
-// with it (nodeguard.io/drained-at) only when its release must wait for
-// volumes (waitForVolumes): most drained nodes are released in the same
-// pass, and each write of a node goes to every watcher of nodes.
+// recordDrained remembers when the node's drain ended, to the nanosecond; the
+// Drained condition keeps it to the second once written (a node whose
+// release waits for its volumes), which a restart reads.
 func (r *Reconciler) recordDrained(uid types.UID) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.remember(uid).drainedAt = r.Clock.Now()
 }
 
-// drainEnded is when the node's drain ended: its annotation, else this
-// process's record (a release that failed does not drain again).
+// drainEnded is when the node's drain ended: this process's record (a
+// release that failed does not drain again), else the Drained condition
+// written since the deletion (a drain by someone else before it does not
+// count), else the annotation an earlier version wrote.
 func (r *Reconciler) drainEnded(node *corev1.Node) (time.Time, bool) {
-	if at, ok := ngv1alpha1.AnnotationTime(node, ngv1alpha1.DrainedAtAnnotation); ok {
+	r.mu.Lock()
+	at := r.recall(node.UID).drainedAt
+	r.mu.Unlock()
+	if !at.IsZero() {
 		return at, true
 	}
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	at := r.recall(node.UID).drainedAt
-	return at, !at.IsZero()
+	if c := nodeCondition(node, corev1.NodeDrained); c != nil && c.Status == corev1.ConditionTrue &&
+		node.DeletionTimestamp != nil && !c.LastTransitionTime.Before(node.DeletionTimestamp) {
+		return c.LastTransitionTime.Time, true
+	}
+	return ngv1alpha1.AnnotationTime(node, ngv1alpha1.DrainedAtAnnotation)
 }
 
 // byDeadline shortens a wait so that the drain looks again when its deadline

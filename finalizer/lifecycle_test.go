@@ -8,6 +8,9 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	clocktesting "k8s.io/utils/clock/testing"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/client/interceptor"
 
@@ -121,5 +124,31 @@ func TestStatusWrittenOnlyWhenAWaitLasts(t *testing.T) {
 	f.passUntil(t, node, func() bool { return len(f.events.with(ReasonReleased)) > 0 }, "the node is released")
 	if writes.Load() != 1 {
 		t.Errorf("%d status writes, want 1: the release of a node nothing else keeps writes no status", writes.Load())
+	}
+}
+
+// TestDrainEndedCountsOnlyADrainSinceTheDeletion: after a restart the drain's
+// end is read from the Drained condition, but only one written since the
+// deletion: a node drained by kubectl drain, then deleted, still drains
+// (and takes a drain slot) under nodeguard.
+func TestDrainEndedCountsOnlyADrainSinceTheDeletion(t *testing.T) {
+	deleted := metav1.NewTime(time.Date(2026, 11, 28, 12, 0, 0, 0, time.UTC))
+	r := &Reconciler{Clock: clocktesting.NewFakeClock(deleted.Add(time.Minute))}
+	for _, tc := range []struct {
+		name    string
+		drained time.Time
+		want    bool
+	}{
+		{"drained after the deletion", deleted.Add(10 * time.Second), true},
+		{"drained in the second of the deletion", deleted.Time, true},
+		{"drained by someone else before the deletion", deleted.Add(-time.Hour), false},
+	} {
+		node := &corev1.Node{ObjectMeta: metav1.ObjectMeta{UID: types.UID(tc.name), DeletionTimestamp: &deleted},
+			Status: corev1.NodeStatus{Conditions: []corev1.NodeCondition{{Type: corev1.NodeDrained, Status: corev1.ConditionTrue,
+				Reason: LifecycleReasonDrainCompleted, LastTransitionTime: metav1.NewTime(tc.drained)}}}}
+		at, ok := r.drainEnded(node)
+		if ok != tc.want || (ok && !at.Equal(tc.drained)) {
+			t.Errorf("%s: drainEnded = %v, %v; want %v", tc.name, at, ok, tc.want)
+		}
 	}
 }

@@ -105,9 +105,6 @@ func (r *Reconciler) waitForVolumes(ctx context.Context, node *corev1.Node) (rec
 		return reconcile.Result{}, nil
 	}
 	drainedAt, _ := r.drainEnded(node)
-	if err := r.persistDrained(ctx, node, drainedAt); err != nil {
-		return reconcile.Result{}, err
-	}
 	left := drainedAt.Add(r.Opts.VolumeDetachTimeout).Sub(r.Clock.Now())
 	if left < 0 {
 		if r.once(node.UID, "volume-timeout") {
@@ -162,25 +159,4 @@ func (r *Reconciler) removeFinalizer(ctx context.Context, node *corev1.Node) (re
 	r.releaseMaintenanceLease(ctx, node)
 	terminationDuration.Observe(r.Clock.Since(node.DeletionTimestamp.Time).Seconds())
 	return reconcile.Result{}, nil
-}
-
-// persistDrained annotates a node that waits for its volumes with when its
-// drain ended, so that the wait's timeout survives a restart.
-func (r *Reconciler) persistDrained(ctx context.Context, node *corev1.Node, at time.Time) error {
-	if _, ok := node.Annotations[ngv1alpha1.DrainedAtAnnotation]; ok {
-		return nil
-	}
-	return r.annotateAt(ctx, node, ngv1alpha1.DrainedAtAnnotation, at)
-}
-
-func (r *Reconciler) annotateAt(ctx context.Context, node *corev1.Node, key string, at time.Time) error {
-	patch := client.MergeFrom(node.DeepCopy())
-	if node.Annotations == nil {
-		node.Annotations = map[string]string{}
-	}
-	node.Annotations[key] = ngv1alpha1.FormatTime(at)
-	if err := r.Client.Patch(ctx, node, patch); err != nil {
-		return fmt.Errorf("annotating %s: %w", key, err)
-	}
-	return nil
 }

@@ -26,10 +26,10 @@ const (
 	// nodeguard's --drain-timeout for that node.
 	DrainTimeoutAnnotation = "nodeguard.io/drain-timeout"
 
-	// DrainedAtAnnotation records (RFC 3339) when a terminating node's drain
-	// finished. It is written only on a node whose release waits for its
-	// VolumeAttachments (it dates that wait's timeout); a node released in
-	// the pass its drain ended never carries it.
+	// DrainedAtAnnotation recorded (RFC 3339) when a terminating node's drain
+	// finished, on a node whose release waits for its VolumeAttachments (it
+	// dates that wait's timeout), before the Drained condition did: nodeguard
+	// reads it on nodes that an earlier version drained, and writes it no more.
 	DrainedAtAnnotation = "nodeguard.io/drained-at"
 	// TrafficCutAtAnnotation recorded when the traffic cut ended, before the
 	// TrafficCut condition did: nodeguard reads it on nodes that an earlier
