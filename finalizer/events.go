@@ -8,6 +8,8 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/types"
+
+	ngv1alpha1 "github.com/nodeguard/nodeguard/api/v1alpha1"
 )
 
 // Event reasons of the termination, on the Node (kubectl describe node shows
@@ -68,9 +70,11 @@ func (r *Reconciler) progress(uid types.UID, format string, args ...any) {
 	}
 }
 
-// releaseNote says how long the termination took and the steps this process
-// took, e.g. "released the node 3s after its deletion: held maintenance Lease
-// ...; cordoned and tainted ...; traffic cut: ...; drained: every evictable
+// releaseNote says how long the termination took, how its traffic cut ended
+// (the TrafficCut condition as it stands, which a restart keeps) and the
+// steps this process took, e.g. "released the node 3s after its deletion
+// (traffic cut: load balancer AdminState Down confirmed ...): held
+// maintenance Lease ...; cordoned and tainted ...; drained: every evictable
 // pod is gone".
 func (r *Reconciler) releaseNote(node *corev1.Node, what string) string {
 	r.mu.Lock()
@@ -79,6 +83,13 @@ func (r *Reconciler) releaseNote(node *corev1.Node, what string) string {
 	note := what
 	if node.DeletionTimestamp != nil {
 		note += fmt.Sprintf(" %s after its deletion", r.Clock.Since(node.DeletionTimestamp.Time).Round(time.Second))
+	}
+	switch c := nodeCondition(node, ngv1alpha1.TrafficCutCondition); {
+	case c == nil:
+	case c.Status == corev1.ConditionTrue:
+		note += " (traffic cut: " + c.Message + ")"
+	default:
+		note += " (" + c.Message + ")"
 	}
 	if len(done) > 0 {
 		note += ": " + strings.Join(done, "; ")

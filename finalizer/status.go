@@ -125,11 +125,10 @@ func (r *Reconciler) statusDue(uid types.UID) time.Duration {
 
 // flushLater arms the node's timer, unless it is armed.
 func (r *Reconciler) flushLater(node *corev1.Node, wait time.Duration) {
-	key := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: node.Name, UID: node.UID}}
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	w := r.statusWriter(r.remember(node.UID))
-	if w.timer == nil {
+	if w := r.statusWriter(r.remember(node.UID)); w.timer == nil {
+		key := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: node.Name, UID: node.UID}}
 		w.timer = time.AfterFunc(wait, func() { r.flushTimed(key) })
 	}
 }

@@ -65,7 +65,6 @@ func (r *Reconciler) cutTraffic(ctx context.Context, node *corev1.Node) (reconci
 		return reconcile.Result{}, nil
 	}
 	if cutAt, ok := r.cutEnded(node); ok {
-		r.noteCut(node) // after a restart, from the condition
 		if wait := cutAt.Add(r.Opts.CutoverPause).Sub(r.Clock.Now()); wait > 0 {
 			r.waitFor(node.UID, "traffic cut; pausing %s (--cutover-pause) before the drain", wait.Round(time.Second))
 			return reconcile.Result{RequeueAfter: wait}, nil
@@ -85,7 +84,6 @@ func (r *Reconciler) cutTraffic(ctx context.Context, node *corev1.Node) (reconci
 		return r.holdUncut(ctx, node, *failure)
 	}
 	r.reportCut(node, failure)
-	r.noteCut(node)
 	r.mu.Lock()
 	r.remember(node.UID).cutEnded = r.Clock.Now()
 	r.mu.Unlock()
@@ -208,18 +206,6 @@ func (n notCut) eventReason() string {
 // cutConfirmedNote says the cut was confirmed, in the TrafficCut condition and
 // the NodeReleased event.
 const cutConfirmedNote = "load balancer AdminState Down confirmed on every backend pool entry of the node"
-
-// noteCut records how the cut ended, from the TrafficCut condition, for the
-// NodeReleased event.
-func (r *Reconciler) noteCut(node *corev1.Node) {
-	switch c := nodeCondition(node, ngv1alpha1.TrafficCutCondition); {
-	case c == nil:
-	case c.Status == corev1.ConditionTrue:
-		r.progress(node.UID, "traffic cut: %s", c.Message)
-	default:
-		r.progress(node.UID, "%s", c.Message)
-	}
-}
 
 // markCutConfirmed sets the TrafficCut condition True, or turns one that
 // said "not cut" (a drain that waited) True.
