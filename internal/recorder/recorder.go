@@ -107,14 +107,21 @@ type writer struct {
 	similar map[similarKey]*similar
 }
 
-// series is an event written and the repeats counted since.
+// series is an event written and the occurrences counted since; first's
+// Series is what was written of them.
 type series struct {
 	first *eventsv1.Event
-	// count and last are the repeats counted; unwritten says count has
-	// not been written yet.
-	count     int32
-	last      time.Time
-	unwritten bool
+	count int32
+	last  time.Time
+}
+
+// unwritten reports whether occurrences were counted since the last write.
+func (s *series) unwritten() bool {
+	written := int32(1)
+	if s.first.Series != nil {
+		written = s.first.Series.Count
+	}
+	return s.count > written
 }
 
 // similar are the notes of events that differ only in their note.
@@ -247,7 +254,6 @@ func (w *writer) writeOne(ev *eventsv1.Event) error {
 	if s, ok := w.series[key]; ok && now.Sub(s.last) < seriesWindow {
 		s.count++
 		s.last = now
-		s.unwritten = true
 		if s.first.Series != nil {
 			return nil // with the next refresh
 		}
@@ -296,7 +302,7 @@ func (w *writer) combine(ev *eventsv1.Event) *eventsv1.Event {
 // writeCounts writes the counts of the series that grew since last written.
 func (w *writer) writeCounts() {
 	for key, s := range w.series {
-		if !s.unwritten || w.p.writeCtx.Err() != nil {
+		if !s.unwritten() || w.p.writeCtx.Err() != nil {
 			continue
 		}
 		err := w.writeCount(s)
@@ -317,7 +323,6 @@ func (w *writer) writeCount(s *series) error {
 	err := w.p.retry(func(ctx context.Context) error { return w.p.client.Patch(ctx, updated, client.MergeFrom(s.first)) })
 	if err == nil {
 		s.first.Series = updated.Series
-		s.unwritten = false
 	}
 	return err
 }
@@ -351,7 +356,7 @@ func (w *writer) forgetOld(now time.Time) {
 		if now.Sub(s.last) < seriesWindow {
 			continue
 		}
-		if s.unwritten && w.writeCount(s) != nil {
+		if s.unwritten() && w.writeCount(s) != nil {
 			continue
 		}
 		delete(w.series, k)
