@@ -54,7 +54,7 @@ e2e_shards() {
 # e2e_shard N RUN runs one shard verbosely into its log and prints each test's
 # result line; on failure, the output of its failed tests and the package's tail.
 e2e_shard() {
-	local log=$logs/e2e-shard-$1.log status=0
+	local log=$logs/e2e-shard-$1.verbose.log status=0
 	$go test -v "${flags[@]}" -run "$2" ./test/e2e >"$log" 2>&1 || status=$?
 	grep -E '^(--- |ok|FAIL|panic:)' "$log" || true
 	if [ $status -ne 0 ]; then
@@ -65,29 +65,52 @@ e2e_shard() {
 	return $status
 }
 
+# job NAME CMD... runs one job: its lines, prefixed with its name, go to the
+# output as they come and to $logs/NAME.log; the job's status is its command's.
+job() {
+	local name=$1
+	shift
+	{ "$@" 2>&1 | tee "$logs/$name.log" | label "$name"; exit "${PIPESTATUS[0]}"; } &
+	pids+=($!)
+	names+=("$name")
+}
+
+# in_dir DIR CMD... runs a command in a directory of the module (a job's own
+# subshell, so the script stays where it is).
+in_dir() { cd "$1" && shift && "$@"; }
+
+# summarize NAME prints a failed job's failures again, at the end of the
+# output, where a CI that keeps only the tail still shows them: its failed
+# tests' output (without passing packages and tests), then their names.
+summarize() {
+	local log=$logs/$1.log
+	echo "=== $1 failed; whole log: $log"
+	grep -vE '^(ok |=== (RUN|PAUSE|CONT)|--- (PASS|SKIP)|PASS$)' "$log" | tail -60 | label "$1"
+	grep -E '^(\s*--- FAIL|FAIL|panic:)' "$log" | label "$1" || true
+}
+
 mapfile -t others < <($go list ./... | grep -vx "github.com/nodeguard/nodeguard/test/e2e")
 # Compile the e2e package once, so that the shards only link it.
 $go test -c -o /dev/null ./test/e2e
 
-pids=()
-{ $go test -p "${TEST_P:-2}" "${flags[@]}" "${others[@]}" 2>&1 | label packages; exit "${PIPESTATUS[0]}"; } &
-pids+=($!)
+pids=() names=()
+job packages $go test -p "${TEST_P:-2}" "${flags[@]}" "${others[@]}"
 n=0
 while read -r run; do
 	n=$((n + 1))
-	{ e2e_shard "$n" "$run" 2>&1 | label "e2e $n/$shards"; exit "${PIPESTATUS[0]}"; } &
-	pids+=($!)
+	job "e2e-$n-of-$shards" e2e_shard "$n" "$run"
 done < <(e2e_shards)
-{ $make --no-print-directory test-oldest 2>&1 | label oldest; exit "${PIPESTATUS[0]}"; } &
-pids+=($!)
-{ (cd test/chart && $go test "${flags[@]}" ./...) 2>&1 | label chart; exit "${PIPESTATUS[0]}"; } &
-pids+=($!)
+job oldest $make --no-print-directory test-oldest
+job chart in_dir test/chart $go test "${flags[@]}" ./...
 # The image for this machine's platform only: a cold cross-build of the other
 # was make test's longest step. make test-release, run by the release
 # workflow, builds and checks both.
 platform=linux/$($go env GOARCH)
-{ (cd hack/release && NODEGUARD_IMAGE_PLATFORMS=$platform $go test "${flags[@]}" ./...) 2>&1 | label release; exit "${PIPESTATUS[0]}"; } &
-pids+=($!)
-status=0
-for pid in "${pids[@]}"; do wait "$pid" || status=1; done
-exit $status
+job release in_dir hack/release env NODEGUARD_IMAGE_PLATFORMS="$platform" $go test "${flags[@]}" ./...
+failed=()
+for i in "${!pids[@]}"; do wait "${pids[i]}" || failed+=("${names[i]}"); done
+for name in "${failed[@]}"; do summarize "$name"; done
+if [ ${#failed[@]} -gt 0 ]; then
+	echo "make test failed in: ${failed[*]}"
+	exit 1
+fi
