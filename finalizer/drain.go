@@ -385,17 +385,9 @@ func waitingMessage(plan *drain.Plan, out drain.Outcome) string {
 // drainDeadline is deletion time plus the node's drain timeout (annotation,
 // else --drain-timeout); ok is false when there is none.
 func (r *Reconciler) drainDeadline(node *corev1.Node) (time.Time, bool) {
-	timeout := r.Opts.DrainTimeout
-	if v, ok := node.Annotations[ngv1alpha1.DrainTimeoutAnnotation]; ok {
-		d, err := time.ParseDuration(v)
-		if err != nil || d < 0 {
-			if r.once(node.UID, "bad-timeout") {
-				r.event(node, corev1.EventTypeWarning, ReasonDrainDeadlineExceeded,
-					"ignoring annotation %s=%q: not a duration such as 30m", ngv1alpha1.DrainTimeoutAnnotation, v)
-			}
-		} else {
-			timeout = d
-		}
+	timeout, _, err := drain.Timeout(node, r.Opts.DrainTimeout)
+	if err != nil && r.once(node.UID, "bad-timeout") {
+		r.event(node, corev1.EventTypeWarning, ReasonDrainDeadlineExceeded, "%v", err)
 	}
 	if timeout <= 0 {
 		return time.Time{}, false

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/nodeguard/nodeguard/finalizer/drain"
+	"github.com/nodeguard/nodeguard/internal/foresight"
 )
 
 // Flags are the termination controller's command-line settings: its Options
@@ -90,4 +91,10 @@ func (f *Flags) Validate() error {
 		return fmt.Errorf("--max-concurrent-drains and --parallel-evictions must be at least 1")
 	}
 	return nil
+}
+
+// Foresight is what the warnings of an admitted delete need of the drain's
+// settings, so that they foresee the drain these flags run.
+func (f *Flags) Foresight() *foresight.Settings {
+	return &foresight.Settings{BlockedPDBPolicy: f.BlockedPDBPolicy, DrainTimeout: f.DrainTimeout, DaemonSets: f.DaemonSets}
 }

@@ -57,6 +57,8 @@ type DeleteHandler struct {
 	Timeout  time.Duration
 	// Instances, when set, says whether a NotReady node's instance is gone.
 	Instances budget.InstanceChecker
+	// Warnings, when set, tells an admitted delete what its drain will meet.
+	Warnings *Warnings
 }
 
 // rule is the disruption rule this handler applies.
@@ -92,8 +94,13 @@ func (h *DeleteHandler) Handle(ctx context.Context, req admission.Request) admis
 	ctx, cancel := context.WithTimeout(ctx, h.Timeout)
 	defer cancel()
 	dryRun := req.DryRun != nil && *req.DryRun
+	var foreseen *foreseeing
+	if node.DeletionTimestamp == nil && h.Managed.Matches(labels.Set(node.Labels)) {
+		foreseen = h.Warnings.start(ctx, node) // while the budgets are charged
+	}
 	d, err := h.decide(ctx, node, dryRun)
 	if err != nil {
+		foreseen.drop()
 		observe(req.Operation, resultError, reasonInternal, start)
 		return admission.Errored(http.StatusInternalServerError, err)
 	}
@@ -102,8 +109,13 @@ func (h *DeleteHandler) Handle(ctx context.Context, req admission.Request) admis
 	}
 	if d.allowed {
 		observe(req.Operation, resultAllowed, d.reason, start)
-		return admission.Allowed(d.message)
+		if d.reason == reasonKarpenter { // Karpenter drains it, not nodeguard
+			foreseen.drop()
+			return admission.Allowed(d.message)
+		}
+		return admission.Allowed(d.message).WithWarnings(foreseen.collect(ctx, h.Warnings.wait())...)
 	}
+	foreseen.drop()
 	observe(req.Operation, resultDenied, d.reason, start)
 	return denied(d.code, d.message)
 }

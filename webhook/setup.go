@@ -1,17 +1,21 @@
 package webhook
 
 import (
+	"context"
 	"time"
 
+	policyv1 "k8s.io/api/policy/v1"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/events"
 	"k8s.io/utils/clock"
 	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/webhook"
 
 	ngv1alpha1 "github.com/nodeguard/nodeguard/api/v1alpha1"
 	"github.com/nodeguard/nodeguard/budget"
+	"github.com/nodeguard/nodeguard/internal/foresight"
 )
 
 // Options configure the guard.
@@ -37,6 +41,12 @@ type Options struct {
 	// Traffic is how evictions of a charged drain wait for its traffic cut
 	// (zero: no Azure, no wait).
 	Traffic TrafficGate
+	// Drain is the finalizer's drain settings, for the warnings an admitted
+	// delete returns of what its drain will meet (nil: no warnings).
+	Drain *foresight.Settings
+	// WarningsWait is how long an admitted delete's answer waits for those
+	// warnings past its decision (zero: only those ready by then).
+	WarningsWait time.Duration
 }
 
 // Register serves the webhooks on the manager's webhook server. Every replica
@@ -48,6 +58,10 @@ func Register(mgr ctrl.Manager, opts Options) error {
 	claimer := opts.Claimer
 	if claimer == nil {
 		claimer = budget.NewClaimer(mgr, opts.Signals)
+	}
+	warnings, err := warningsFor(mgr, opts)
+	if err != nil {
+		return err
 	}
 	server.Register(FinalizerPath, &webhook.Admission{Handler: &FinalizerHandler{Managed: opts.Managed, Clock: clock.RealClock{}}})
 	server.Register(BudgetPath, &webhook.Admission{Handler: &BudgetValidator{}})
@@ -62,6 +76,7 @@ func Register(mgr ctrl.Manager, opts Options) error {
 		Timeout:  opts.DeleteTimeout,
 
 		Instances: opts.Instances,
+		Warnings:  warnings,
 	}})
 	server.Register(NodeClaimDeletePath, &webhook.Admission{Handler: &NodeClaimDeleteHandler{
 		Client: mgr.GetClient(), Nodes: mgr.GetClient(), Budgets: mgr.GetClient(), Reader: mgr.GetAPIReader(),
@@ -70,6 +85,19 @@ func Register(mgr ctrl.Manager, opts Options) error {
 		Instances: opts.Instances,
 	}})
 	return registerEviction(mgr, opts, claimer, recorder)
+}
+
+// warningsFor foresees drains with the drain's settings, if given. The
+// PodDisruptionBudget informer starts with the manager, so that the first
+// delete finds it synced.
+func warningsFor(mgr ctrl.Manager, opts Options) (*Warnings, error) {
+	if opts.Drain == nil {
+		return nil, nil
+	}
+	if _, err := mgr.GetCache().GetInformer(context.Background(), &policyv1.PodDisruptionBudget{}, cache.BlockUntilSynced(false)); err != nil {
+		return nil, err
+	}
+	return &Warnings{Pods: mgr.GetAPIReader(), PDBs: mgr.GetClient(), Settings: *opts.Drain, Wait: opts.WarningsWait, Clock: clock.RealClock{}}, nil
 }
 
 // registerEviction serves the eviction webhook, with the pod locator it reads.

@@ -38,6 +38,7 @@ type options struct {
 	nodeSelector            string
 	managed                 labels.Selector // --node-selector, parsed
 	deleteTimeout           time.Duration
+	warningsWait            time.Duration
 	claimTimeout            time.Duration
 	unconfirmedClaimTimeout time.Duration
 	signalTaints            string
@@ -77,6 +78,8 @@ func (o *options) bind(fs *flag.FlagSet) {
 		"Label selector of the nodes nodeguard manages (finalizer, budgets, drain), e.g. 'kubernetes.azure.com/mode=user'. Empty manages every node.")
 	fs.DurationVar(&o.deleteTimeout, "delete-admission-timeout", webhook.DefaultDeleteTimeout,
 		"Time budget of one node DELETE decision, including retries of conflicting budget claims; past it the delete is denied with 429 'retry'. Keep it below the DELETE webhooks' timeoutSeconds (5 in the shipped manifests; the Helm chart derives both from webhook.timeoutSeconds), or the API server gives up first.")
+	fs.DurationVar(&o.warningsWait, "delete-warnings-wait", webhook.DefaultWarningsWait,
+		"How long an admitted node DELETE's answer waits, past its decision, for the warnings of what the node's drain will meet (kubectl prints them: blocked PDBs, do-not-evict pods, pods under several PDBs, pods without a controller or with emptyDir data, the drain deadline). They are computed while the delete is decided; those not ready in time are left out (nodeguard_delete_warnings_left_out_total).")
 	fs.DurationVar(&o.claimTimeout, "disruption-claim-timeout", budget.DefaultClaimTimeout,
 		"How long a NodeDisruptionBudget keeps charging an admitted deletion whose node has not started deleting (a later admission step denied it) before giving it back.")
 	fs.DurationVar(&o.unconfirmedClaimTimeout, "unconfirmed-claim-timeout", budget.DefaultUnconfirmedClaimTimeout,

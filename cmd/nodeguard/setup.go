@@ -87,7 +87,7 @@ func setupGuard(mgr ctrl.Manager, opts options, adminState *azure.Manager, drain
 	managed, claimer := opts.managed, drainRule.Claimer
 	if opts.webhookPort >= 0 {
 		wo := ngwebhook.Options{Managed: managed, DeleteTimeout: opts.deleteTimeout, Claimer: claimer, Signals: opts.signals.Table,
-			DrainRule: drainRule, IgnoreOutsideDrains: !opts.outsideDrains}
+			DrainRule: drainRule, IgnoreOutsideDrains: !opts.outsideDrains, Drain: opts.termination.Foresight(), WarningsWait: opts.warningsWait}
 		if adminState != nil { // never a typed nil in the interface
 			wo.Instances = adminState
 			wo.Traffic = ngwebhook.TrafficGate{Enabled: true, Timeout: opts.termination.AdminStateTimeout,

@@ -147,6 +147,9 @@ func nodeguardArgs(cfg config, env *harness.Env, armURL string) []string {
 		"--metrics-bind-address=" + cfg.metricsAddr, "--metrics-secure=false",
 		"--health-probe-bind-address=" + cfg.probeAddr,
 		"--leader-election-namespace=" + demoNamespaceSystem,
+		// The sandbox shares two cores with its control plane: the tour's
+		// delete waits for its warnings rather than leave them out.
+		"--delete-warnings-wait=2s",
 	}, append(env.WebhookArgs(), harness.EmulatorArgs(armURL, demoSubscription, demoResourceGroup)...)...)
 }
 
