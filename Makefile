@@ -47,8 +47,9 @@ else
 endif
 
 .PHONY: build
-build: ## Build bin/nodeguard.
+build: ## Build bin/nodeguard and the kubectl plugin bin/kubectl-nodeguard (kubectl nodeguard, once on PATH).
 	$(GO) build -ldflags '$(LDFLAGS)' -o $(BIN)/nodeguard ./cmd/nodeguard
+	$(GO) build -ldflags '$(LDFLAGS)' -o $(BIN)/kubectl-nodeguard ./cmd/kubectl-nodeguard
 
 ##@ Test
 
@@ -160,8 +161,9 @@ manifests: tools-codegen ## Generate the CRD, RBAC and webhook manifests from ma
 	mv manifests/rbac/role.yaml.tmp manifests/rbac/role.yaml
 
 .PHONY: docs
-docs: ## Regenerate docs/configuration.md's flag reference from nodeguard --help.
+docs: ## Regenerate docs/configuration.md's flag reference from nodeguard --help, and docs/kubectl-nodeguard.md from the plugin's.
 	$(GO) test -short -count=1 -run '^TestConfigurationReferenceIsHelp$$' ./cmd/nodeguard -args -update-docs
+	$(GO) test -short -count=1 -run '^TestReferenceIsHelp$$' ./cmd/kubectl-nodeguard -args -update-docs
 
 ##@ Release
 

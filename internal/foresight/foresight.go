@@ -76,7 +76,7 @@ type DeploymentOf func(ctx context.Context, pod *corev1.Pod) (*appsv1.Deployment
 // starting now would, and returns what it will meet, in the order of Kinds.
 // A node with nothing in the way gets none.
 func Foresee(ctx context.Context, node *corev1.Node, pods []corev1.Pod, pdbs []policyv1.PodDisruptionBudget, s Settings, deploymentOf DeploymentOf, now time.Time) ([]Finding, error) {
-	plans, err := tiers(pods, pdbs, s, now)
+	plans, err := Plans(pods, pdbs, s, now)
 	if err != nil {
 		return nil, err
 	}
@@ -127,9 +127,9 @@ func Foresee(ctx context.Context, node *corev1.Node, pods []corev1.Pod, pdbs []p
 	return f, nil
 }
 
-// tiers plans the drain tier by tier (drain.NewPlan groups the first tier
-// with pods left; the next plan takes the rest).
-func tiers(pods []corev1.Pod, pdbs []policyv1.PodDisruptionBudget, s Settings, now time.Time) ([]*drain.Plan, error) {
+// Plans plans a drain starting now tier by tier (drain.NewPlan groups the
+// first tier with pods left; the next plan takes the rest).
+func Plans(pods []corev1.Pod, pdbs []policyv1.PodDisruptionBudget, s Settings, now time.Time) ([]*drain.Plan, error) {
 	var plans []*drain.Plan
 	for len(pods) > 0 {
 		p, err := drain.NewPlan(pods, pdbs, drain.PlanOptions{DaemonSets: s.DaemonSets, Now: now})

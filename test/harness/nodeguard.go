@@ -23,29 +23,47 @@ import (
 
 // binaryDir holds the nodeguard binary built for this process; Run removes it.
 var (
-	buildOnce  sync.Once
 	binaryDir  string
+	dirOnce    sync.Once
+	dirErr     error
+	buildOnce  sync.Once
 	binaryPath string
 	buildErr   error
+	pluginOnce sync.Once
+	pluginPath string
+	pluginErr  error
 )
 
 // NodeguardBinary builds cmd/nodeguard once per process and returns its path.
 func NodeguardBinary() (string, error) {
-	buildOnce.Do(func() {
-		if binaryDir, buildErr = os.MkdirTemp("", "nodeguard-bin-"); buildErr != nil {
-			return
-		}
-		binaryPath = filepath.Join(binaryDir, "nodeguard")
-		cmd := exec.Command("go", "build", "-o", binaryPath, "github.com/nodeguard/nodeguard/cmd/nodeguard")
-		cmd.Dir = RepoRoot()
-		// Static, as the image ships it; it also shares the build cache with
-		// make's other builds when a test runs with cgo on (make test-race).
-		cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
-		if out, err := cmd.CombinedOutput(); err != nil {
-			buildErr = fmt.Errorf("go build ./cmd/nodeguard: %v\n%s", err, out)
-		}
-	})
+	buildOnce.Do(func() { binaryPath, buildErr = buildCommand("nodeguard") })
 	return binaryPath, buildErr
+}
+
+// PluginBinary builds the kubectl plugin, cmd/kubectl-nodeguard, once per
+// process and returns its path: with its directory on PATH, kubectl runs it
+// as kubectl nodeguard.
+func PluginBinary() (string, error) {
+	pluginOnce.Do(func() { pluginPath, pluginErr = buildCommand("kubectl-nodeguard") })
+	return pluginPath, pluginErr
+}
+
+// buildCommand builds cmd/NAME into the process's binary directory.
+func buildCommand(name string) (string, error) {
+	dirOnce.Do(func() { binaryDir, dirErr = os.MkdirTemp("", "nodeguard-bin-") })
+	if dirErr != nil {
+		return "", dirErr
+	}
+	path := filepath.Join(binaryDir, name)
+	cmd := exec.Command("go", "build", "-o", path, "github.com/nodeguard/nodeguard/cmd/"+name)
+	cmd.Dir = RepoRoot()
+	// Static, as the image ships it; it also shares the build cache with
+	// make's other builds when a test runs with cgo on (make test-race).
+	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+	if out, err := cmd.CombinedOutput(); err != nil {
+		return "", fmt.Errorf("go build ./cmd/%s: %v\n%s", name, err, out)
+	}
+	return path, nil
 }
 
 func removeNodeguardBinary() {

@@ -25,7 +25,7 @@ func main() {
 	metrics := flag.String("metrics-bind-address", "127.0.0.1:8080", "Where nodeguard serves its metrics (plain HTTP).")
 	probes := flag.String("health-probe-bind-address", "127.0.0.1:8081", "Where nodeguard serves /healthz and /readyz.")
 	flag.Parse()
-	cfg := config{nodeguard: filepath.Join(*binDir, "nodeguard"), metricsAddr: *metrics, probeAddr: *probes}
+	cfg := config{nodeguard: filepath.Join(*binDir, "nodeguard"), plugin: filepath.Join(*binDir, "kubectl-nodeguard"), metricsAddr: *metrics, probeAddr: *probes}
 	if err := run(*dir, *pods, cfg); err != nil {
 		fmt.Fprintln(os.Stderr, "sandbox:", err)
 		os.Exit(1)
@@ -35,6 +35,7 @@ func main() {
 // config is what varies between make run and the tour test.
 type config struct {
 	nodeguard              string // the binary
+	plugin                 string // kubectl-nodeguard, which env.sh puts on PATH
 	metricsAddr, probeAddr string
 }
 
@@ -111,7 +112,7 @@ func up(ctx context.Context, env *harness.Env, cfg config) (*sandbox, error) {
 		sb.stop()
 		return nil, err
 	}
-	if err := writeEnvFile(env, emulator.URL(), cfg.metricsAddr); err != nil {
+	if err := writeEnvFile(env, emulator.URL(), cfg); err != nil {
 		sb.stop()
 		return nil, err
 	}
@@ -126,10 +127,12 @@ func (s *sandbox) stop() {
 }
 
 // writeEnvFile writes env.sh beside the kubeconfig: sourced, it points a
-// shell at the sandbox (KUBECONFIG) and names where the ARM emulator (ARM) and
-// nodeguard's metrics (METRICS) listen, which the README's tour uses.
-func writeEnvFile(env *harness.Env, armURL, metricsAddr string) error {
-	body := fmt.Sprintf("export KUBECONFIG=%s\nexport ARM=%s\nexport METRICS=http://%s\n", env.Kubeconfig, armURL, metricsAddr)
+// shell at the sandbox (KUBECONFIG), names where the ARM emulator (ARM) and
+// nodeguard's metrics (METRICS) listen, which the README's tour uses, and
+// puts the kubectl plugin on PATH (kubectl nodeguard).
+func writeEnvFile(env *harness.Env, armURL string, cfg config) error {
+	body := fmt.Sprintf("export KUBECONFIG=%s\nexport ARM=%s\nexport METRICS=http://%s\nexport PATH=%s:$PATH\n",
+		env.Kubeconfig, armURL, cfg.metricsAddr, filepath.Dir(cfg.plugin))
 	return os.WriteFile(filepath.Join(env.Dir, "env.sh"), []byte(body), 0o644)
 }
 

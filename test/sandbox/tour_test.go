@@ -51,8 +51,13 @@ func TestReadmeTour(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	plugin, err := harness.PluginBinary()
+	if err != nil {
+		t.Fatal(err)
+	}
 	cfg := config{
 		nodeguard:   binary,
+		plugin:      plugin,
 		metricsAddr: "127.0.0.1:" + strconv.Itoa(harness.FreePort(t)),
 		probeAddr:   "127.0.0.1:" + strconv.Itoa(harness.FreePort(t)),
 	}

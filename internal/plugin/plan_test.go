@@ -1,0 +1,44 @@
+package plugin
+
+import (
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/types"
+
+	ngv1alpha1 "github.com/nodeguard/nodeguard/api/v1alpha1"
+	"github.com/nodeguard/nodeguard/finalizer"
+	"github.com/nodeguard/nodeguard/finalizer/drain"
+	"github.com/nodeguard/nodeguard/internal/foresight"
+)
+
+func TestDefaultMaxConcurrentDrainsIsNodeguards(t *testing.T) {
+	if DefaultMaxConcurrentDrains != finalizer.DefaultMaxConcurrentNodes {
+		t.Errorf("DefaultMaxConcurrentDrains = %d, nodeguard's --max-concurrent-drains defaults to %d", DefaultMaxConcurrentDrains, finalizer.DefaultMaxConcurrentNodes)
+	}
+}
+
+func TestEstimateFollowsTheChainsAndTheDeadline(t *testing.T) {
+	pods := func(n int) []*corev1.Pod { return make([]*corev1.Pod, n) }
+	group := func(name string, n int, allowed int32, blocked bool) drain.Group {
+		return drain.Group{PDB: types.NamespacedName{Namespace: "shop", Name: name}, Pods: pods(n), Allowed: allowed, Blocked: blocked}
+	}
+	o := PlanOptions{PodCycle: 10 * time.Second}
+	node := &corev1.Node{}
+	plans := []*drain.Plan{
+		{Groups: []drain.Group{group("web", 5, 2, false), group("api", 2, 1, false)}}, // 3 rounds, 2 cycles; 2 rounds, 1 cycle
+		{Tier: drain.TierCritical, Groups: []drain.Group{group("dns", 2, 1, false)}},  // the next tier: 1 cycle
+	}
+	if got, blocked := estimate(plans, nil, foresight.Settings{}, node, o); got != 30*time.Second || blocked != "" {
+		t.Errorf("estimate = %s %q, want 30s: the longest chain of each tier, tiers in turn", got, blocked)
+	}
+	plans[0].Groups = append(plans[0].Groups, group("db", 1, 0, true))
+	if got, blocked := estimate(plans, nil, foresight.Settings{}, node, o); got != 0 || blocked != "never by itself: PDB shop/db" {
+		t.Errorf("with a blocked PDB and no deadline: %s %q", got, blocked)
+	}
+	node.Annotations = map[string]string{ngv1alpha1.DrainTimeoutAnnotation: "15m"}
+	if got, blocked := estimate(plans, nil, foresight.Settings{}, node, o); got != 15*time.Minute || blocked != "until its drain deadline: PDB shop/db" {
+		t.Errorf("with a blocked PDB and a 15m deadline: %s %q", got, blocked)
+	}
+}
