@@ -6,11 +6,8 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
-	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	policyv1 "k8s.io/api/policy/v1"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/clock"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/metrics"
@@ -78,31 +75,7 @@ func (w *Warnings) foresee(ctx context.Context, node *corev1.Node) ([]foresight.
 	if err := w.PDBs.List(ctx, &pdbs); err != nil {
 		return nil, fmt.Errorf("listing PodDisruptionBudgets: %w", err)
 	}
-	return foresight.Foresee(ctx, node, pods.Items, pdbs.Items, w.Settings, w.deploymentOf, w.Clock.Now())
-}
-
-// deploymentOf follows a pod's ReplicaSet to its Deployment.
-func (w *Warnings) deploymentOf(ctx context.Context, pod *corev1.Pod) (*appsv1.Deployment, error) {
-	ref := metav1.GetControllerOf(pod)
-	if ref == nil || ref.Kind != "ReplicaSet" {
-		return nil, nil
-	}
-	var rs appsv1.ReplicaSet
-	if err := w.Pods.Get(ctx, client.ObjectKey{Namespace: pod.Namespace, Name: ref.Name}, &rs); err != nil {
-		return nil, client.IgnoreNotFound(err)
-	}
-	ref = metav1.GetControllerOf(&rs)
-	if ref == nil || ref.Kind != "Deployment" {
-		return nil, nil
-	}
-	var d appsv1.Deployment
-	if err := w.Pods.Get(ctx, client.ObjectKey{Namespace: pod.Namespace, Name: ref.Name}, &d); err != nil {
-		if apierrors.IsNotFound(err) {
-			return nil, nil
-		}
-		return nil, err
-	}
-	return &d, nil
+	return foresight.Foresee(ctx, node, pods.Items, pdbs.Items, w.Settings, foresight.DeploymentsFrom(w.Pods), w.Clock.Now())
 }
 
 // wait is how long an answer waits for the warnings past its decision.

@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"flag"
 	"fmt"
-	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -36,25 +35,7 @@ func TestReferenceIsHelp(t *testing.T) {
 		fmt.Fprintf(&want, "\n### `%s`\n\n```\n%s```\n", strings.Join(append([]string{"kubectl nodeguard"}, args...), " "), out.String())
 	}
 	path := filepath.Join(harness.RepoRoot(), "docs", "kubectl-nodeguard.md")
-	raw, err := os.ReadFile(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	doc := string(raw)
-	begin, end := strings.Index(doc, referenceBegin), strings.Index(doc, referenceEnd)
-	if begin < 0 || end < begin {
-		t.Fatalf("%s lacks the markers %q and %q around the command reference", path, referenceBegin, referenceEnd)
-	}
-	got := doc[begin+len(referenceBegin) : end]
-	if got == want.String()+"\n" {
-		return
-	}
-	if *updateDocs {
-		doc = doc[:begin+len(referenceBegin)] + want.String() + "\n" + doc[end:]
-		if err := os.WriteFile(path, []byte(doc), 0o644); err != nil {
-			t.Fatal(err)
-		}
-		t.Logf("rewrote the command reference of %s", path)
+	if _, differs := harness.GeneratedSection(t, path, referenceBegin, referenceEnd, want.String()+"\n", *updateDocs); !differs {
 		return
 	}
 	t.Errorf("docs/kubectl-nodeguard.md's command reference differs from the plugin's help: run make docs and commit")

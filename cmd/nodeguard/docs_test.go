@@ -36,25 +36,8 @@ func TestConfigurationReferenceIsHelp(t *testing.T) {
 	}
 	want := renderFlags(t, string(help))
 	path := filepath.Join(harness.RepoRoot(), "docs", "configuration.md")
-	raw, err := os.ReadFile(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	doc := string(raw)
-	begin, end := strings.Index(doc, referenceBegin), strings.Index(doc, referenceEnd)
-	if begin < 0 || end < begin {
-		t.Fatalf("%s lacks the markers %q and %q around the flag reference", path, referenceBegin, referenceEnd)
-	}
-	got := doc[begin+len(referenceBegin) : end]
-	if got == want {
-		return
-	}
-	if *updateDocs {
-		doc = doc[:begin+len(referenceBegin)] + want + doc[end:]
-		if err := os.WriteFile(path, []byte(doc), 0o644); err != nil {
-			t.Fatal(err)
-		}
-		t.Logf("rewrote the flag reference of %s", path)
+	got, differs := harness.GeneratedSection(t, path, referenceBegin, referenceEnd, want, *updateDocs)
+	if !differs {
 		return
 	}
 	t.Errorf("docs/configuration.md's flag reference differs from nodeguard --help: run make docs and commit.\n%s", lineDiff(got, want))

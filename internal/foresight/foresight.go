@@ -17,6 +17,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	policyv1 "k8s.io/api/policy/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	ngv1alpha1 "github.com/nodeguard/nodeguard/api/v1alpha1"
 	"github.com/nodeguard/nodeguard/finalizer/drain"
@@ -265,4 +266,28 @@ func fit(msg string) string {
 		return msg
 	}
 	return msg[:maxMessage-3] + "..."
+}
+
+// DeploymentsFrom finds a pod's Deployment through its ReplicaSet with r:
+// nil when the pod has no ReplicaSet, the ReplicaSet no Deployment, or
+// either is gone.
+func DeploymentsFrom(r client.Reader) DeploymentOf {
+	return func(ctx context.Context, pod *corev1.Pod) (*appsv1.Deployment, error) {
+		ref := metav1.GetControllerOf(pod)
+		if ref == nil || ref.Kind != "ReplicaSet" {
+			return nil, nil
+		}
+		var rs appsv1.ReplicaSet
+		if err := r.Get(ctx, client.ObjectKey{Namespace: pod.Namespace, Name: ref.Name}, &rs); err != nil {
+			return nil, client.IgnoreNotFound(err)
+		}
+		if ref = metav1.GetControllerOf(&rs); ref == nil || ref.Kind != "Deployment" {
+			return nil, nil
+		}
+		var d appsv1.Deployment
+		if err := r.Get(ctx, client.ObjectKey{Namespace: pod.Namespace, Name: ref.Name}, &d); err != nil {
+			return nil, client.IgnoreNotFound(err)
+		}
+		return &d, nil
+	}
 }

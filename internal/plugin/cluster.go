@@ -17,7 +17,6 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	policyv1 "k8s.io/api/policy/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	ngv1alpha1 "github.com/nodeguard/nodeguard/api/v1alpha1"
@@ -111,7 +110,7 @@ func (c *Cluster) foresee(ctx context.Context, node *corev1.Node, pdbs []policyv
 	if err := c.Client.List(ctx, &pods, client.MatchingFields{"spec.nodeName": node.Name}); err != nil {
 		return nil, nil, fmt.Errorf("listing the pods of node %s: %w", node.Name, err)
 	}
-	found, err := foresight.Foresee(ctx, node, pods.Items, pdbs, c.Settings, c.deploymentOf, c.Now())
+	found, err := foresight.Foresee(ctx, node, pods.Items, pdbs, c.Settings, foresight.DeploymentsFrom(c.Client), c.Now())
 	if err != nil {
 		return nil, nil, err
 	}
@@ -125,26 +124,6 @@ func (c *Cluster) pdbs(ctx context.Context) ([]policyv1.PodDisruptionBudget, err
 		return nil, fmt.Errorf("listing PodDisruptionBudgets: %w", err)
 	}
 	return list.Items, nil
-}
-
-// deploymentOf follows a pod's ReplicaSet to its Deployment.
-func (c *Cluster) deploymentOf(ctx context.Context, pod *corev1.Pod) (*appsv1.Deployment, error) {
-	ref := metav1.GetControllerOf(pod)
-	if ref == nil || ref.Kind != "ReplicaSet" {
-		return nil, nil
-	}
-	var rs appsv1.ReplicaSet
-	if err := c.Client.Get(ctx, client.ObjectKey{Namespace: pod.Namespace, Name: ref.Name}, &rs); err != nil {
-		return nil, client.IgnoreNotFound(err)
-	}
-	if ref = metav1.GetControllerOf(&rs); ref == nil || ref.Kind != "Deployment" {
-		return nil, nil
-	}
-	var d appsv1.Deployment
-	if err := c.Client.Get(ctx, client.ObjectKey{Namespace: pod.Namespace, Name: ref.Name}, &d); err != nil {
-		return nil, client.IgnoreNotFound(err)
-	}
-	return &d, nil
 }
 
 // maintenanceHold is the node's maintenance Lease's hold by someone other
