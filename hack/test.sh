@@ -28,7 +28,7 @@ declare -A seconds=(
 	[TestKarpenterNodeDeleteFollowsTheBudget]=29 [TestBlockedPDBPolicyWaitNeverTouchesTheDeployment]=28
 	[TestUpgradeActorStaysWithinTheBudget]=28 [TestKubectlDrainsAreCutAndTakeTurns]=25
 	[TestUnreachableARMAndAPodUnderTwoPDBs]=23 [TestHungARMCall]=18 [TestTrafficCutHoldsWhileCloudProviderReconciles]=17
-	[TestClusterAutoscalerTaintIsASignal]=8 [TestKarpenterNodeIsCutNotDrained]=6
+	[TestClusterAutoscalerTaintIsASignal]=8 [TestPlanPredictsWhatTheDeletionMeets]=25 [TestKarpenterNodeIsCutNotDrained]=6
 	[TestProductionNodeDrainsInTiersAndIsReleased]=6 [TestCloudNodeControllerIsNeverRefused]=4
 	[TestClusterAutoscalerCancelledScaleDown]=4 [TestScaleDownDisabledWhileTheBudgetAllowsNone]=1
 )
