@@ -179,6 +179,20 @@ chart: ## Copy the generated CRD, ClusterRole and maintenance Role, the alerts a
 image: ## Build the linux/amd64 + linux/arm64 image without a container engine: an OCI layout in _output/image (PUSH=<ref> pushes it; docker load reads it as a tar).
 	cd hack/release && $(GO) run ./image --root=$(CURDIR) --out=$(IMAGE_OUT) --version=$(VERSION) $(if $(PLATFORMS),--platforms=$(PLATFORMS)) $(if $(PUSH),--push=$(PUSH)) $(if $(IMAGE_DIGEST_FILE),--digest-file=$(IMAGE_DIGEST_FILE))
 
+PLUGIN_OUT       ?= $(CURDIR)/_output/plugin
+PLUGIN_PLATFORMS ?= linux/amd64 linux/arm64 darwin/amd64 darwin/arm64 windows/amd64
+
+.PHONY: plugin-archives
+plugin-archives: ## Build the kubectl plugin for each of PLUGIN_PLATFORMS into _output/plugin/kubectl-nodeguard_VERSION_OS_ARCH.tar.gz, with their sha256sums (the release attaches them).
+	rm -rf $(PLUGIN_OUT) && mkdir -p $(PLUGIN_OUT)
+	set -e; for p in $(PLUGIN_PLATFORMS); do \
+		os=$${p%/*}; arch=$${p#*/}; ext=; [ $$os = windows ] && ext=.exe; \
+		dir=$(PLUGIN_OUT)/kubectl-nodeguard_$(VERSION)_$${os}_$${arch}; mkdir -p $$dir; \
+		CGO_ENABLED=0 GOOS=$$os GOARCH=$$arch $(GO) build -trimpath -ldflags '-s -w $(LDFLAGS)' -o $$dir/kubectl-nodeguard$$ext ./cmd/kubectl-nodeguard; \
+		tar -C $$dir -czf $$dir.tar.gz kubectl-nodeguard$$ext; rm -rf $$dir; \
+	done
+	cd $(PLUGIN_OUT) && sha256sum *.tar.gz > sha256sums.txt
+
 .PHONY: test-release
 test-release: ## Build the image as make image does and check it (config, both platforms, the binary runs, reproducible), and lint the release workflow (module hack/release); make test checks only this machine's platform.
 	cd hack/release && $(GO) test -timeout 20m $(TEST_FLAGS) ./...

@@ -45,7 +45,8 @@ func TestWorkflowsLint(t *testing.T) {
 // TestReleaseWorkflowPublishes: on a version tag the release workflow checks
 // the image on both platforms (make test-release), builds it with make image,
 // pushes it, attaches
-// an SBOM, and pushes the chart as an OCI artifact.
+// an SBOM, pushes the chart as an OCI artifact, and attaches the kubectl
+// plugin's archives to the GitHub release.
 func TestReleaseWorkflowPublishes(t *testing.T) {
 	data, err := os.ReadFile(filepath.Join(workflows, "release.yaml"))
 	if err != nil {
@@ -63,6 +64,8 @@ func TestReleaseWorkflowPublishes(t *testing.T) {
 		"helm lint --strict charts/nodeguard",
 		"helm push ",
 		"oci://ghcr.io/",
+		"make plugin-archives VERSION=",
+		"_output/plugin/*.tar.gz _output/plugin/sha256sums.txt",
 	} {
 		if !strings.Contains(w, want) {
 			t.Errorf("release.yaml lacks %q", want)
