@@ -133,7 +133,7 @@ func whyCommand(f *flags) *cobra.Command {
 
 func planCommand(f *flags) *cobra.Command {
 	var selector string
-	o := plugin.PlanOptions{PodCycle: 30 * time.Second, MaxConcurrentDrains: plugin.DefaultMaxConcurrentDrains}
+	o := plugin.PlanOptions{PodCycle: 30 * time.Second, MaxConcurrentDrains: plugin.DefaultMaxConcurrentDrains, ControllerQPS: 20}
 	cmd := &cobra.Command{
 		Use:   "plan (NODE... | -l SELECTOR)",
 		Short: "Dry-run removing (or upgrading) nodes: order, blockers, lost pods, duration",
@@ -169,6 +169,7 @@ func planCommand(f *flags) *cobra.Command {
 	cmd.Flags().IntVar(&o.MaxSurge, "max-surge", 0, "Plan an upgrade that surges this many nodes: at most this many go at once, each replaced by a new node of the same labels. 0 plans a removal.")
 	cmd.Flags().DurationVar(&o.PodCycle, "pod-cycle", o.PodCycle, "From an eviction until its replacement is Ready and its PDB allows the next: the time between a PDB's rounds.")
 	cmd.Flags().IntVar(&o.MaxConcurrentDrains, "max-concurrent-drains", o.MaxConcurrentDrains, "nodeguard's --max-concurrent-drains: how many nodes of a wave drain at once.")
+	cmd.Flags().IntVar(&o.ControllerQPS, "controller-qps", o.ControllerQPS, "kube-controller-manager's --kube-api-qps: its ReplicaSet controller writes about 4 requests per replaced pod at this pace, which bounds a drain of many PDB-protected pods. 0 leaves it out.")
 	return cmd
 }
 

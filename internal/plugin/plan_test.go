@@ -33,6 +33,13 @@ func TestEstimateFollowsTheChainsAndTheDeadline(t *testing.T) {
 	if got, blocked := estimate(plans, nil, foresight.Settings{}, node, o); got != 30*time.Second || blocked != "" {
 		t.Errorf("estimate = %s %q, want 30s: the longest chain of each tier, tiers in turn", got, blocked)
 	}
+	// Many pods under PDBs and a quick cycle: kube-controller-manager's pace
+	// binds, as in the bench's pod-fast drain (4 PDBs x 10 pods allowing 1:
+	// 36 gating replacements x 4 writes - a burst of 30, at 20 a second).
+	fast := []*drain.Plan{{Groups: []drain.Group{group("a", 10, 1, false), group("b", 10, 1, false), group("c", 10, 1, false), group("d", 10, 1, false)}}}
+	if got, _ := estimate(fast, nil, foresight.Settings{}, node, PlanOptions{PodCycle: 32 * time.Millisecond, ControllerQPS: 20}); got != 5700*time.Millisecond {
+		t.Errorf("estimate of a throughput-bound drain = %s, want 5.7s", got)
+	}
 	plans[0].Groups = append(plans[0].Groups, group("db", 1, 0, true))
 	if got, blocked := estimate(plans, nil, foresight.Settings{}, node, o); got != 0 || blocked != "never by itself: PDB shop/db" {
 		t.Errorf("with a blocked PDB and no deadline: %s %q", got, blocked)

@@ -21,6 +21,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	ngv1alpha1 "github.com/nodeguard/nodeguard/api/v1alpha1"
+	"github.com/nodeguard/nodeguard/internal/plugin"
 	"github.com/nodeguard/nodeguard/test/armemulator"
 	"github.com/nodeguard/nodeguard/test/bench"
 	"github.com/nodeguard/nodeguard/test/builder"
@@ -79,6 +80,9 @@ type drainRun struct {
 	MaxInFlight    int             `json:"maxEvictionsInFlightPerPDB"`
 	Wakeups        []time.Duration `json:"wakeupDelays"`
 	OwnChain       time.Duration   `json:"longestPDBSumOfCycles"`
+	// PlanEstimate is kubectl nodeguard plan's estimate of the drain, made
+	// just before it with the idle cycle as --pod-cycle (nodeguard's runs).
+	PlanEstimate time.Duration `json:"planEstimate,omitempty"`
 	// Controllers are kube-controller-manager's writes from the first
 	// eviction until the node was empty; Replacement until the controllers
 	// were done (every replacement Ready, no write for controllersQuiet):
@@ -132,7 +136,7 @@ func runDrain(ctx context.Context, c config, env *harness.Env, profile string) (
 	logf("drain %s: idle budget cycle %s (mean of %d)", profile, bench.Millis(bench.Mean(r.IdleCycles)), len(r.IdleCycles))
 	for rep := 1; rep <= c.drainReps; rep++ {
 		for i, drainer := range drainOrder(rep) {
-			run, err := drainAlone(ctx, c, env, tail, profile, drainer, rep, 2*rep+i)
+			run, err := drainAlone(ctx, c, env, tail, profile, drainer, rep, 2*rep+i, bench.Mean(r.IdleCycles))
 			if err != nil {
 				return nil, fmt.Errorf("%s drain, repetition %d: %w", drainer, rep, err)
 			}
@@ -246,7 +250,7 @@ func waitPDBAllows(ctx context.Context, cl client.Client, ns, name string, repli
 // this run and stopped after it). The drain starts, and the run returns, once
 // every pod of the run is Ready and kube-controller-manager has gone quiet,
 // so that each run has the cluster to itself.
-func drainAlone(ctx context.Context, c config, env *harness.Env, tail *auditTail, profile, drainer string, rep, index int) (*drainRun, error) {
+func drainAlone(ctx context.Context, c config, env *harness.Env, tail *auditTail, profile, drainer string, rep, index int, cycle time.Duration) (*drainRun, error) {
 	ctx, cancel := context.WithCancel(ctx) // stops this run's watches
 	defer cancel()
 	cl := env.Client
@@ -289,9 +293,14 @@ func drainAlone(ctx context.Context, c config, env *harness.Env, tail *auditTail
 	if err := waitControllersQuiet(ctx, tail); err != nil {
 		return nil, err
 	}
+	run := &drainRun{Drainer: drainer, Namespace: ns}
+	if drainer == nodeguardDrainer {
+		if run.PlanEstimate, err = planEstimate(ctx, cl, target, cycle); err != nil {
+			return nil, err
+		}
+	}
 	logf("drain %s: %s drains %s alone", profile, drainer, target)
 	start := tr.begin(target)
-	run := &drainRun{Drainer: drainer, Namespace: ns}
 	if drainer == kubectlDrainer {
 		err = kubectlDrain(ctx, proxy.Kubeconfig, target, tr, start, run)
 	} else {
@@ -311,6 +320,19 @@ func drainAlone(ctx context.Context, c config, env *harness.Env, tail *auditTail
 	}
 	logf("drain %s: %s emptied its node in %s (%d of %d evictions refused)", profile, drainer, bench.Seconds(run.Empty), run.TooMany, run.Evictions)
 	return run, nil
+}
+
+// planEstimate is what kubectl nodeguard plan estimates for draining node,
+// with cycle as --pod-cycle and the bench's kube-controller-manager pace.
+func planEstimate(ctx context.Context, cl client.Client, node string, cycle time.Duration) (time.Duration, error) {
+	settings, from := plugin.ReadSettings(ctx, cl, "nodeguard-system") // nodeguard runs as a process here: its defaults
+	pc := &plugin.Cluster{Client: cl, Settings: settings, Now: time.Now}
+	plan, err := pc.Plan(ctx, []string{node}, plugin.PlanOptions{PodCycle: cycle, MaxConcurrentDrains: plugin.DefaultMaxConcurrentDrains,
+		ControllerQPS: kcmClientQPS}, from)
+	if err != nil {
+		return 0, fmt.Errorf("kubectl nodeguard plan %s: %w", node, err)
+	}
+	return plan.Estimate, nil
 }
 
 // measure fills in what the run's proxy, pod tracker, PDB watch and the audit

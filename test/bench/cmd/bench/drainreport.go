@@ -47,6 +47,10 @@ func drainTable(rs []*drainResult) *bench.Table {
 			bench.Millis(medianOf(n, func(d *drainRun) time.Duration { return d.FirstEviction })),
 			bench.Seconds(medianOf(k, func(d *drainRun) time.Duration { return d.Done })), bench.Seconds(medianOf(n, func(d *drainRun) time.Duration { return d.Done })),
 			bench.Seconds(medianOf(k, func(d *drainRun) time.Duration { return d.OwnChain })), bench.Seconds(medianOf(n, func(d *drainRun) time.Duration { return d.OwnChain })))
+		if est := medianOf(n, func(d *drainRun) time.Duration { return d.PlanEstimate }); est > 0 {
+			t.Note("%s: kubectl nodeguard plan, run just before each nodeguard drain with the idle cycle as --pod-cycle, estimated %s (median), %s nodeguard's median drain of %s (issue #44 wants the estimate within 2×).",
+				r.Profile, bench.Seconds(est), bench.Times(bench.Ratio(est, r.Nodeguard.Median)), bench.Seconds(r.Nodeguard.Median))
+		}
 		t.Note("%s: kube-controller-manager's writes while each drainer's median run drained, from its first eviction until its node was empty: kubectl: %s; nodeguard: %s.",
 			r.Profile, loadCell(medianRun(k).controllers()), loadCell(medianRun(n).controllers()))
 	}
