@@ -10,6 +10,7 @@ import (
 	policyv1 "k8s.io/api/policy/v1"
 	"k8s.io/utils/clock"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/log"
 	"sigs.k8s.io/controller-runtime/pkg/metrics"
 
 	"github.com/nodeguard/nodeguard/internal/foresight"
@@ -26,7 +27,7 @@ const DefaultWarningsWait = 50 * time.Millisecond
 
 // Warnings foresees, while a Node DELETE is decided, what the node's drain
 // will meet, for the admission warnings kubectl prints. It never holds the
-// decision: what is not ready Wait past it is left out.
+// decision: warnings not ready within Wait past it are left out.
 type Warnings struct {
 	// Pods lists a node's pods (the API server: nodeguard caches no pods).
 	Pods client.Reader
@@ -106,6 +107,7 @@ func (f *foreseeing) collect(ctx context.Context, wait time.Duration) []string {
 	}
 	if f.err != nil {
 		warningsLeftOut.WithLabelValues("error").Inc()
+		log.FromContext(ctx).Error(f.err, "the warnings of an admitted node delete were left out")
 		return nil
 	}
 	out := make([]string, 0, len(f.found))
