@@ -8,6 +8,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	corev1 "k8s.io/api/core/v1"
 	policyv1 "k8s.io/api/policy/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/clock"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/log"
@@ -65,8 +66,12 @@ func (w *Warnings) start(ctx context.Context, node *corev1.Node) *foreseeing {
 
 // foresee lists the node's pods and the PDBs and reads what the drain meets.
 func (w *Warnings) foresee(ctx context.Context, node *corev1.Node) ([]foresight.Finding, error) {
+	// From the API server's watch cache as it stands (resourceVersion 0), not
+	// a consistent read: a warning may miss a pod created a moment ago, and
+	// the delete's answer does not wait for the cache to catch up.
 	var pods corev1.PodList
-	if err := w.Pods.List(ctx, &pods, client.MatchingFields{"spec.nodeName": node.Name}); err != nil {
+	if err := w.Pods.List(ctx, &pods, client.MatchingFields{"spec.nodeName": node.Name},
+		&client.ListOptions{Raw: &metav1.ListOptions{ResourceVersion: "0"}}); err != nil {
 		return nil, fmt.Errorf("listing the pods of node %s: %w", node.Name, err)
 	}
 	if len(pods.Items) == 0 {

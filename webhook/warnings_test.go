@@ -2,6 +2,8 @@ package webhook_test
 
 import (
 	"context"
+	"fmt"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -38,9 +40,10 @@ func TestAdmittedDeleteWarnsOfWhatTheDrainWillMeet(t *testing.T) {
 		t.Fatal(err)
 	}
 	useGuards(t, run(t, mgr, addr, answers))
-	const ns = "warn"
+	warnRuns++ // -count=N runs it N times on one cluster
+	ns := fmt.Sprintf("warn%d", warnRuns)
 	harness.MustCreate(t, env.Client, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}})
-	nodes := createReadyNodes(t, "warn", 2)
+	nodes := createReadyNodes(t, ns, 2)
 	blocked, clean := nodes[0], nodes[1]
 	for _, n := range nodes {
 		harness.WaitForTerminationFinalizer(t, env.Client, n)
@@ -65,20 +68,28 @@ func TestAdmittedDeleteWarnsOfWhatTheDrainWillMeet(t *testing.T) {
 	runPod(t, clean, ns, "proxy-x", "proxy", controlledBy("DaemonSet", "proxy"), withEmptyDir)
 	budgetWithStatus(t, ns, "api", "api", policyv1.PodDisruptionBudgetStatus{DisruptionsAllowed: 1, CurrentHealthy: 3, DesiredHealthy: 2, ExpectedPods: 3})
 
+	// The warnings read the API server's watch cache (resourceVersion 0):
+	// wait until it has every pod as written.
+	harness.Eventually(t, 30*time.Second, func(ctx context.Context) (bool, error) {
+		var pods corev1.PodList
+		err := env.Client.List(ctx, &pods, client.MatchingFields{"spec.nodeName": blocked}, &client.ListOptions{Raw: &metav1.ListOptions{ResourceVersion: "0"}})
+		return err == nil && len(pods.Items) == 5 && slices.IndexFunc(pods.Items, func(p corev1.Pod) bool { return len(p.Status.Conditions) == 0 }) < 0, err
+	}, "the watch cache has the 5 pods of %s, Ready", blocked)
 	out, err := harness.Kubectl(env.Kubeconfig, "", "delete", "node", blocked, "--wait=false")
 	if err != nil {
 		t.Fatalf("delete of %s: %v\n%s", blocked, err, out)
 	}
 	for _, want := range []string{
-		"Warning: PDB warn/web allows no disruption now (4 healthy, 5 required); pod warn/web-1 on the node: the drain waits until it allows one",
-		"Warning: PDB warn/solo allows no disruption now (1 healthy, 1 required); pod warn/solo-1 on the node: it never will by itself; " +
-			"nodeguard restarts Deployment warn/solo so they are replaced first (blocked-pdb-policy replace, annotation on Deployment warn/solo)",
-		"Warning: pod warn/keep annotated nodeguard.io/do-not-evict=true: the drain waits for it to go on its own",
-		"Warning: pod warn/both under more than one PodDisruptionBudget, which the Eviction API refuses",
-		"Warning: pod warn/scratch with no controller: once evicted it is gone for good",
-		"Warning: pod warn/scratch with emptyDir volumes: its data is lost when it is evicted",
+		"Warning: PDB NS/web allows no disruption now (4 healthy, 5 required); pod NS/web-1 on the node: the drain waits until it allows one",
+		"Warning: PDB NS/solo allows no disruption now (1 healthy, 1 required); pod NS/solo-1 on the node: it never will by itself; " +
+			"nodeguard restarts Deployment NS/solo so they are replaced first (blocked-pdb-policy replace, annotation on Deployment NS/solo)",
+		"Warning: pod NS/keep annotated nodeguard.io/do-not-evict=true: the drain waits for it to go on its own",
+		"Warning: pod NS/both under more than one PodDisruptionBudget, which the Eviction API refuses",
+		"Warning: pod NS/scratch with no controller: once evicted it is gone for good",
+		"Warning: pod NS/scratch with emptyDir volumes: its data is lost when it is evicted",
 		"Warning: drain deadline 30m0s after the deletion (annotation nodeguard.io/drain-timeout)",
 	} {
+		want = strings.ReplaceAll(want, "NS/", ns+"/")
 		if !strings.Contains(out, want) {
 			t.Errorf("kubectl delete node %s printed no %q; it printed:\n%s", blocked, want, out)
 		}
@@ -92,6 +103,9 @@ func TestAdmittedDeleteWarnsOfWhatTheDrainWillMeet(t *testing.T) {
 		t.Errorf("delete of %s, with nothing in its drain's way: %v; want no warning, got:\n%s", clean, err, out)
 	}
 }
+
+// warnRuns numbers the runs of TestAdmittedDeleteWarnsOfWhatTheDrainWillMeet.
+var warnRuns int
 
 func annotate(t *testing.T, node, key, value string) {
 	t.Helper()
