@@ -45,7 +45,7 @@ type Options struct {
 	// delete returns of what its drain will meet (nil: no warnings).
 	Drain *foresight.Settings
 	// WarningsWait is how long an admitted delete's answer waits for those
-	// warnings past its decision (zero: only those ready by then).
+	// warnings past its decision (zero: no warnings).
 	WarningsWait time.Duration
 }
 
@@ -91,7 +91,7 @@ func Register(mgr ctrl.Manager, opts Options) error {
 // PodDisruptionBudget informer starts with the manager, so that the first
 // delete finds it synced.
 func warningsFor(mgr ctrl.Manager, opts Options) (*Warnings, error) {
-	if opts.Drain == nil {
+	if opts.Drain == nil || opts.WarningsWait <= 0 {
 		return nil, nil
 	}
 	if _, err := mgr.GetCache().GetInformer(context.Background(), &policyv1.PodDisruptionBudget{}, cache.BlockUntilSynced(false)); err != nil {
