@@ -51,6 +51,10 @@ type Finding struct {
 	Pods []string
 	// Message says it, at most maxMessage characters.
 	Message string
+	// PDB is the blocked PDB (BlockedPDB only), and Replaced whether
+	// nodeguard restarts its Deployment first rather than wait.
+	PDB      string
+	Replaced bool
 }
 
 // maxMessage keeps a finding within what kube-apiserver passes on of an
@@ -81,6 +85,11 @@ func Foresee(ctx context.Context, node *corev1.Node, pods []corev1.Pod, pdbs []p
 	if err != nil {
 		return nil, err
 	}
+	return FromPlans(ctx, node, plans, s, deploymentOf), nil
+}
+
+// FromPlans is Foresee over plans already made (Plans).
+func FromPlans(ctx context.Context, node *corev1.Node, plans []*drain.Plan, s Settings, deploymentOf DeploymentOf) []Finding {
 	var f []Finding
 	for _, p := range plans {
 		for i := range p.Groups {
@@ -125,7 +134,7 @@ func Foresee(ctx context.Context, node *corev1.Node, pods []corev1.Pod, pdbs []p
 	if d, ok := deadline(node, s, waits); ok {
 		f = append(f, d)
 	}
-	return f, nil
+	return f
 }
 
 // Plans plans a drain starting now tier by tier (drain.NewPlan groups the
@@ -156,37 +165,40 @@ func Plans(pods []corev1.Pod, pdbs []policyv1.PodDisruptionBudget, s Settings, n
 func blockedFinding(ctx context.Context, g *drain.Group, s Settings, deploymentOf DeploymentOf) Finding {
 	pdb := g.PDB.String()
 	what := fmt.Sprintf("PDB %s allows no disruption now (%d healthy, %d required)", pdb, g.Healthy, g.Desired)
-	then := "the drain waits until it allows one"
+	then, replaced := "the drain waits until it allows one", false
 	if g.ByDesign {
-		then = "it never will by itself; " + replaceOrWait(ctx, g, s, deploymentOf)
+		var how string
+		how, replaced = replaceOrWait(ctx, g, s, deploymentOf)
+		then = "it never will by itself; " + how
 	}
-	return Finding{Kind: BlockedPDB, Pods: names(g.Pods), Message: fit(fmt.Sprintf("%s; %s on the node: %s", what, podList(g.Pods), then))}
+	return Finding{Kind: BlockedPDB, Pods: names(g.Pods), PDB: pdb, Replaced: replaced,
+		Message: fit(fmt.Sprintf("%s; %s on the node: %s", what, podList(g.Pods), then))}
 }
 
 // replaceOrWait says whether the drain restarts the group's Deployment or
 // waits, as the finalizer decides (finalizer/replacement.go).
-func replaceOrWait(ctx context.Context, g *drain.Group, s Settings, deploymentOf DeploymentOf) string {
+func replaceOrWait(ctx context.Context, g *drain.Group, s Settings, deploymentOf DeploymentOf) (how string, replaced bool) {
 	var d *appsv1.Deployment
 	if deploymentOf != nil {
 		var err error
 		if d, err = deploymentOf(ctx, g.Pods[0]); err != nil {
-			return fmt.Sprintf("the drain waits (%v)", err)
+			return fmt.Sprintf("the drain waits (%v)", err), false
 		}
 	}
 	if d == nil {
-		return "the drain waits (only Deployments are restarted); scale up or relax the PDB"
+		return "the drain waits (only Deployments are restarted); scale up or relax the PDB", false
 	}
 	policy, source, err := drain.PolicyFor(d, g.Budget, s.BlockedPDBPolicy)
 	switch {
 	case err != nil:
-		return fmt.Sprintf("the drain waits (%v)", err)
+		return fmt.Sprintf("the drain waits (%v)", err), false
 	case policy == drain.BlockedPDBWait:
-		return fmt.Sprintf("the drain waits (blocked-pdb-policy wait, %s)", source)
+		return fmt.Sprintf("the drain waits (blocked-pdb-policy wait, %s)", source), false
 	}
 	if ok, why := drain.CanReplace(d, g.Healthy, g.Desired, 0); !ok {
-		return "the drain waits: " + why
+		return "the drain waits: " + why, false
 	}
-	return fmt.Sprintf("nodeguard restarts Deployment %s/%s so they are replaced first (blocked-pdb-policy replace, %s)", d.Namespace, d.Name, source)
+	return fmt.Sprintf("nodeguard restarts Deployment %s/%s so they are replaced first (blocked-pdb-policy replace, %s)", d.Namespace, d.Name, source), true
 }
 
 // deadline says when the drain stops waiting, if anything makes it wait.

@@ -178,6 +178,9 @@ func TestTheBlockedPDBPolicyIsResolvedAsTheDrainDoes(t *testing.T) {
 			if !strings.Contains(found[0].Message, tc.want) {
 				t.Errorf("finding = %q, want %q", found[0].Message, tc.want)
 			}
+			if replaced := strings.Contains(tc.want, "nodeguard restarts"); found[0].Replaced != replaced || found[0].PDB != "shop/solo" {
+				t.Errorf("finding of PDB %q says replaced %v, want PDB shop/solo, %v", found[0].PDB, found[0].Replaced, replaced)
+			}
 			if want := "no drain deadline (--drain-timeout 0)"; !strings.HasPrefix(found[1].Message, want) {
 				t.Errorf("deadline finding = %q, want %q", found[1].Message, want)
 			}

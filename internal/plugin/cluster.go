@@ -110,12 +110,11 @@ func (c *Cluster) foresee(ctx context.Context, node *corev1.Node, pdbs []policyv
 	if err := c.Client.List(ctx, &pods, client.MatchingFields{"spec.nodeName": node.Name}); err != nil {
 		return nil, nil, fmt.Errorf("listing the pods of node %s: %w", node.Name, err)
 	}
-	found, err := foresight.Foresee(ctx, node, pods.Items, pdbs, c.Settings, foresight.DeploymentsFrom(c.Client), c.Now())
+	plans, err := foresight.Plans(pods.Items, pdbs, c.Settings, c.Now())
 	if err != nil {
 		return nil, nil, err
 	}
-	plans, err := foresight.Plans(pods.Items, pdbs, c.Settings, c.Now())
-	return found, plans, err
+	return foresight.FromPlans(ctx, node, plans, c.Settings, foresight.DeploymentsFrom(c.Client)), plans, nil
 }
 
 func (c *Cluster) pdbs(ctx context.Context) ([]policyv1.PodDisruptionBudget, error) {

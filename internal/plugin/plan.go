@@ -204,11 +204,11 @@ func throughput(gating, qps int) time.Duration {
 	return time.Duration(max(writes, 0)) * time.Second / time.Duration(qps)
 }
 
-// replaces reports whether the finding for g says the drain restarts its
-// Deployment.
+// replaces reports whether nodeguard restarts g's Deployment first, as the
+// finding for g says.
 func replaces(found []foresight.Finding, g drain.Group) bool {
 	return slices.ContainsFunc(found, func(f foresight.Finding) bool {
-		return f.Kind == foresight.BlockedPDB && strings.HasPrefix(f.Message, "PDB "+g.PDB.String()+" ") && strings.Contains(f.Message, "nodeguard restarts")
+		return f.Kind == foresight.BlockedPDB && f.PDB == g.PDB.String() && f.Replaced
 	})
 }
 
