@@ -156,11 +156,7 @@ func runPod(t *testing.T, node, ns, name, app string, mods ...func(*corev1.Pod))
 	for _, m := range mods {
 		m(p)
 	}
-	harness.MustCreate(t, env.Client, p)
-	p.Status = corev1.PodStatus{Phase: corev1.PodRunning, Conditions: []corev1.PodCondition{{Type: corev1.PodReady, Status: corev1.ConditionTrue}}}
-	if err := env.Client.Status().Update(context.Background(), p); err != nil {
-		t.Fatal(err)
-	}
+	harness.CreateRunningPod(t, env.Client, p)
 }
 
 // budgetWithStatus creates a PDB over app with the status the disruption
@@ -169,10 +165,5 @@ func budgetWithStatus(t *testing.T, ns, name, app string, status policyv1.PodDis
 	t.Helper()
 	pdb := builder.PDB(ns, app, builder.MinAvailable("1"))
 	pdb.Name = name
-	harness.MustCreate(t, env.Client, pdb)
-	status.ObservedGeneration = pdb.Generation
-	pdb.Status = status
-	if err := env.Client.Status().Update(context.Background(), pdb); err != nil {
-		t.Fatal(err)
-	}
+	harness.CreatePDBWithStatus(t, env.Client, pdb, status)
 }

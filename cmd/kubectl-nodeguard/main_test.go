@@ -72,24 +72,15 @@ func pod(t *testing.T, node, ns, name, app string, annotations map[string]string
 		p.OwnerReferences = []metav1.OwnerReference{{APIVersion: "apps/v1", Kind: "ReplicaSet", Name: app + "-rs",
 			UID: "7c1d0f5e-0000-4000-8000-000000000001", Controller: ptr.To(true)}}
 	}
-	harness.MustCreate(t, env.Client, p)
-	p.Status = corev1.PodStatus{Phase: corev1.PodRunning, Conditions: []corev1.PodCondition{{Type: corev1.PodReady, Status: corev1.ConditionTrue}}}
-	if err := env.Client.Status().Update(context.Background(), p); err != nil {
-		t.Fatal(err)
-	}
+	harness.CreateRunningPod(t, env.Client, p)
 }
 
 // pdb creates a PDB over app with the status the disruption controller
 // would have written.
 func pdb(t *testing.T, ns, app string, allowed, healthy, desired, expected int32) {
 	t.Helper()
-	p := builder.PDB(ns, app, builder.MaxUnavailable("1"))
-	harness.MustCreate(t, env.Client, p)
-	p.Status = policyv1.PodDisruptionBudgetStatus{ObservedGeneration: p.Generation, DisruptionsAllowed: allowed,
-		CurrentHealthy: healthy, DesiredHealthy: desired, ExpectedPods: expected}
-	if err := env.Client.Status().Update(context.Background(), p); err != nil {
-		t.Fatal(err)
-	}
+	harness.CreatePDBWithStatus(t, env.Client, builder.PDB(ns, app, builder.MaxUnavailable("1")), policyv1.PodDisruptionBudgetStatus{
+		DisruptionsAllowed: allowed, CurrentHealthy: healthy, DesiredHealthy: desired, ExpectedPods: expected})
 }
 
 func namespace(t *testing.T, name string) {
