@@ -133,7 +133,7 @@ BENCH_OUT  ?= $(CURDIR)/_output/bench
 BENCH_ARGS ?=
 
 .PHONY: bench
-bench: tools-sandbox ## Benchmark nodeguard against kubectl drain, naive ARM updates and a no-op webhook (about 28 min on 2 cores, about 15 of them the drain section; BENCH_ARGS=--quick for a smoke run, --scale for 2,000 nodes and 40,000 pods).
+bench: tools-sandbox tools-karpenter ## Benchmark nodeguard against kubectl drain, Karpenter, naive ARM updates and a no-op webhook (about 28 min on 2 cores, about 15 of them the drain section; BENCH_ARGS=--quick for a smoke run, --scale for 2,000 nodes and 40,000 pods).
 	@mkdir -p $(BENCH_OUT)
 	$(GO) build -o $(BENCH_OUT)/nodeguard ./cmd/nodeguard
 	$(GO) build -o $(BENCH_OUT)/bench ./test/bench/cmd/bench
@@ -204,7 +204,7 @@ tools: ## Build controller-gen, etcd, kube-apiserver, kube-controller-manager, k
 	@BIN=$(BIN) hack/tools/build.sh all
 
 # The groups of hack/tools/build.sh, for the targets that need only some.
-.PHONY: tools-sandbox tools-codegen tools-oldest tools-certmanager tools-test
+.PHONY: tools-sandbox tools-codegen tools-oldest tools-certmanager tools-karpenter tools-test
 tools-sandbox: ## Build only what make run starts: etcd, kube-apiserver, kube-controller-manager, kube-scheduler, kwok.
 	@BIN=$(BIN) hack/tools/build.sh sandbox
 tools-codegen:
@@ -213,6 +213,8 @@ tools-oldest: ## Build only kube-apiserver, kube-controller-manager and kube-sch
 	@BIN=$(BIN) hack/tools/build.sh oldest
 tools-certmanager:
 	@BIN=$(BIN) hack/tools/build.sh certmanager
+tools-karpenter:
+	@BIN=$(BIN) hack/tools/build.sh karpenter
 tools-test:
 	@BIN=$(BIN) hack/tools/build.sh test
 

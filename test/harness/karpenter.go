@@ -26,19 +26,26 @@ func KarpenterCRDDir() string { return filepath.Join(BinDir(), "karpenter-crds")
 // they are served.
 func InstallKarpenterCRDs(t testing.TB, c client.Client) {
 	t.Helper()
+	if err := ApplyKarpenterCRDs(context.Background(), c); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// ApplyKarpenterCRDs installs (or updates) Karpenter's CRDs and waits until
+// they are served.
+func ApplyKarpenterCRDs(ctx context.Context, c client.Client) error {
 	files, err := filepath.Glob(filepath.Join(KarpenterCRDDir(), "*.yaml"))
 	if err != nil || len(files) == 0 {
-		t.Fatalf("no Karpenter CRDs in %s (%v): run make tools", KarpenterCRDDir(), err)
+		return fmt.Errorf("no Karpenter CRDs in %s (%v): run make tools", KarpenterCRDDir(), err)
 	}
-	ctx := context.Background()
 	for _, f := range files {
 		data, err := os.ReadFile(f)
 		if err != nil {
-			t.Fatal(err)
+			return err
 		}
 		var crd apiextensionsv1.CustomResourceDefinition
 		if err := yaml.UnmarshalStrict(data, &crd); err != nil {
-			t.Fatalf("%s: %v", f, err)
+			return fmt.Errorf("%s: %w", f, err)
 		}
 		err = c.Create(ctx, &crd)
 		if apierrors.IsAlreadyExists(err) {
@@ -49,9 +56,9 @@ func InstallKarpenterCRDs(t testing.TB, c client.Client) {
 			}
 		}
 		if err != nil {
-			t.Fatalf("installing CRD %s: %v", crd.Name, err)
+			return fmt.Errorf("installing CRD %s: %w", crd.Name, err)
 		}
-		Eventually(t, time.Minute, func(ctx context.Context) (bool, error) {
+		if err := PollEvery(ctx, 100*time.Millisecond, time.Minute, func(ctx context.Context) (bool, error) {
 			var got apiextensionsv1.CustomResourceDefinition
 			if err := c.Get(ctx, client.ObjectKey{Name: crd.Name}, &got); err != nil {
 				return false, err
@@ -62,28 +69,20 @@ func InstallKarpenterCRDs(t testing.TB, c client.Client) {
 				}
 			}
 			return false, nil
-		}, "CRD %s is established", crd.Name)
+		}); err != nil {
+			return fmt.Errorf("CRD %s is not established: %w", crd.Name, err)
+		}
 	}
+	return nil
 }
 
 // StartKarpenter runs Karpenter's controller (kwok cloud provider) against
 // the cluster of kubeconfig until the test ends, with Karpenter's own
-// settings (environment variables) plus env. Leader election is off (one
-// replica) and its metrics and probe servers listen on free ports. If the
-// test failed, the tail of its log is logged.
+// settings (environment variables) plus env. If the test failed, the tail of
+// its log is logged.
 func StartKarpenter(t testing.TB, kubeconfig string, env ...string) *Nodeguard {
 	t.Helper()
-	path, err := binary("karpenter-kwok")
-	if err != nil {
-		t.Fatal(err)
-	}
-	base := []string{
-		"KUBECONFIG=" + kubeconfig,
-		"DISABLE_LEADER_ELECTION=true",
-		fmt.Sprintf("METRICS_PORT=%d", FreePort(t)),
-		fmt.Sprintf("HEALTH_PROBE_PORT=%d", FreePort(t)),
-	}
-	p, err := StartNodeguardProcessWithEnv(path, filepath.Join(t.TempDir(), "karpenter.log"), append(base, env...))
+	p, err := StartKarpenterProcess(kubeconfig, filepath.Join(t.TempDir(), "karpenter.log"), env...)
 	if err != nil {
 		t.Fatalf("starting Karpenter: %v", err)
 	}
@@ -96,4 +95,39 @@ func StartKarpenter(t testing.TB, kubeconfig string, env ...string) *Nodeguard {
 		}
 	})
 	return p
+}
+
+// StartKarpenterProcess starts Karpenter's controller (kwok cloud provider)
+// against the cluster of kubeconfig, logging to logPath. Leader election is
+// off (one replica) and its metrics and probe servers listen on free ports,
+// reserved until it exits. The caller stops it.
+func StartKarpenterProcess(kubeconfig, logPath string, env ...string) (*Nodeguard, error) {
+	path, err := binary("karpenter-kwok")
+	if err != nil {
+		return nil, err
+	}
+	base := []string{"KUBECONFIG=" + kubeconfig, "DISABLE_LEADER_ELECTION=true"}
+	var releases []func()
+	for _, name := range []string{"METRICS_PORT", "HEALTH_PROBE_PORT"} {
+		port, release, err := reservePort()
+		if err != nil {
+			return nil, err
+		}
+		releases = append(releases, release)
+		base = append(base, fmt.Sprintf("%s=%d", name, port))
+	}
+	p, err := StartNodeguardProcessWithEnv(path, logPath, append(base, env...))
+	if err != nil {
+		for _, release := range releases {
+			release()
+		}
+		return nil, err
+	}
+	go func() {
+		<-p.Done()
+		for _, release := range releases {
+			release()
+		}
+	}()
+	return p, nil
 }

@@ -57,6 +57,9 @@ func summaryRows(res *results) []docRow {
 	if res.Replace != nil {
 		rows = append(rows, replaceRow(res.Replace))
 	}
+	if row, ok := karpenterRow(res.Karpenter); ok {
+		rows = append(rows, row)
+	}
 	return rows
 }
 

@@ -20,7 +20,10 @@
 //     replacement first;
 //  6. rolling: every node of a group replaced under a node budget of 3 and
 //     PDBs, a helper playing the autoscaler, against a kubectl drain +
-//     delete script 3 nodes at a time.
+//     delete script 3 nodes at a time;
+//  7. karpenter: Karpenter (kwok provider) deleting a set of its nodes
+//     through their NodeClaims against nodeguard deleting a set of the same
+//     size and pod layout, in one cluster, in turns.
 //
 // Every figure is a ratio or a count measured in the same run; absolute times
 // are context. It prints a markdown table and writes it, the raw numbers
@@ -78,6 +81,8 @@ type config struct {
 	replaceTimeout time.Duration
 
 	rollingNodes, rollingApps, rollingReplicas int
+
+	karpenterSet, karpenterSpares, karpenterReps int
 }
 
 func main() {
@@ -86,10 +91,10 @@ func main() {
 	var scale bool
 	flag.StringVar(&c.nodeguard, "nodeguard", filepath.Join(harness.RepoRoot(), "_output", "bench", "nodeguard"), "The nodeguard binary under test.")
 	flag.StringVar(&c.out, "out", filepath.Join(harness.RepoRoot(), "_output", "bench"), "Directory for results.md, results.json, drain-timeline.svg and the clusters' logs.")
-	flag.StringVar(&sections, "sections", "drain,cutover,admission,scale,replace,rolling", "Comma-separated sections to run.")
+	flag.StringVar(&sections, "sections", "drain,cutover,admission,scale,replace,rolling,karpenter", "Comma-separated sections to run.")
 	flag.StringVar(&profiles, "profiles", harness.PodsFast+","+harness.PodsGeneral, "kwok pod-stage profiles of the drain section.")
 	flag.BoolVar(&c.quick, "quick", false, "A smoke run of a few minutes: pod-fast only, small workloads, few trials.")
-	flag.BoolVar(&scale, "scale", false, "Run the scale section at full size (2,000 nodes, 40,000 pods: long and heavy) instead of 200 nodes and 4,000 pods.")
+	flag.BoolVar(&scale, "scale", false, "Run the scale section at full size (2,000 nodes, 40,000 pods: long and heavy) instead of 200 nodes and 4,000 pods, and the karpenter section with 100 nodes per drainer and 300 spares instead of 20 and 60.")
 	scaleNodes := flag.Int("scale-nodes", 0, "Nodes of the scale section (default 200, 2,000 with --scale); pods are 20 per node unless --scale-pods says otherwise.")
 	scalePods := flag.Int("scale-pods", 0, "Pods of the scale section (default 20 per node).")
 	flag.DurationVar(&c.armLatency, "arm-latency", 50*time.Millisecond, "Fixed latency the ARM emulator adds to every call in the cutover section.")
@@ -107,8 +112,10 @@ func main() {
 	c.scaleNodes, c.scalePods, c.scaleIdle = 200, 4000, 30*time.Second
 	c.replaceTimeout = 5 * time.Minute
 	c.rollingNodes, c.rollingApps, c.rollingReplicas = 20, 4, 10
+	c.karpenterSet, c.karpenterSpares, c.karpenterReps = 20, 60, 3
 	if scale {
 		c.scaleNodes, c.scalePods, c.scaleIdle = 2000, 40000, 60*time.Second
+		c.karpenterSet, c.karpenterSpares = 100, 300
 	}
 	if c.quick {
 		c.profiles = []string{harness.PodsFast}
@@ -118,6 +125,7 @@ func main() {
 		c.admissionN, c.admissionRound = 30, 1
 		c.replaceTimeout = time.Minute
 		c.rollingNodes, c.rollingApps, c.rollingReplicas = 6, 2, 6
+		c.karpenterSet, c.karpenterSpares, c.karpenterReps = 10, 20, 1
 		if !scale {
 			c.scaleNodes, c.scalePods, c.scaleIdle = 40, 400, 10*time.Second
 		}
@@ -153,18 +161,19 @@ func main() {
 
 // results is everything a run measured, written as results.json.
 type results struct {
-	Started  time.Time      `json:"started"`
-	Duration string         `json:"duration"`
-	Config   map[string]any `json:"config"`
-	Drain    []*drainResult `json:"drain,omitempty"`
-	Cutover  *cutoverResult `json:"cutover,omitempty"`
-	Admit    *admitResult   `json:"admission,omitempty"`
-	Scale    *scaleResult   `json:"scale,omitempty"`
-	Replace  *replaceResult `json:"replace,omitempty"`
-	Rolling  *rollingResult `json:"rolling,omitempty"`
-	Tables   []*bench.Table `json:"tables"`
-	Panels   []bench.Panel  `json:"panels,omitempty"`
-	Errors   []string       `json:"errors,omitempty"`
+	Started   time.Time        `json:"started"`
+	Duration  string           `json:"duration"`
+	Config    map[string]any   `json:"config"`
+	Drain     []*drainResult   `json:"drain,omitempty"`
+	Cutover   *cutoverResult   `json:"cutover,omitempty"`
+	Admit     *admitResult     `json:"admission,omitempty"`
+	Scale     *scaleResult     `json:"scale,omitempty"`
+	Replace   *replaceResult   `json:"replace,omitempty"`
+	Rolling   *rollingResult   `json:"rolling,omitempty"`
+	Karpenter *karpenterResult `json:"karpenter,omitempty"`
+	Tables    []*bench.Table   `json:"tables"`
+	Panels    []bench.Panel    `json:"panels,omitempty"`
+	Errors    []string         `json:"errors,omitempty"`
 }
 
 func (c config) has(section string) bool { return slices.Contains(c.sections, section) }
@@ -185,6 +194,7 @@ func run(ctx context.Context, c config) (*results, error) {
 		"scale":     fmt.Sprintf("%d nodes, %d pods, %d nodes deleted per drainer, idle %s", c.scaleNodes, c.scalePods, c.scaleDelete, c.scaleIdle),
 		"replace":   fmt.Sprintf("1 replica under minAvailable 1, kubectl drain --timeout=%s", c.replaceTimeout),
 		"rolling":   fmt.Sprintf("%d nodes per drainer, %d Deployments x %d replicas, node budget %d", c.rollingNodes, c.rollingApps, c.rollingReplicas, rollingBudget),
+		"karpenter": fmt.Sprintf("%d nodes per drainer, %d spares, %d repetitions", c.karpenterSet, c.karpenterSpares, c.karpenterReps),
 	}}
 	fail := func(section string, err error) {
 		msg := fmt.Sprintf("%s: %v", section, err)
@@ -262,6 +272,20 @@ func run(ctx context.Context, c config) (*results, error) {
 			_ = env.Stop()
 		}
 	}
+	if c.has("karpenter") && ctx.Err() == nil {
+		logf("starting a cluster for the karpenter section")
+		env, err := startCluster(ctx, filepath.Join(c.out, "cluster-karpenter"), harness.PodsFast, scaleKwokParallelism, "")
+		if err != nil {
+			fail("cluster karpenter", err)
+		} else {
+			k, err := runKarpenter(ctx, c, env)
+			if err != nil {
+				fail("karpenter", err)
+			}
+			res.Karpenter = k
+			_ = env.Stop()
+		}
+	}
 	res.Duration = time.Since(res.Started).Round(time.Second).String()
 	return res, writeResults(c, res)
 }
@@ -280,6 +304,13 @@ func rereport(c config, path string) (*results, error) {
 	for _, d := range res.Drain {
 		d.summarize()
 	}
+	if res.Scale != nil {
+		for i, p := range res.Scale.Idle {
+			if p.RSS == 0 { // a run from before the median: its peak
+				res.Scale.Idle[i].RSS = p.Peak
+			}
+		}
+	}
 	res.Tables, res.Panels = nil, nil
 	if err := os.MkdirAll(c.out, 0o755); err != nil {
 		return nil, err
@@ -288,7 +319,7 @@ func rereport(c config, path string) (*results, error) {
 }
 
 func writeResults(c config, res *results) error {
-	res.Tables = append(res.Tables, drainTable(res.Drain), cutoverTable(res.Cutover), admissionTable(res.Admit), scaleTable(res.Scale), fleetTable(res.Scale), replaceTable(res.Replace), rollingTable(res.Rolling))
+	res.Tables = append(res.Tables, drainTable(res.Drain), cutoverTable(res.Cutover), admissionTable(res.Admit), scaleTable(res.Scale), fleetTable(res.Scale), replaceTable(res.Replace), rollingTable(res.Rolling), karpenterTable(res.Karpenter))
 	res.Tables = slices.DeleteFunc(res.Tables, func(t *bench.Table) bool { return t == nil })
 	var md bytes.Buffer
 	fmt.Fprintf(&md, "## nodeguard benchmark results\n\n")

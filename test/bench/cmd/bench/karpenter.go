@@ -1,0 +1,666 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"path/filepath"
+	"slices"
+	"strings"
+	"time"
+
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/client-go/tools/clientcmd"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/nodeguard/nodeguard/budget"
+	"github.com/nodeguard/nodeguard/finalizer"
+	"github.com/nodeguard/nodeguard/test/armemulator"
+	"github.com/nodeguard/nodeguard/test/bench"
+	"github.com/nodeguard/nodeguard/test/builder"
+	"github.com/nodeguard/nodeguard/test/harness"
+)
+
+// Section 7: Karpenter side by side. Karpenter (its kwok provider, the
+// version the e2e tests pin) owns one set of nodes, made from NodeClaims;
+// nodeguard guards another set of the same size and pod layout in the same
+// cluster. Each repetition deletes Karpenter's set through its NodeClaims
+// and nodeguard's through node deletes, one after the other, alternating
+// which goes first. The evicted pods go to spare nodes that neither touches.
+
+const (
+	karpenterNS   = "kbench"
+	karpenterPool = "bench"
+	// karpenterInstanceType is a kwok instance type of Karpenter's kwok
+	// provider (4 CPUs).
+	karpenterInstanceType = "c-4x-amd64-linux"
+	// karpenterDeployments per set, one pod of each on every node of the set
+	// (replicas = the set's nodes) under a maxUnavailable 10% PDB; the rest
+	// of a node's pods are bare.
+	karpenterDeployments = 4
+	karpenterBarePerNode = 8
+	// karpenterSpareLabel marks the spare nodes, where evicted pods go.
+	karpenterSpare = "spare"
+)
+
+var (
+	nodePoolGVK  = schema.GroupVersionKind{Group: "karpenter.sh", Version: "v1", Kind: "NodePool"}
+	nodeClaimGVK = schema.GroupVersionKind{Group: "karpenter.sh", Version: "v1", Kind: "NodeClaim"}
+	nodeClassGVK = schema.GroupVersionKind{Group: "karpenter.kwok.sh", Version: "v1alpha1", Kind: "KWOKNodeClass"}
+)
+
+type karpenterResult struct {
+	SetNodes int `json:"setNodes"`
+	Spares   int `json:"spares"`
+	// Runs are each drainer's deletions, in the order they ran.
+	Runs []karpenterRun `json:"runs"`
+}
+
+// karpenterRun is one drainer's deletion of its set in one repetition.
+type karpenterRun struct {
+	Rep     int    `json:"rep"`
+	Drainer string `json:"drainer"` // karpenter or nodeguard
+	First   bool   `json:"first"`
+	*fleetDeletion
+}
+
+const (
+	drainerKarpenter = "karpenter"
+	drainerNodeguard = "nodeguard"
+)
+
+func (r *karpenterResult) runsOf(drainer string) []karpenterRun {
+	var out []karpenterRun
+	for _, run := range r.Runs {
+		if run.Drainer == drainer && run.fleetDeletion != nil {
+			out = append(out, run)
+		}
+	}
+	return out
+}
+
+// setName names a drainer's set of nodes in a repetition (the value of
+// scaleSetLabel, which waitGone polls).
+func setName(drainer string, rep int) string { return fmt.Sprintf("%s-%d", drainer, rep) }
+
+// runKarpenter runs the section in its own cluster.
+func runKarpenter(ctx context.Context, c config, env *harness.Env) (*karpenterResult, error) {
+	r := &karpenterResult{SetNodes: c.karpenterSet, Spares: c.karpenterSpares}
+	cl, err := fastClient(env)
+	if err != nil {
+		return nil, err
+	}
+	if err := harness.ApplyKarpenterCRDs(ctx, cl); err != nil {
+		return nil, err
+	}
+	if err := create(ctx, cl, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: karpenterNS}}); err != nil {
+		return nil, err
+	}
+	if err := createKarpenterPool(ctx, cl, c.karpenterSet*2); err != nil {
+		return nil, err
+	}
+	// nodeguard's nodes of every repetition, known ahead, in the emulator:
+	// nodeguard cuts their traffic as on AKS.
+	var emuNodes []armemulator.Node
+	for rep := range c.karpenterReps {
+		for i := range c.karpenterSet {
+			emuNodes = append(emuNodes, armemulator.Node{Name: nodeguardSetNode(rep, i), IPs: []string{karpenterNodeIP(rep, i)}})
+		}
+	}
+	emu, err := armemulator.Start("127.0.0.1:0", armemulator.SeedForNodes(subscription, resourceGroup, emuNodes, armemulator.Topology{Internal: true}), armemulator.Options{})
+	if err != nil {
+		return nil, err
+	}
+	defer emu.Close()
+	ngAPI, err := startRequestCounter(env.Config, filepath.Join(env.Dir, "karpenter-section-nodeguard.kubeconfig"))
+	if err != nil {
+		return nil, err
+	}
+	defer ngAPI.close()
+	kpAPI, err := startRequestCounter(env.Config, filepath.Join(env.Dir, "karpenter-section-karpenter.kubeconfig"))
+	if err != nil {
+		return nil, err
+	}
+	defer kpAPI.close()
+	metricsAddr, err := freeAddr()
+	if err != nil {
+		return nil, err
+	}
+	ng, err := startNodeguard(c.nodeguard, env, ngAPI.Kubeconfig, emu.URL(), filepath.Join(env.Dir, "nodeguard-karpenter-section.log"),
+		"--metrics-bind-address="+metricsAddr, "--metrics-secure=false")
+	if err != nil {
+		return nil, err
+	}
+	defer ng.stop()
+	kp, err := harness.StartKarpenterProcess(kpAPI.Kubeconfig, filepath.Join(env.Dir, "karpenter.log"))
+	if err != nil {
+		return nil, err
+	}
+	defer func() { _ = kp.Stop(10 * time.Second) }()
+	if err := create(ctx, cl, builder.NDB("karpenter-section", builder.NDBSelecting(managedLabel, "true"), builder.NDBMaxUnavailable("100%"))); err != nil {
+		return nil, err
+	}
+	logf("karpenter: %d spare nodes", c.karpenterSpares)
+	spares := make([]string, c.karpenterSpares)
+	for i := range spares {
+		spares[i] = fmt.Sprintf("kspare-%03d", i)
+	}
+	if err := createSpares(ctx, cl, spares); err != nil {
+		return r, err
+	}
+	for rep := range c.karpenterReps {
+		if ctx.Err() != nil {
+			return r, ctx.Err()
+		}
+		if err := karpenterRep(ctx, c, env, cl, r, rep, spares, ngAPI, kpAPI); err != nil {
+			return r, fmt.Errorf("repetition %d: %w", rep+1, err)
+		}
+	}
+	return r, nil
+}
+
+// karpenterRep builds both sets of a repetition, places their pods, deletes
+// each set with its drainer in this repetition's order, then removes the
+// repetition's Deployments.
+func karpenterRep(ctx context.Context, c config, env *harness.Env, cl client.Client, r *karpenterResult, rep int, spares []string, ngAPI, kpAPI *requestCounter) error {
+	ngSet, kpSet := setName(drainerNodeguard, rep), setName(drainerKarpenter, rep)
+	logf("karpenter: repetition %d: %d nodes per set", rep+1, c.karpenterSet)
+	// Spares are cordoned while the sets' pods are placed, so that the
+	// topology spread puts one pod of each Deployment on every node of a set.
+	if err := setSchedulable(ctx, cl, spares, false); err != nil {
+		return err
+	}
+	ngNodes, err := createNodeguardSet(ctx, cl, rep, c.karpenterSet)
+	if err != nil {
+		return err
+	}
+	kpNodes, err := createKarpenterSet(ctx, cl, rep, c.karpenterSet)
+	if err != nil {
+		return err
+	}
+	for _, set := range []string{ngSet, kpSet} {
+		if err := createSetPods(ctx, cl, set, c.karpenterSet); err != nil {
+			return err
+		}
+	}
+	if err := createBareOn(ctx, cl, append(slices.Clone(ngNodes), kpNodes...)); err != nil {
+		return err
+	}
+	if _, err := waitRunning(ctx, cl, karpenterNS, 2*karpenterDeployments*c.karpenterSet, karpenterBarePerNode*(2*c.karpenterSet+len(spares))); err != nil {
+		return err
+	}
+	if err := setSchedulable(ctx, cl, spares, true); err != nil {
+		return err
+	}
+	if err := waitFinalizers(ctx, cl, ngNodes); err != nil {
+		return err
+	}
+	order := []string{drainerKarpenter, drainerNodeguard}
+	if rep%2 == 1 {
+		slices.Reverse(order)
+	}
+	for i, drainer := range order {
+		if err := waitControllersSettled(ctx, cl); err != nil {
+			return err
+		}
+		set, nodes := kpSet, kpNodes
+		if drainer == drainerNodeguard {
+			set, nodes = ngSet, ngNodes
+		}
+		tracker, stop, err := watchSetBudgets(ctx, env, set, c.karpenterSet)
+		if err != nil {
+			return err
+		}
+		tracker.begin()
+		var f *fleetDeletion
+		if drainer == drainerNodeguard {
+			f, err = deleteSet(ctx, cl, ngAPI, set, nodes, deleteNodes(ngAPI))
+		} else {
+			f, err = deleteSet(ctx, cl, kpAPI, set, nodes, deleteNodeClaims(kpAPI, rep, c.karpenterSet))
+		}
+		if f != nil {
+			f.Budgets = tracker.result()
+		}
+		stop()
+		r.Runs = append(r.Runs, karpenterRun{Rep: rep, Drainer: drainer, First: i == 0, fleetDeletion: f})
+		if err != nil {
+			return fmt.Errorf("%s: %w", drainer, err)
+		}
+		logf("karpenter: %s released %d nodes in %s", drainer, len(nodes), bench.Seconds(f.Released))
+	}
+	return deleteSetWorkloads(ctx, cl, ngSet, kpSet)
+}
+
+func fastClient(env *harness.Env) (client.Client, error) {
+	cfg := *env.Config
+	cfg.QPS, cfg.Burst = 2000, 2000
+	return client.New(&cfg, client.Options{Scheme: env.Scheme})
+}
+
+// createKarpenterPool creates the KWOKNodeClass and a NodePool that never
+// disrupts on its own (budget 0, no consolidation, no expiry) and launches
+// nothing for pending pods (a node limit of the sets' size, which the
+// hand-made NodeClaims fill).
+func createKarpenterPool(ctx context.Context, cl client.Client, limit int) error {
+	class := &unstructured.Unstructured{Object: map[string]any{"spec": map[string]any{}}}
+	class.SetGroupVersionKind(nodeClassGVK)
+	class.SetName(karpenterPool)
+	if err := create(ctx, cl, class); err != nil {
+		return err
+	}
+	pool := &unstructured.Unstructured{Object: map[string]any{"spec": map[string]any{
+		"template": map[string]any{"spec": map[string]any{
+			"nodeClassRef": map[string]any{"group": nodeClassGVK.Group, "kind": nodeClassGVK.Kind, "name": karpenterPool},
+			"requirements": karpenterRequirements(),
+			"expireAfter":  "Never",
+		}},
+		"disruption": map[string]any{
+			"consolidationPolicy": "WhenEmpty",
+			"consolidateAfter":    "Never",
+			"budgets":             []any{map[string]any{"nodes": "0"}},
+		},
+		"limits": map[string]any{"nodes": fmt.Sprint(limit)},
+	}}}
+	pool.SetGroupVersionKind(nodePoolGVK)
+	pool.SetName(karpenterPool)
+	return create(ctx, cl, pool)
+}
+
+func karpenterRequirements() []any {
+	return []any{
+		map[string]any{"key": corev1.LabelInstanceTypeStable, "operator": "In", "values": []any{karpenterInstanceType}},
+		map[string]any{"key": "karpenter.sh/capacity-type", "operator": "In", "values": []any{"on-demand"}},
+	}
+}
+
+func karpenterClaimName(rep, i int) string { return fmt.Sprintf("kclaim-%d-%03d", rep, i) }
+func nodeguardSetNode(rep, i int) string   { return fmt.Sprintf("kng-%d-%03d", rep, i) }
+func karpenterNodeIP(rep, i int) string    { return fmt.Sprintf("10.60.%d.%d", rep*4+i/250, i%250+1) }
+
+// createKarpenterSet creates the repetition's NodeClaims, waits until each
+// has its Node registered and Ready, labels the nodes with their set, and
+// returns their names.
+func createKarpenterSet(ctx context.Context, cl client.Client, rep, n int) ([]string, error) {
+	set := setName(drainerKarpenter, rep)
+	claims := make([]string, n)
+	for i := range claims {
+		claims[i] = karpenterClaimName(rep, i)
+	}
+	if err := forEach(ctx, claims, 16, func(ctx context.Context, name string) error {
+		nc := &unstructured.Unstructured{Object: map[string]any{"spec": map[string]any{
+			"nodeClassRef": map[string]any{"group": nodeClassGVK.Group, "kind": nodeClassGVK.Kind, "name": karpenterPool},
+			"requirements": karpenterRequirements(),
+			"expireAfter":  "Never",
+		}}}
+		nc.SetGroupVersionKind(nodeClaimGVK)
+		nc.SetName(name)
+		nc.SetLabels(map[string]string{"karpenter.sh/nodepool": karpenterPool, scaleSetLabel: set})
+		nc.SetAnnotations(map[string]string{"karpenter.sh/do-not-disrupt": "true"})
+		return create(ctx, cl, nc)
+	}); err != nil {
+		return nil, err
+	}
+	var nodes []string
+	err := harness.PollEvery(ctx, time.Second, 10*time.Minute, func(ctx context.Context) (bool, error) {
+		nodes = nodes[:0]
+		for _, name := range claims {
+			nc := &unstructured.Unstructured{}
+			nc.SetGroupVersionKind(nodeClaimGVK)
+			if err := cl.Get(ctx, client.ObjectKey{Name: name}, nc); err != nil {
+				return false, err
+			}
+			node, _, _ := unstructured.NestedString(nc.Object, "status", "nodeName")
+			if node == "" {
+				return false, nil
+			}
+			nodes = append(nodes, node)
+		}
+		return true, nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("Karpenter's NodeClaims got no nodes: %w", err)
+	}
+	if err := forEach(ctx, nodes, 16, func(ctx context.Context, name string) error {
+		n := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: name}}
+		return cl.Patch(ctx, n, client.RawPatch("application/merge-patch+json", []byte(fmt.Sprintf(`{"metadata":{"labels":{%q:%q}}}`, scaleSetLabel, set))))
+	}); err != nil {
+		return nil, err
+	}
+	return nodes, waitSetReady(ctx, cl, set, n)
+}
+
+// createNodeguardSet creates the repetition's nodeguard nodes, managed.
+func createNodeguardSet(ctx context.Context, cl client.Client, rep, n int) ([]string, error) {
+	set := setName(drainerNodeguard, rep)
+	nodes := make([]string, n)
+	for i := range nodes {
+		nodes[i] = nodeguardSetNode(rep, i)
+	}
+	ips := map[string]string{}
+	for i, name := range nodes {
+		ips[name] = karpenterNodeIP(rep, i)
+	}
+	if err := forEach(ctx, nodes, 16, func(ctx context.Context, name string) error {
+		return create(ctx, cl, builder.Node(name, builder.WithInternalIP(ips[name]),
+			builder.WithLabels(scaleSetLabel, set, managedLabel, "true")))
+	}); err != nil {
+		return nil, err
+	}
+	return nodes, waitSetReady(ctx, cl, set, n)
+}
+
+// createSpares creates the spare nodes, unmanaged, with their bare pods.
+func createSpares(ctx context.Context, cl client.Client, spares []string) error {
+	if err := forEach(ctx, spares, 16, func(ctx context.Context, name string) error {
+		return create(ctx, cl, builder.Node(name, builder.WithLabels(scaleSetLabel, karpenterSpare)))
+	}); err != nil {
+		return err
+	}
+	if err := waitSetReady(ctx, cl, karpenterSpare, len(spares)); err != nil {
+		return err
+	}
+	if err := createBareOn(ctx, cl, spares); err != nil {
+		return err
+	}
+	_, err := waitRunning(ctx, cl, karpenterNS, 0, karpenterBarePerNode*len(spares))
+	return err
+}
+
+func waitSetReady(ctx context.Context, cl client.Client, set string, n int) error {
+	return harness.PollEvery(ctx, time.Second, 10*time.Minute, func(ctx context.Context) (bool, error) {
+		var nodes corev1.NodeList
+		if err := cl.List(ctx, &nodes, client.MatchingLabels{scaleSetLabel: set}); err != nil {
+			return false, err
+		}
+		ready := 0
+		for i := range nodes.Items {
+			if down, _ := budget.Unavailable(&nodes.Items[i], nil); !down && len(nodes.Items[i].Spec.Taints) == 0 {
+				ready++
+			}
+		}
+		return ready == n, nil
+	})
+}
+
+// createSetPods creates the set's Deployments, one pod of each on every node
+// of the set, and their PDBs. Their pods may go to the set's nodes and the
+// spares only.
+func createSetPods(ctx context.Context, cl client.Client, set string, nodes int) error {
+	for d := range karpenterDeployments {
+		app := fmt.Sprintf("web-%s-%d", set, d)
+		dep := builder.Deployment(karpenterNS, app, int32(nodes), onSetOrSpare(set, app))
+		if err := create(ctx, cl, dep); err != nil {
+			return err
+		}
+		if err := create(ctx, cl, builder.PDB(karpenterNS, app, builder.MaxUnavailable("10%"))); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// onSetOrSpare keeps a Deployment's pods on its set's nodes and the spares,
+// one per node while the spares are cordoned (taints honored by the spread).
+func onSetOrSpare(set, app string) builder.WorkloadOption {
+	return func(d *appsv1.Deployment) {
+		spec := &d.Spec.Template.Spec
+		spec.Affinity = &corev1.Affinity{NodeAffinity: &corev1.NodeAffinity{
+			RequiredDuringSchedulingIgnoredDuringExecution: &corev1.NodeSelector{NodeSelectorTerms: []corev1.NodeSelectorTerm{{
+				MatchExpressions: []corev1.NodeSelectorRequirement{{Key: scaleSetLabel, Operator: corev1.NodeSelectorOpIn, Values: []string{set, karpenterSpare}}},
+			}}},
+		}}
+		honor := corev1.NodeInclusionPolicyHonor
+		spec.TopologySpreadConstraints = []corev1.TopologySpreadConstraint{{
+			MaxSkew: 1, TopologyKey: corev1.LabelHostname, WhenUnsatisfiable: corev1.DoNotSchedule,
+			LabelSelector:    &metav1.LabelSelector{MatchLabels: map[string]string{"app": app}},
+			NodeTaintsPolicy: &honor,
+		}}
+	}
+}
+
+// createBareOn creates karpenterBarePerNode bare pods on each node.
+func createBareOn(ctx context.Context, cl client.Client, nodes []string) error {
+	return forEach(ctx, nodes, 16, func(ctx context.Context, node string) error {
+		for j := range karpenterBarePerNode {
+			if err := create(ctx, cl, barePod(karpenterNS, fmt.Sprintf("filler-%s-%d", node, j), node)); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+}
+
+func setSchedulable(ctx context.Context, cl client.Client, nodes []string, schedulable bool) error {
+	return forEach(ctx, nodes, 16, func(ctx context.Context, name string) error {
+		n := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: name}}
+		return cl.Patch(ctx, n, client.RawPatch("application/merge-patch+json", []byte(fmt.Sprintf(`{"spec":{"unschedulable":%t}}`, !schedulable))))
+	})
+}
+
+func waitFinalizers(ctx context.Context, cl client.Client, nodes []string) error {
+	return forEach(ctx, nodes, 16, func(ctx context.Context, n string) error { return waitFinalizer(ctx, cl, n) })
+}
+
+// waitControllersSettled waits until every Deployment of the section has
+// all its replicas available and every PDB allows its full budget: the
+// previous drainer's replacements are done.
+func waitControllersSettled(ctx context.Context, cl client.Client) error {
+	return harness.PollEvery(ctx, time.Second, 10*time.Minute, func(ctx context.Context) (bool, error) {
+		var ds appsv1.DeploymentList
+		if err := cl.List(ctx, &ds, client.InNamespace(karpenterNS)); err != nil {
+			return false, err
+		}
+		for _, d := range ds.Items {
+			if d.Status.ObservedGeneration < d.Generation || d.Status.AvailableReplicas < *d.Spec.Replicas || d.Status.UpdatedReplicas < *d.Spec.Replicas {
+				return false, nil
+			}
+		}
+		return true, nil
+	})
+}
+
+// watchSetBudgets watches the set's Deployments' pods for budgetWatch.
+func watchSetBudgets(ctx context.Context, env *harness.Env, set string, replicas int) (*budgetTracker, func(), error) {
+	ctx, cancel := context.WithCancel(ctx)
+	var workloads []string
+	for d := range karpenterDeployments {
+		workloads = append(workloads, fmt.Sprintf("%s/web-%s-%d", karpenterNS, set, d))
+	}
+	b, err := watchBudgets(ctx, env, workloads, replicas, max(replicas/10, 1))
+	if err != nil {
+		cancel()
+		return nil, nil, err
+	}
+	return b, cancel, nil
+}
+
+// deleteNodes deletes the nodes at once through the drainer's counter, one
+// request each as an autoscaler does, retrying the ones the webhook denies.
+func deleteNodes(api *requestCounter) func(context.Context, []string) (deleteRetries, error) {
+	return func(ctx context.Context, nodes []string) (deleteRetries, error) {
+		cl, err := counterClient(api)
+		if err != nil {
+			return deleteRetries{}, err
+		}
+		return deleteRetrying(ctx, cl, nodes)
+	}
+}
+
+// deleteNodeClaims deletes the repetition's NodeClaims at once through the
+// drainer's counter, as a user (or a script) deleting Karpenter's nodes does.
+func deleteNodeClaims(api *requestCounter, rep, n int) func(context.Context, []string) (deleteRetries, error) {
+	return func(ctx context.Context, _ []string) (deleteRetries, error) {
+		cl, err := counterClient(api)
+		if err != nil {
+			return deleteRetries{}, err
+		}
+		claims := make([]string, n)
+		for i := range claims {
+			claims[i] = karpenterClaimName(rep, i)
+		}
+		return deleteRetries{}, forEach(ctx, claims, len(claims), func(ctx context.Context, name string) error {
+			nc := &unstructured.Unstructured{}
+			nc.SetGroupVersionKind(nodeClaimGVK)
+			nc.SetName(name)
+			return client.IgnoreNotFound(cl.Delete(ctx, nc))
+		})
+	}
+}
+
+func counterClient(api *requestCounter) (client.Client, error) {
+	cfg, err := clientcmd.BuildConfigFromFlags("", api.Kubeconfig)
+	if err != nil {
+		return nil, err
+	}
+	cfg.QPS, cfg.Burst = 1000, 1000
+	return client.New(cfg, client.Options{})
+}
+
+// deleteSet starts the deletion of a set and waits until every node of it
+// is gone, counting the drainer's requests over the window.
+func deleteSet(ctx context.Context, cl client.Client, api *requestCounter, set string, nodes []string, start func(context.Context, []string) (deleteRetries, error)) (*fleetDeletion, error) {
+	pods, err := podsOn(ctx, cl, nodes)
+	if err != nil {
+		return nil, err
+	}
+	f := &fleetDeletion{Nodes: len(nodes), setPods: pods}
+	before := api.snapshot()
+	began := time.Now()
+	if f.Retries, err = start(ctx, nodes); err != nil {
+		return nil, err
+	}
+	gone, err := waitGone(ctx, cl, set, began, len(nodes))
+	f.API = api.snapshot().since(before)
+	f.Released, f.Median = gone[len(gone)-1], gone[len(gone)/2]
+	return f, err
+}
+
+// deleteSetWorkloads deletes the repetition's Deployments and PDBs (their
+// pods on the spares go with them).
+func deleteSetWorkloads(ctx context.Context, cl client.Client, sets ...string) error {
+	for _, set := range sets {
+		for d := range karpenterDeployments {
+			app := fmt.Sprintf("web-%s-%d", set, d)
+			bg := metav1.DeletePropagationBackground
+			if err := client.IgnoreNotFound(cl.Delete(ctx, &appsv1.Deployment{ObjectMeta: metav1.ObjectMeta{Namespace: karpenterNS, Name: app}}, &client.DeleteOptions{PropagationPolicy: &bg})); err != nil {
+				return err
+			}
+			if err := client.IgnoreNotFound(cl.Delete(ctx, builder.PDB(karpenterNS, app, builder.MaxUnavailable("10%")))); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// setMedian is the median over the drainer's runs of a deletion's time.
+func setMedian(runs []karpenterRun, value func(*fleetDeletion) time.Duration) time.Duration {
+	var ds []time.Duration
+	for _, run := range runs {
+		ds = append(ds, value(run.fleetDeletion))
+	}
+	return bench.Percentile(ds, 50)
+}
+
+// ratio is nodeguard's median time to release its set over
+// Karpenter's, when both have runs.
+func (r *karpenterResult) ratio() (float64, bool) {
+	if r == nil {
+		return 0, false
+	}
+	ng, kp := r.runsOf(drainerNodeguard), r.runsOf(drainerKarpenter)
+	if len(ng) == 0 || len(kp) == 0 {
+		return 0, false
+	}
+	released := func(f *fleetDeletion) time.Duration { return f.Released }
+	return setMedian(ng, released).Seconds() / setMedian(kp, released).Seconds(), true
+}
+
+func karpenterTable(r *karpenterResult) *bench.Table {
+	if r == nil || len(r.Runs) == 0 {
+		return nil
+	}
+	budget := max(r.SetNodes/10, 1)
+	t := &bench.Table{
+		Title: fmt.Sprintf("7. Karpenter side by side: %d nodes per drainer (of %d at a time), %d repetitions", r.SetNodes, 2*r.SetNodes+r.Spares, len(r.Runs)/2),
+		Header: []string{"drainer", "pods per set (under PDBs)", "every node released, median (range)", "median node released", "eviction requests", "refused (429)",
+			fmt.Sprintf("most pods of a Deployment unavailable (PDB allows %d)", budget), "PDB exceeded", "API requests / drained pod"},
+	}
+	for _, drainer := range []string{drainerNodeguard, drainerKarpenter} {
+		runs := r.runsOf(drainer)
+		if len(runs) == 0 {
+			continue
+		}
+		name := fmt.Sprintf("nodeguard (its nodes deleted ×%d at once, --max-concurrent-drains=%d)", r.SetNodes, finalizer.DefaultMaxConcurrentNodes)
+		if drainer == drainerKarpenter {
+			name = fmt.Sprintf("Karpenter (its NodeClaims deleted ×%d at once)", r.SetNodes)
+		}
+		released := func(f *fleetDeletion) time.Duration { return f.Released }
+		var lo, hi time.Duration
+		evictions, refused, most, exceeded, requests, pods := 0, 0, 0, 0, 0, 0
+		for i, run := range runs {
+			if i == 0 || run.Released < lo {
+				lo = run.Released
+			}
+			hi = max(hi, run.Released)
+			evictions += run.API.evictionRequests()
+			refused += run.API.Evictions[429]
+			most = max(most, run.Budgets.MostUnavailable)
+			exceeded += run.Budgets.Exceeded
+			requests += run.API.total()
+			pods += run.Total
+		}
+		t.AddRow(name, fmt.Sprintf("%d (%d)", runs[0].Total, runs[0].UnderPDBs),
+			fmt.Sprintf("%s (%s–%s)", bench.Seconds(setMedian(runs, released)), bench.Seconds(lo), bench.Seconds(hi)),
+			bench.Seconds(setMedian(runs, func(f *fleetDeletion) time.Duration { return f.Median })),
+			fmt.Sprintf("%.0f", float64(evictions)/float64(len(runs))), fmt.Sprintf("%.0f", float64(refused)/float64(len(runs))),
+			fmt.Sprint(most), fmt.Sprintf("%d times", exceeded), fmt.Sprintf("%.1f", float64(requests)/float64(max(pods, 1))))
+	}
+	if ratio, ok := r.ratio(); ok {
+		t.Note("nodeguard released its set in **%s Karpenter's time** (medians of the repetitions; ≤ 0.9× wanted).", bench.Times(ratio))
+	}
+	t.Note("Each repetition builds both sets afresh in one cluster: Karpenter's from NodeClaims (its kwok provider; the NodePool never disrupts on its own and launches nothing), nodeguard's as kwok nodes it manages under a NodeDisruptionBudget of 100%%, with the ARM emulator (nodeguard cuts each node's traffic first, as on AKS). Each set's nodes carry one pod of each of its %d Deployments (as many replicas as the set has nodes, a PDB of maxUnavailable 10%%: %d at a time) and %d bare pods; %d spare nodes take the evicted pods. The drainers go one after the other, alternating which goes first; each starts once the other's replacements are all available.", karpenterDeployments, budget, karpenterBarePerNode, r.Spares)
+	t.Note("Times run from the first delete (nodes for nodeguard, NodeClaims for Karpenter) until the node object is gone, by a 250 ms poll. Eviction requests, refusals and API requests are each drainer's own, through its own counting proxy, per repetition (the deletes included; nodeguard's watches, lists, Lease and status writes, and Karpenter's too). Karpenter drains every node at once and retries a refused eviction with a per-pod backoff (100 ms to 10 s); nodeguard drains %d nodes at a time and sends an eviction when its PDB allows one. A Deployment's pods are unavailable when not Ready, deleting or not yet replaced; \"PDB exceeded\" counts the times a Deployment had fewer than its PDB's floor.", finalizer.DefaultMaxConcurrentNodes)
+	var order []string
+	for _, run := range r.Runs {
+		if run.fleetDeletion != nil {
+			order = append(order, fmt.Sprintf("%s %s", run.Drainer, bench.Seconds(run.Released)))
+		}
+	}
+	t.Note("Runs in order: %s.", strings.Join(order, ", "))
+	return t
+}
+
+// karpenterRow is the section's row of docs/performance.md.
+func karpenterRow(r *karpenterResult) (docRow, bool) {
+	ratio, ok := r.ratio()
+	if !ok {
+		return docRow{}, false
+	}
+	ng, kp := r.runsOf(drainerNodeguard), r.runsOf(drainerKarpenter)
+	released := func(f *fleetDeletion) time.Duration { return f.Released }
+	median := func(f *fleetDeletion) time.Duration { return f.Median }
+	refused := func(runs []karpenterRun) (no, of, exceeded int) {
+		for _, run := range runs {
+			no += run.API.Evictions[429]
+			of += run.API.evictionRequests()
+			exceeded += run.Budgets.Exceeded
+		}
+		return no, of, exceeded
+	}
+	ngRefused, ngEvictions, ngExceeded := refused(ng)
+	kpRefused, kpEvictions, kpExceeded := refused(kp)
+	return docRow{
+		key: fmt.Sprintf("karpenter/%d", r.SetNodes),
+		what: fmt.Sprintf("%d nodes deleted at once, %d pods each (one of each of %d Deployments under `maxUnavailable: 10%%` PDBs, the rest bare), %d spare nodes",
+			r.SetNodes, karpenterDeployments+karpenterBarePerNode, karpenterDeployments, r.Spares),
+		comparator: fmt.Sprintf("Karpenter (kwok provider) deleting a set of its own nodes of the same layout through their NodeClaims, in the same cluster; %d repetitions in turns", len(ng)),
+		result: fmt.Sprintf("**%s Karpenter's time**: every node released in %s against %s (median node %s against %s); evictions refused (429): %s of %s against %s of %s; PDB exceeded %d and %d times",
+			bench.Times(ratio), bench.Seconds(setMedian(ng, released)), bench.Seconds(setMedian(kp, released)),
+			bench.Seconds(setMedian(ng, median)), bench.Seconds(setMedian(kp, median)),
+			thousands(ngRefused), thousands(ngEvictions), thousands(kpRefused), thousands(kpEvictions), ngExceeded, kpExceeded),
+	}, true
+}
