@@ -52,14 +52,41 @@ type scaleResult struct {
 	Idle []idlePoint `json:"idle"`
 }
 
-// idlePoint is nodeguard's peak RSS in an idle window of the cluster.
+// idlePoint is nodeguard's RSS in an idle window of the cluster: the
+// 1-second samples, their median (RSS) and their peak. The median is the
+// steadier figure: the peak is one sample, wherever the Go collector's
+// pacing put it.
 type idlePoint struct {
 	Nodes, Pods int
-	RSS         int64 `json:"peakRSSBytes"`
+	RSS         int64   `json:"medianRSSBytes"`
+	Peak        int64   `json:"peakRSSBytes"`
+	Samples     []int64 `json:"rssSamplesBytes,omitempty"`
 }
 
-// rssPerThousandNodes is how much nodeguard's idle RSS grew per 1,000 nodes
-// (and their pods) between the first and the last idle point.
+// newIdlePoint summarizes an idle window's samples (at least
+// minIdleSamples: fewer, and the peak stands in for the median).
+func newIdlePoint(nodes, pods int, samples []int64, peak int64) idlePoint {
+	p := idlePoint{Nodes: nodes, Pods: pods, RSS: peak, Peak: peak, Samples: samples}
+	if len(samples) >= minIdleSamples {
+		sorted := slices.Sorted(slices.Values(samples))
+		p.RSS = sorted[len(sorted)/2]
+	}
+	return p
+}
+
+const minIdleSamples = 3
+
+// spread says how many samples the point has and their range.
+func (p idlePoint) spread() string {
+	if len(p.Samples) < minIdleSamples {
+		return "the peak, too few samples"
+	}
+	return fmt.Sprintf("%d samples, %s–%s", len(p.Samples), mib(slices.Min(p.Samples)), mib(slices.Max(p.Samples)))
+}
+
+// rssPerThousandNodes is how much nodeguard's idle RSS (the windows'
+// medians) grew per 1,000 nodes (and their pods) between the first and the
+// last idle point.
 func (r *scaleResult) rssPerThousandNodes() (float64, bool) {
 	if len(r.Idle) < 2 {
 		return 0, false
@@ -77,6 +104,8 @@ type scalePhase struct {
 	Duration time.Duration      `json:"duration"`
 	RSS      map[string]int64   `json:"peakRSSBytes"`
 	CPU      map[string]float64 `json:"cpuCores"`
+	// samples are the window's RSS samples per process (not kept in results).
+	samples map[string][]int64
 }
 
 // sampler reads /proc for the processes every second.
@@ -84,6 +113,8 @@ type sampler struct {
 	mu   sync.Mutex
 	pids map[string]int
 	peak map[string]int64
+	// series are the RSS samples of the current window.
+	series map[string][]int64
 }
 
 func (s *sampler) run(ctx context.Context) {
@@ -107,6 +138,9 @@ func (s *sampler) sample() map[string]procSample {
 		if ps, err := readProc(pid); err == nil {
 			out[name] = ps
 			s.peak[name] = max(s.peak[name], ps.RSS)
+			if s.series != nil {
+				s.series[name] = append(s.series[name], ps.RSS)
+			}
 		}
 	}
 	return out
@@ -116,13 +150,13 @@ func (s *sampler) sample() map[string]procSample {
 // peak RSS and average CPU of each process over it.
 func (s *sampler) window(name string, fn func() error) (scalePhase, error) {
 	s.mu.Lock()
-	s.peak = map[string]int64{}
+	s.peak, s.series = map[string]int64{}, map[string][]int64{}
 	s.mu.Unlock()
 	before := s.sample()
 	start := time.Now()
 	err := fn()
 	after := s.sample()
-	p := scalePhase{Name: name, Duration: time.Since(start), RSS: map[string]int64{}, CPU: map[string]float64{}}
+	p := scalePhase{Name: name, Duration: time.Since(start), RSS: map[string]int64{}, CPU: map[string]float64{}, samples: s.series}
 	s.mu.Lock()
 	for n := range s.pids {
 		p.RSS[n] = s.peak[n]
@@ -219,7 +253,8 @@ func runScale(ctx context.Context, c config, env *harness.Env) (*scaleResult, er
 		if err := idle(idlePhase(nodes, pods)); err != nil {
 			return err
 		}
-		r.Idle = append(r.Idle, idlePoint{Nodes: nodes, Pods: pods, RSS: r.Phases[len(r.Phases)-1].RSS["nodeguard"]})
+		p := r.Phases[len(r.Phases)-1]
+		r.Idle = append(r.Idle, newIdlePoint(nodes, pods, p.samples["nodeguard"], p.RSS["nodeguard"]))
 		return nil
 	}
 	if first > 0 {
@@ -644,20 +679,29 @@ type budgetWatch struct {
 
 // budgetTracker watches the Deployments' pods for budgetWatch.
 type budgetTracker struct {
-	tr        *podTracker
-	workloads []string
+	tr                *podTracker
+	workloads         []string
+	replicas, allowed int // each Deployment's, and what its PDB lets be unavailable
 }
 
 func startBudgetWatch(ctx context.Context, env *harness.Env, deployments int) (*budgetTracker, error) {
-	b := &budgetTracker{}
-	replicas := map[string]int{}
+	var workloads []string
 	for i := range deployments {
-		w := fmt.Sprintf("%s/web-%d", scaleNS, i)
-		replicas[w] = scaleReplicas
-		b.workloads = append(b.workloads, w)
+		workloads = append(workloads, fmt.Sprintf("%s/web-%d", scaleNS, i))
+	}
+	return watchBudgets(ctx, env, workloads, scaleReplicas, scaleBudget)
+}
+
+// watchBudgets watches the pods of the workloads ("ns/app"), each of
+// replicas under a PDB that allows allowed unavailable.
+func watchBudgets(ctx context.Context, env *harness.Env, workloads []string, replicas, allowed int) (*budgetTracker, error) {
+	b := &budgetTracker{workloads: workloads, replicas: replicas, allowed: allowed}
+	want := map[string]int{}
+	for _, w := range workloads {
+		want[w] = replicas
 	}
 	var err error
-	b.tr, err = startPodTracker(ctx, env.Config, "app!=filler", replicas)
+	b.tr, err = startPodTracker(ctx, env.Config, "app!="+barePodApp, want)
 	return b, err
 }
 
@@ -667,7 +711,7 @@ func (b *budgetTracker) result() budgetWatch {
 	var w budgetWatch
 	for _, name := range b.workloads {
 		w.MostUnavailable = max(w.MostUnavailable, b.tr.maxUnavailable(name))
-		w.Exceeded += dropsBelow(b.tr.healthyTimeline(name), scaleReplicas-scaleBudget)
+		w.Exceeded += dropsBelow(b.tr.healthyTimeline(name), b.replicas-b.allowed)
 	}
 	return w
 }
@@ -859,9 +903,9 @@ func scaleTable(r *scaleResult) *bench.Table {
 		last := r.Idle[len(r.Idle)-1]
 		const target = rssTargetNodes
 		at, _ := r.extrapolatedRSS(target)
-		t.Note("nodeguard's idle RSS grows %s per 1,000 nodes (with %d pods each): %s at %d nodes and %d pods, %s at %d and %d; extrapolated to %d nodes and %d pods: **%s** (≤ 150 MiB wanted), before a deletion's peak.",
+		t.Note("nodeguard's idle RSS grows %s per 1,000 nodes (with %d pods each): %s at %d nodes and %d pods, %s at %d and %d (each the median of an idle window's 1-second samples: %s and %s); extrapolated to %d nodes and %d pods: **%s** (≤ 150 MiB wanted), before a deletion's peak.",
 			mib(int64(slope)), last.Pods/max(last.Nodes, 1), mib(r.Idle[0].RSS), r.Idle[0].Nodes, r.Idle[0].Pods, mib(last.RSS), last.Nodes, last.Pods,
-			target, target*last.Pods/max(last.Nodes, 1), mib(at))
+			r.Idle[0].spread(), last.spread(), target, target*last.Pods/max(last.Nodes, 1), mib(at))
 	}
 	t.Note("%d of the pods belong to %d Deployments under maxUnavailable 10%% PDBs; the rest are created bound to their nodes (no controller). The run goes on once every pod is Running (phase, not the Ready condition, which kwok leaves stale on a few pods at fleet load), or once at most %d are not and that number has not dropped for %s: %d pods were not running.",
 		r.DeploymentPods, r.DeploymentPods/100, maxStragglers(r.Pods), stragglerStall, r.Stragglers)

@@ -60,3 +60,25 @@ func TestSplitEvenly(t *testing.T) {
 		seen[n] = true
 	}
 }
+
+// TestIdlePointIsTheMedianOfItsSamples: an idle window's RSS is the median of
+// its samples, so that one sample the collector's pacing put high does not
+// set the slope; with too few samples it is the peak.
+func TestIdlePointIsTheMedianOfItsSamples(t *testing.T) {
+	const mb = 1 << 20
+	p := newIdlePoint(200, 4000, []int64{70 * mb, 96 * mb, 71 * mb, 69 * mb, 72 * mb}, 96*mb)
+	if p.RSS != 71*mb || p.Peak != 96*mb {
+		t.Errorf("median %d MiB, peak %d MiB; want 71 and 96", p.RSS/mb, p.Peak/mb)
+	}
+	if q := newIdlePoint(200, 4000, []int64{70 * mb, 96 * mb}, 96*mb); q.RSS != 96*mb {
+		t.Errorf("two samples gave %d MiB; want the peak, 96", q.RSS/mb)
+	}
+	r := &scaleResult{Idle: []idlePoint{
+		newIdlePoint(200, 4000, []int64{60 * mb, 61 * mb, 90 * mb}, 90*mb),
+		newIdlePoint(2000, 40000, []int64{80 * mb, 79 * mb, 81 * mb}, 81*mb),
+	}}
+	want := float64(19*mb) / 1.8 // 61 to 80 MiB over 1,800 nodes
+	if slope, _ := r.rssPerThousandNodes(); slope < want-1 || slope > want+1 {
+		t.Errorf("slope %.2f MiB per 1,000 nodes; want %.2f", slope/mb, want/mb)
+	}
+}
