@@ -52,6 +52,21 @@ type admitResult struct {
 	Denied  map[string]int                        `json:"deleteDenied"`
 	NoopHit int64                                 `json:"noopRequests"`
 	Raw     map[string]map[string][]time.Duration `json:"raw"`
+	// Handler is nodeguard's own time in its handlers over the measured
+	// rounds, by webhook path (controller-runtime's webhook latency).
+	Handler map[string]histogram `json:"handlerLatency,omitempty"`
+}
+
+// The webhook paths whose handler time the section reports, and the
+// controller-runtime histogram of it.
+const (
+	nodeDeletePath     = "/validate-node-delete"
+	podEvictionPath    = "/validate-pod-eviction"
+	webhookLatencyName = "controller_runtime_webhook_latency_seconds"
+)
+
+func webhookLatencyMetric(path string) string {
+	return fmt.Sprintf(`%s{webhook=%q}`, webhookLatencyName, path)
 }
 
 // noopWebhook answers every AdmissionReview with "allowed", no patch.
@@ -137,11 +152,19 @@ func pointWebhooks(ctx context.Context, cl client.Client, base string) (string, 
 // the NodeDisruptionBudget claim) from concurrent clients through the real
 // apiserver, alternating nodeguard's webhooks and a no-op webhook.
 func runAdmission(ctx context.Context, c config, env *harness.Env) (*admitResult, error) {
-	ng, err := startNodeguard(c.nodeguard, env, env.Kubeconfig, "", filepath.Join(env.Dir, "nodeguard-admission.log"))
+	metricsAddr, err := freeAddr()
+	if err != nil {
+		return nil, err
+	}
+	ng, err := startNodeguard(c.nodeguard, env, env.Kubeconfig, "", filepath.Join(env.Dir, "nodeguard-admission.log"),
+		"--metrics-bind-address="+metricsAddr, "--metrics-secure=false")
 	if err != nil {
 		return nil, err
 	}
 	defer ng.stop()
+	metricsURL := "http://" + metricsAddr + "/metrics"
+	handlerMetrics := []string{webhookLatencyMetric(nodeDeletePath), webhookLatencyMetric(podEvictionPath)}
+	var handlerBefore map[string]histogram
 	noop, err := startNoopWebhook(env)
 	if err != nil {
 		return nil, err
@@ -187,6 +210,11 @@ func runAdmission(ctx context.Context, c config, env *harness.Env) (*admitResult
 				}
 			}
 			time.Sleep(2 * time.Second) // the apiserver picks up the registration change
+			if round == 1 && handlerBefore == nil {
+				if handlerBefore, err = scrapeHistograms(ctx, metricsURL, handlerMetrics...); err != nil {
+					return nil, err
+				}
+			}
 			n := c.admissionN
 			if round == 0 {
 				n = 10
@@ -227,6 +255,13 @@ func runAdmission(ctx context.Context, c config, env *harness.Env) (*admitResult
 	if ngBase != "" {
 		if _, err := pointWebhooks(ctx, env.Client, ngBase); err != nil {
 			return nil, err
+		}
+	}
+	if after, err := scrapeHistograms(ctx, metricsURL, handlerMetrics...); err == nil && handlerBefore != nil {
+		r.Handler = map[string]histogram{}
+		for _, path := range []string{nodeDeletePath, podEvictionPath} {
+			m := webhookLatencyMetric(path)
+			r.Handler[path] = after[m].since(handlerBefore[m])
 		}
 	}
 	for mode, byOp := range r.Raw {
@@ -359,5 +394,9 @@ func admissionTable(r *admitResult) *bench.Table {
 	t.Note("Client-side time of the API call; both modes use the same registrations (same apiserver path, TLS, timeouts): only the handler differs. CREATE gets the finalizer patch; DELETE is admitted after the maintenance-Lease check and a conditional status write claiming one disruption of a NodeDisruptionBudget that selects every benchmark node (maxUnavailable 100%%): concurrent deletes join one status write per round (group commit), and the deletes' drains make the status controller write the same budget.")
 	t.Note("How to read it: a ratio is nodeguard's latency over the no-op webhook's at the same percentile, from the same run; the target for DELETE with %d clients is p50 ≤ 2× and p99 ≤ 3×; for an eviction from a schedulable node (a pod bound to each benchmark node, evicted with a zero grace period) p99 ≤ 1.5×.", r.Clients)
 	t.Note("Denied deletes (retried; not in the latencies): %d with nodeguard, %d with the no-op webhook.", r.Denied[modeNodeguard], r.Denied[modeNoop])
+	if len(r.Handler) > 0 {
+		t.Note("Where nodeguard's time goes: its own handlers (%s, bucket bounds, every measured request of nodeguard's rounds): node DELETE (%s: the Lease check, the budget claim and its status write) %s; pod eviction (%s) %s. The rest of each latency is kube-apiserver's: the webhook call, and the writes of the drains that admitted deletes start on the same 2 cores.",
+			webhookLatencyName, nodeDeletePath, r.Handler[nodeDeletePath].summary(), podEvictionPath, r.Handler[podEvictionPath].summary())
+	}
 	return t
 }

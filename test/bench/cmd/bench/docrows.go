@@ -263,6 +263,13 @@ func scaleRows(r *scaleResult) []docRow {
 		bench.Seconds(ng.Released), bench.Seconds(k.Released), bench.Times(bench.Ratio(ng.Released, k.Released)), bench.Seconds(ng.Median), bench.Seconds(k.Median),
 		ng.API.Evictions[429], thousands(ng.API.evictionRequests()), k.API.Evictions[429], thousands(k.API.evictionRequests()),
 		ng.Budgets.Exceeded, k.Budgets.Exceeded, ng.Budgets.MostUnavailable, k.Budgets.MostUnavailable, scaleBudget, ng.perPod(), k.perPod())
+	if w := ng.writesPerNode(); w.total() > 0 {
+		result += fmt.Sprintf("; %.1f writes of nodes, node status and events per deleted node, %d events dropped", w.total(), ng.EventsDropped)
+	}
+	if b := r.Bound; b != nil && b.value() > 0 {
+		result += fmt.Sprintf("; **%s its lower bound** of %s (%s term; the loop %s)",
+			bench.Times(bench.Ratio(ng.Released, b.value())), bench.Seconds(b.value()), b.binds(), bench.Times(bench.Ratio(k.Released, b.value())))
+	}
 	if ng.Handoff.count() > 0 {
 		result += "; drain slot handoff " + ng.Handoff.summary()
 	}

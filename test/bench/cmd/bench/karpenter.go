@@ -99,7 +99,7 @@ func runKarpenter(ctx context.Context, c config, env *harness.Env) (*karpenterRe
 	if err := create(ctx, cl, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: karpenterNS}}); err != nil {
 		return nil, err
 	}
-	if err := createKarpenterPool(ctx, cl, c.karpenterSet*2); err != nil {
+	if err := createKarpenterPool(ctx, cl, c.karpenterSet); err != nil {
 		return nil, err
 	}
 	// nodeguard's nodes of every repetition, known ahead, in the emulator:
@@ -135,11 +135,11 @@ func runKarpenter(ctx context.Context, c config, env *harness.Env) (*karpenterRe
 		return nil, err
 	}
 	defer ng.stop()
-	kp, err := harness.StartKarpenterProcess(kpAPI.Kubeconfig, filepath.Join(env.Dir, "karpenter.log"))
-	if err != nil {
+	kp := &karpenterProc{kubeconfig: kpAPI.Kubeconfig, dir: env.Dir}
+	if err := kp.start(); err != nil {
 		return nil, err
 	}
-	defer func() { _ = kp.Stop(10 * time.Second) }()
+	defer kp.stop()
 	if err := create(ctx, cl, builder.NDB("karpenter-section", builder.NDBSelecting(managedLabel, "true"), builder.NDBMaxUnavailable("100%"))); err != nil {
 		return nil, err
 	}
@@ -155,7 +155,7 @@ func runKarpenter(ctx context.Context, c config, env *harness.Env) (*karpenterRe
 		if ctx.Err() != nil {
 			return r, ctx.Err()
 		}
-		if err := karpenterRep(ctx, c, env, cl, r, rep, spares, ngAPI, kpAPI); err != nil {
+		if err := karpenterRep(ctx, c, env, cl, r, rep, spares, ngAPI, kpAPI, kp); err != nil {
 			return r, fmt.Errorf("repetition %d: %w", rep+1, err)
 		}
 	}
@@ -165,7 +165,7 @@ func runKarpenter(ctx context.Context, c config, env *harness.Env) (*karpenterRe
 // karpenterRep builds both sets of a repetition, places their pods, deletes
 // each set with its drainer in this repetition's order, then removes the
 // repetition's Deployments.
-func karpenterRep(ctx context.Context, c config, env *harness.Env, cl client.Client, r *karpenterResult, rep int, spares []string, ngAPI, kpAPI *requestCounter) error {
+func karpenterRep(ctx context.Context, c config, env *harness.Env, cl client.Client, r *karpenterResult, rep int, spares []string, ngAPI, kpAPI *requestCounter, kp *karpenterProc) error {
 	ngSet, kpSet := setName(drainerNodeguard, rep), setName(drainerKarpenter, rep)
 	logf("karpenter: repetition %d: %d nodes per set", rep+1, c.karpenterSet)
 	// Spares are cordoned while the sets' pods are placed, so that the
@@ -203,7 +203,7 @@ func karpenterRep(ctx context.Context, c config, env *harness.Env, cl client.Cli
 		slices.Reverse(order)
 	}
 	for i, drainer := range order {
-		if err := waitControllersSettled(ctx, cl); err != nil {
+		if err := waitDeploymentsWhole(ctx, cl, karpenterNS); err != nil {
 			return err
 		}
 		set, nodes := kpSet, kpNodes
@@ -217,9 +217,9 @@ func karpenterRep(ctx context.Context, c config, env *harness.Env, cl client.Cli
 		tracker.begin()
 		var f *fleetDeletion
 		if drainer == drainerNodeguard {
-			f, err = deleteSet(ctx, cl, ngAPI, set, nodes, deleteNodes(ngAPI))
+			f, err = deleteSet(ctx, cl, ngAPI, set, nodes, deleteNodes(ngAPI), nil)
 		} else {
-			f, err = deleteSet(ctx, cl, kpAPI, set, nodes, deleteNodeClaims(kpAPI, rep, c.karpenterSet))
+			f, err = deleteSet(ctx, cl, kpAPI, set, nodes, deleteNodeClaims(kpAPI, rep, c.karpenterSet), kp.restart)
 		}
 		if f != nil {
 			f.Budgets = tracker.result()
@@ -242,7 +242,7 @@ func fastClient(env *harness.Env) (client.Client, error) {
 
 // createKarpenterPool creates the KWOKNodeClass and a NodePool that never
 // disrupts on its own (budget 0, no consolidation, no expiry) and launches
-// nothing for pending pods (a node limit of the sets' size, which the
+// nothing for pending pods (a node limit of one set's size, which the
 // hand-made NodeClaims fill).
 func createKarpenterPool(ctx context.Context, cl client.Client, limit int) error {
 	class := &unstructured.Unstructured{Object: map[string]any{"spec": map[string]any{}}}
@@ -444,24 +444,6 @@ func waitFinalizers(ctx context.Context, cl client.Client, nodes []string) error
 	return forEach(ctx, nodes, 16, func(ctx context.Context, n string) error { return waitFinalizer(ctx, cl, n) })
 }
 
-// waitControllersSettled waits until every Deployment of the section has
-// all its replicas available and every PDB allows its full budget: the
-// previous drainer's replacements are done.
-func waitControllersSettled(ctx context.Context, cl client.Client) error {
-	return harness.PollEvery(ctx, time.Second, 10*time.Minute, func(ctx context.Context) (bool, error) {
-		var ds appsv1.DeploymentList
-		if err := cl.List(ctx, &ds, client.InNamespace(karpenterNS)); err != nil {
-			return false, err
-		}
-		for _, d := range ds.Items {
-			if d.Status.ObservedGeneration < d.Generation || d.Status.AvailableReplicas < *d.Spec.Replicas || d.Status.UpdatedReplicas < *d.Spec.Replicas {
-				return false, nil
-			}
-		}
-		return true, nil
-	})
-}
-
 // watchSetBudgets watches the set's Deployments' pods for budgetWatch.
 func watchSetBudgets(ctx context.Context, env *harness.Env, set string, replicas int) (*budgetTracker, func(), error) {
 	ctx, cancel := context.WithCancel(ctx)
@@ -520,8 +502,11 @@ func counterClient(api *requestCounter) (client.Client, error) {
 }
 
 // deleteSet starts the deletion of a set and waits until every node of it
-// is gone, counting the drainer's requests over the window.
-func deleteSet(ctx context.Context, cl client.Client, api *requestCounter, set string, nodes []string, start func(context.Context, []string) (deleteRetries, error)) (*fleetDeletion, error) {
+// is gone, counting the drainer's requests over the window. When no node
+// has gone for drainStall, restart (if any) restarts the drainer, as an
+// operator would, and the wait goes on.
+func deleteSet(ctx context.Context, cl client.Client, api *requestCounter, set string, nodes []string,
+	start func(context.Context, []string) (deleteRetries, error), restart func() error) (*fleetDeletion, error) {
 	pods, err := podsOn(ctx, cl, nodes)
 	if err != nil {
 		return nil, err
@@ -532,10 +517,72 @@ func deleteSet(ctx context.Context, cl client.Client, api *requestCounter, set s
 	if f.Retries, err = start(ctx, nodes); err != nil {
 		return nil, err
 	}
-	gone, err := waitGone(ctx, cl, set, began, len(nodes))
+	gone, err := waitGoneRestarting(ctx, cl, set, began, len(nodes), restart, &f.Restarts)
 	f.API = api.snapshot().since(before)
 	f.Released, f.Median = gone[len(gone)-1], gone[len(gone)/2]
 	return f, err
+}
+
+// drainStall is how long a set may go without a node gone before its
+// drainer is restarted. Karpenter v1.14.1 never evicts a pod again once
+// an eviction of it was answered 409 (kube-apiserver's answer after 20 PDB
+// update conflicts in 10 s, which Karpenter's hundreds of concurrent
+// evictions under one PDB cause): its eviction queue returns without
+// forgetting the pod, and the node drains forever until Karpenter restarts
+// (kubernetes-sigs/karpenter#3144).
+const drainStall = time.Minute
+
+// waitGoneRestarting is waitGone with the stall restart.
+func waitGoneRestarting(ctx context.Context, cl client.Client, set string, start time.Time, n int, restart func() error, restarts *int) ([]time.Duration, error) {
+	var gone []time.Duration
+	progress := time.Now()
+	err := harness.PollEvery(ctx, 250*time.Millisecond, 20*time.Minute, func(ctx context.Context) (bool, error) {
+		var nodes corev1.NodeList
+		if err := cl.List(ctx, &nodes, client.MatchingLabels{scaleSetLabel: set}); err != nil {
+			return false, err
+		}
+		for len(gone) < n-len(nodes.Items) {
+			gone, progress = append(gone, time.Since(start)), time.Now()
+		}
+		if len(nodes.Items) > 0 && restart != nil && time.Since(progress) > drainStall {
+			logf("karpenter: no node of %s gone for %s, %d left: restarting the drainer", set, drainStall, len(nodes.Items))
+			if err := restart(); err != nil {
+				return false, err
+			}
+			*restarts++
+			progress = time.Now()
+		}
+		return len(nodes.Items) == 0, nil
+	})
+	for len(gone) < n {
+		gone = append(gone, time.Since(start))
+	}
+	return gone, err
+}
+
+// karpenterProc is Karpenter's controller, which the bench may restart.
+type karpenterProc struct {
+	kubeconfig, dir string
+	starts          int
+	p               *harness.Nodeguard
+}
+
+func (k *karpenterProc) start() error {
+	k.starts++
+	p, err := harness.StartKarpenterProcess(k.kubeconfig, filepath.Join(k.dir, fmt.Sprintf("karpenter-%d.log", k.starts)))
+	k.p = p
+	return err
+}
+
+func (k *karpenterProc) stop() {
+	if k.p != nil {
+		_ = k.p.Stop(10 * time.Second)
+	}
+}
+
+func (k *karpenterProc) restart() error {
+	k.stop()
+	return k.start()
 }
 
 // deleteSetWorkloads deletes the repetition's Deployments and PDBs (their
@@ -587,7 +634,7 @@ func karpenterTable(r *karpenterResult) *bench.Table {
 	t := &bench.Table{
 		Title: fmt.Sprintf("7. Karpenter side by side: %d nodes per drainer (of %d at a time), %d repetitions", r.SetNodes, 2*r.SetNodes+r.Spares, len(r.Runs)/2),
 		Header: []string{"drainer", "pods per set (under PDBs)", "every node released, median (range)", "median node released", "eviction requests", "refused (429)",
-			fmt.Sprintf("most pods of a Deployment unavailable (PDB allows %d)", budget), "PDB exceeded", "API requests / drained pod"},
+			fmt.Sprintf("most pods of a Deployment unavailable (PDB allows %d)", budget), "PDB exceeded", "drain stalled (drainer restarted)", "API requests / drained pod"},
 	}
 	for _, drainer := range []string{drainerNodeguard, drainerKarpenter} {
 		runs := r.runsOf(drainer)
@@ -600,7 +647,7 @@ func karpenterTable(r *karpenterResult) *bench.Table {
 		}
 		released := func(f *fleetDeletion) time.Duration { return f.Released }
 		var lo, hi time.Duration
-		evictions, refused, most, exceeded, requests, pods := 0, 0, 0, 0, 0, 0
+		evictions, refused, most, exceeded, requests, pods, stalls := 0, 0, 0, 0, 0, 0, 0
 		for i, run := range runs {
 			if i == 0 || run.Released < lo {
 				lo = run.Released
@@ -612,18 +659,24 @@ func karpenterTable(r *karpenterResult) *bench.Table {
 			exceeded += run.Budgets.Exceeded
 			requests += run.API.total()
 			pods += run.Total
+			stalls += run.Restarts
 		}
 		t.AddRow(name, fmt.Sprintf("%d (%d)", runs[0].Total, runs[0].UnderPDBs),
 			fmt.Sprintf("%s (%s–%s)", bench.Seconds(setMedian(runs, released)), bench.Seconds(lo), bench.Seconds(hi)),
 			bench.Seconds(setMedian(runs, func(f *fleetDeletion) time.Duration { return f.Median })),
 			fmt.Sprintf("%.0f", float64(evictions)/float64(len(runs))), fmt.Sprintf("%.0f", float64(refused)/float64(len(runs))),
-			fmt.Sprint(most), fmt.Sprintf("%d times", exceeded), fmt.Sprintf("%.1f", float64(requests)/float64(max(pods, 1))))
+			fmt.Sprint(most), fmt.Sprintf("%d times", exceeded), fmt.Sprintf("%d times", stalls), fmt.Sprintf("%.1f", float64(requests)/float64(max(pods, 1))))
 	}
 	if ratio, ok := r.ratio(); ok {
 		t.Note("nodeguard released its set in **%s Karpenter's time** (medians of the repetitions; ≤ 0.9× wanted).", bench.Times(ratio))
 	}
 	t.Note("Each repetition builds both sets afresh in one cluster: Karpenter's from NodeClaims (its kwok provider; the NodePool never disrupts on its own and launches nothing), nodeguard's as kwok nodes it manages under a NodeDisruptionBudget of 100%%, with the ARM emulator (nodeguard cuts each node's traffic first, as on AKS). Each set's nodes carry one pod of each of its %d Deployments (as many replicas as the set has nodes, a PDB of maxUnavailable 10%%: %d at a time) and %d bare pods; %d spare nodes take the evicted pods. The drainers go one after the other, alternating which goes first; each starts once the other's replacements are all available.", karpenterDeployments, budget, karpenterBarePerNode, r.Spares)
 	t.Note("Times run from the first delete (nodes for nodeguard, NodeClaims for Karpenter) until the node object is gone, by a 250 ms poll. Eviction requests, refusals and API requests are each drainer's own, through its own counting proxy, per repetition (the deletes included; nodeguard's watches, lists, Lease and status writes, and Karpenter's too). Karpenter drains every node at once and retries a refused eviction with a per-pod backoff (100 ms to 10 s); nodeguard drains %d nodes at a time and sends an eviction when its PDB allows one. A Deployment's pods are unavailable when not Ready, deleting or not yet replaced; \"PDB exceeded\" counts the times a Deployment had fewer than its PDB's floor.", finalizer.DefaultMaxConcurrentNodes)
+	conflicts := 0
+	for _, run := range r.runsOf(drainerKarpenter) {
+		conflicts += run.API.Evictions[409]
+	}
+	t.Note("A drain stalls when no node of the set has gone for %s; the bench then restarts the drainer, as an operator would, and the time runs on. Karpenter v1.14.1 never sends an eviction again for a pod whose eviction kube-apiserver answered 409 (after 20 conflicting PDB status updates in 10 s, which its concurrent evictions under one PDB cause): its eviction queue returns without forgetting the pod, and the node drains until Karpenter restarts (kubernetes-sigs/karpenter#3144). Its evictions answered 409 in these runs: %d. nodeguard sends one eviction at a time per PDB.", drainStall, conflicts)
 	var order []string
 	for _, run := range r.Runs {
 		if run.fleetDeletion != nil {
@@ -643,24 +696,25 @@ func karpenterRow(r *karpenterResult) (docRow, bool) {
 	ng, kp := r.runsOf(drainerNodeguard), r.runsOf(drainerKarpenter)
 	released := func(f *fleetDeletion) time.Duration { return f.Released }
 	median := func(f *fleetDeletion) time.Duration { return f.Median }
-	refused := func(runs []karpenterRun) (no, of, exceeded int) {
+	refused := func(runs []karpenterRun) (no, of, exceeded, stalls int) {
 		for _, run := range runs {
 			no += run.API.Evictions[429]
 			of += run.API.evictionRequests()
 			exceeded += run.Budgets.Exceeded
+			stalls += run.Restarts
 		}
-		return no, of, exceeded
+		return no, of, exceeded, stalls
 	}
-	ngRefused, ngEvictions, ngExceeded := refused(ng)
-	kpRefused, kpEvictions, kpExceeded := refused(kp)
+	ngRefused, ngEvictions, ngExceeded, ngStalls := refused(ng)
+	kpRefused, kpEvictions, kpExceeded, kpStalls := refused(kp)
 	return docRow{
 		key: fmt.Sprintf("karpenter/%d", r.SetNodes),
 		what: fmt.Sprintf("%d nodes deleted at once, %d pods each (one of each of %d Deployments under `maxUnavailable: 10%%` PDBs, the rest bare), %d spare nodes",
 			r.SetNodes, karpenterDeployments+karpenterBarePerNode, karpenterDeployments, r.Spares),
 		comparator: fmt.Sprintf("Karpenter (kwok provider) deleting a set of its own nodes of the same layout through their NodeClaims, in the same cluster; %d repetitions in turns", len(ng)),
-		result: fmt.Sprintf("**%s Karpenter's time**: every node released in %s against %s (median node %s against %s); evictions refused (429): %s of %s against %s of %s; PDB exceeded %d and %d times",
+		result: fmt.Sprintf("**%s Karpenter's time**: every node released in %s against %s (median node %s against %s); evictions refused (429): %s of %s against %s of %s; PDB exceeded %d and %d times; drain stalled %d and %d times (a minute without a node gone: the drainer restarted)",
 			bench.Times(ratio), bench.Seconds(setMedian(ng, released)), bench.Seconds(setMedian(kp, released)),
 			bench.Seconds(setMedian(ng, median)), bench.Seconds(setMedian(kp, median)),
-			thousands(ngRefused), thousands(ngEvictions), thousands(kpRefused), thousands(kpEvictions), ngExceeded, kpExceeded),
+			thousands(ngRefused), thousands(ngEvictions), thousands(kpRefused), thousands(kpEvictions), ngExceeded, kpExceeded, ngStalls, kpStalls),
 	}, true
 }

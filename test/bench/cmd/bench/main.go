@@ -77,6 +77,7 @@ type config struct {
 
 	scaleNodes, scalePods, scaleDelete int
 	scaleIdle                          time.Duration
+	scaleCycles                        int
 
 	replaceTimeout time.Duration
 
@@ -110,6 +111,7 @@ func main() {
 	c.cutTrials, c.fleetNodes, c.fleetRounds = 200, 100, 3
 	c.admissionN, c.admissionConc, c.admissionRound = 100, 8, 4
 	c.scaleNodes, c.scalePods, c.scaleIdle = 200, 4000, 30*time.Second
+	c.scaleCycles = 6
 	c.replaceTimeout = 5 * time.Minute
 	c.rollingNodes, c.rollingApps, c.rollingReplicas = 20, 4, 10
 	c.karpenterSet, c.karpenterSpares, c.karpenterReps = 20, 60, 3
@@ -126,6 +128,7 @@ func main() {
 		c.replaceTimeout = time.Minute
 		c.rollingNodes, c.rollingApps, c.rollingReplicas = 6, 2, 6
 		c.karpenterSet, c.karpenterSpares, c.karpenterReps = 10, 20, 1
+		c.scaleCycles = 2
 		if !scale {
 			c.scaleNodes, c.scalePods, c.scaleIdle = 40, 400, 10*time.Second
 		}

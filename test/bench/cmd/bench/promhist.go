@@ -62,7 +62,8 @@ func (h histogram) summary() string {
 }
 
 // scrapeHistograms reads the named histograms from a Prometheus text
-// endpoint.
+// endpoint. A name may pick one series by its labels, as
+// `name{label="value"}` (the labels as the endpoint writes them, before le).
 func scrapeHistograms(ctx context.Context, url string, names ...string) (map[string]histogram, error) {
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
@@ -85,6 +86,9 @@ func scrapeHistograms(ctx context.Context, url string, names ...string) (map[str
 		line := sc.Text()
 		for _, name := range names {
 			prefix := name + `_bucket{le="`
+			if base, labels, ok := strings.Cut(name, "{"); ok {
+				prefix = base + `_bucket{` + strings.TrimSuffix(labels, "}") + `,le="`
+			}
 			if !strings.HasPrefix(line, prefix) {
 				continue
 			}
@@ -107,6 +111,41 @@ func scrapeHistograms(ctx context.Context, url string, names ...string) (map[str
 		}
 	}
 	return out, sc.Err()
+}
+
+// scrapeCounter reads the sum of a counter's series from a Prometheus text
+// endpoint (0 when it has none yet).
+func scrapeCounter(ctx context.Context, url, name string) (float64, error) {
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	if err != nil {
+		return 0, err
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return 0, err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return 0, fmt.Errorf("GET %s: %s", url, resp.Status)
+	}
+	sum := 0.0
+	sc := bufio.NewScanner(resp.Body)
+	sc.Buffer(make([]byte, 1<<20), 1<<20)
+	for sc.Scan() {
+		line := sc.Text()
+		if !strings.HasPrefix(line, name+"{") && !strings.HasPrefix(line, name+" ") {
+			continue
+		}
+		fields := strings.Fields(line)
+		v, err := strconv.ParseFloat(fields[len(fields)-1], 64)
+		if err != nil {
+			return 0, fmt.Errorf("reading %q: %w", line, err)
+		}
+		sum += v
+	}
+	return sum, sc.Err()
 }
 
 // freeAddr is a local address no one listens on (for a moment).

@@ -41,3 +41,30 @@ func TestHistogramsFromMetrics(t *testing.T) {
 		t.Errorf("the histogram does not go into results.json: %v", err)
 	}
 }
+
+// TestLabelledHistogramAndCounter: a histogram series is picked by its
+// labels (the le label last, as client_golang writes it), and a counter is
+// the sum of its series.
+func TestLabelledHistogramAndCounter(t *testing.T) {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		fmt.Fprint(w, `w_bucket{webhook="/a",le="0.005"} 3
+w_bucket{webhook="/a",le="+Inf"} 4
+w_bucket{webhook="/b",le="0.005"} 9
+w_bucket{webhook="/b",le="+Inf"} 9
+dropped_total{reason="queue_full"} 2
+dropped_total{reason="stopped"} 1
+dropped_totally 40
+`)
+	}))
+	defer srv.Close()
+	hs, err := scrapeHistograms(context.Background(), srv.URL, `w{webhook="/a"}`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if h := hs[`w{webhook="/a"}`]; h.count() != 4 || len(h.Counts) != 1 || h.Counts[0] != 3 {
+		t.Errorf("the /a series read as %+v, want 3 of 4 within 5 ms", h)
+	}
+	if n, err := scrapeCounter(context.Background(), srv.URL, "dropped_total"); err != nil || n != 3 {
+		t.Errorf("counter %v (%v), want 3", n, err)
+	}
+}

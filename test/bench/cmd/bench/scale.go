@@ -17,6 +17,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 	"k8s.io/utils/ptr"
@@ -46,7 +47,9 @@ type scaleResult struct {
 	Parallel  int            `json:"parallel"`
 	Nodeguard *fleetDeletion `json:"nodeguard,omitempty"`
 	Kubectl   *fleetDeletion `json:"kubectl,omitempty"`
-	Phases    []scalePhase   `json:"phases"`
+	// Bound is the fleet deletion's lower bound (fleetbound.go).
+	Bound  *fleetBound  `json:"bound,omitempty"`
+	Phases []scalePhase `json:"phases"`
 	// Idle is nodeguard's idle RSS with a tenth of the nodes and pods, then
 	// with all: the growth per node between them.
 	Idle []idlePoint `json:"idle"`
@@ -292,6 +295,27 @@ func runScale(ctx context.Context, c config, env *harness.Env) (*scaleResult, er
 	if err := idlePoint(c.scaleNodes, c.scalePods); err != nil {
 		return r, err
 	}
+	cs, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		return r, err
+	}
+	writes, err := startRSWrites(ctx, cs)
+	if err != nil {
+		return r, err
+	}
+	// The candidates are cordoned while the cycles are measured: no
+	// replacement lands on them and changes the sets' pods.
+	logf("scale: %d idle replacement cycles", c.scaleCycles)
+	r.Bound = &fleetBound{WritesPerPod: map[string]float64{}}
+	if err := setSchedulable(ctx, cl, candidates, false); err != nil {
+		return r, err
+	}
+	if r.Bound.Cycles, err = fleetCycles(ctx, cl, cs, c.scaleCycles, deployments, candidates); err != nil {
+		return r, err
+	}
+	if err := setSchedulable(ctx, cl, candidates, true); err != nil {
+		return r, err
+	}
 	ngSet, kubectlSet, err := splitSets(ctx, cl, candidates, c.scaleDelete)
 	if err != nil {
 		return r, fmt.Errorf("splitting the deleted nodes into two sets: %w", err)
@@ -312,6 +336,7 @@ func runScale(ctx context.Context, c config, env *harness.Env) (*scaleResult, er
 	}
 
 	logf("scale: deleting %d nodes at once under nodeguard (NDB maxUnavailable %s)", len(ngSet), scaleNDB)
+	writes.begin()
 	if err := phase(nodeguardDeletionPhase(len(ngSet)), func() error {
 		var err error
 		budgets.begin()
@@ -323,7 +348,12 @@ func runScale(ctx context.Context, c config, env *harness.Env) (*scaleResult, er
 	}); err != nil {
 		return r, err
 	}
+	if err := waitDeploymentsWhole(ctx, cl, scaleNS); err != nil {
+		return r, err
+	}
+	r.Bound.WritesPerPod["nodeguard"] = writes.end()
 	logf("scale: nodeguard released %d nodes in %s; kubectl drain loop on %d nodes, %d at a time", len(ngSet), bench.Seconds(r.Nodeguard.Released), len(kubectlSet), r.Parallel)
+	writes.begin()
 	if err := phase(fmt.Sprintf("draining and deleting %d nodes (kubectl loop)", len(kubectlSet)), func() error {
 		var err error
 		budgets.begin()
@@ -335,6 +365,11 @@ func runScale(ctx context.Context, c config, env *harness.Env) (*scaleResult, er
 	}); err != nil {
 		return r, err
 	}
+	if err := waitDeploymentsWhole(ctx, cl, scaleNS); err != nil {
+		return r, err
+	}
+	r.Bound.WritesPerPod["kubectl"] = writes.end()
+	r.Bound.compute(r.Nodeguard.PerApp)
 	logf("scale: kubectl loop released %d nodes in %s", len(kubectlSet), bench.Seconds(r.Kubectl.Released))
 	return r, nil
 }
@@ -650,6 +685,11 @@ type fleetDeletion struct {
 	Median   time.Duration `json:"medianReleased"`
 	// Retries are the deletes the deleter had to send again.
 	Retries deleteRetries `json:"retriedDeletes"`
+	// Restarts are the drainer's restarts after its drain stalled.
+	Restarts int `json:"restarts,omitempty"`
+	// EventsDropped are the events nodeguard recorded but did not write
+	// (nodeguard_events_dropped_total over the window).
+	EventsDropped int `json:"eventsDropped,omitempty"`
 	// API is every request the drainer sent in the window (nodeguard's
 	// watches, lists, lease renewals and status writes included; kubectl's
 	// discovery included).
@@ -718,9 +758,33 @@ func (b *budgetTracker) result() budgetWatch {
 
 // The histograms of nodeguard's the fleet deletion reports.
 const (
-	handoffMetric = "nodeguard_drain_slot_handoff_seconds"
-	wakeupMetric  = "nodeguard_drain_wakeup_delay_seconds"
+	handoffMetric       = "nodeguard_drain_slot_handoff_seconds"
+	wakeupMetric        = "nodeguard_drain_wakeup_delay_seconds"
+	droppedEventsMetric = "nodeguard_events_dropped_total"
 )
+
+// nodeWrites are a deletion's writes per deleted node.
+type nodeWrites struct{ node, status, events float64 }
+
+func (w nodeWrites) total() float64 { return w.node + w.status + w.events }
+
+// writesPerNode counts the drainer's writes of nodes, node status and
+// events per deleted node, from its requests.
+func (f *fleetDeletion) writesPerNode() nodeWrites {
+	n := float64(max(f.Nodes, 1))
+	sum := func(kinds ...string) float64 {
+		total := 0
+		for _, k := range kinds {
+			total += f.API.Requests[k]
+		}
+		return float64(total) / n
+	}
+	return nodeWrites{
+		node:   sum("PATCH nodes", "UPDATE nodes"),
+		status: sum("PATCH nodes/status", "UPDATE nodes/status"),
+		events: sum("CREATE events", "PATCH events", "UPDATE events"),
+	}
+}
 
 func (f *fleetDeletion) perPod() float64 { return float64(f.API.total()) / float64(max(f.Total, 1)) }
 
@@ -747,6 +811,10 @@ func deleteWithNodeguard(ctx context.Context, cl client.Client, api *requestCoun
 	if err != nil {
 		return nil, err
 	}
+	droppedBefore, err := scrapeCounter(ctx, metricsURL, droppedEventsMetric)
+	if err != nil {
+		return nil, err
+	}
 	before := api.snapshot()
 	start := time.Now()
 	if f.Retries, err = deleteRetrying(ctx, deleter, nodes); err != nil {
@@ -759,6 +827,11 @@ func deleteWithNodeguard(ctx context.Context, cl client.Client, api *requestCoun
 		f.Wakeup = after[wakeupMetric].since(metricsBefore[wakeupMetric])
 	} else {
 		logf("scale: reading nodeguard's metrics: %v", serr)
+	}
+	if dropped, derr := scrapeCounter(ctx, metricsURL, droppedEventsMetric); derr == nil {
+		f.EventsDropped = int(dropped - droppedBefore)
+	} else {
+		logf("scale: reading nodeguard's metrics: %v", derr)
 	}
 	f.Released, f.Median = gone[len(gone)-1], gone[len(gone)/2]
 	return f, err
@@ -829,6 +902,8 @@ type setPods struct {
 	Total     int `json:"pods"`
 	UnderPDBs int `json:"podsUnderPDBs"`
 	MostOfOne int `json:"mostPodsOfOneDeployment"`
+	// PerApp counts the pods of each Deployment.
+	PerApp map[string]int `json:"perDeployment,omitempty"`
 }
 
 // podMetaOn lists the metadata of the pods on the node.
@@ -842,8 +917,8 @@ func podMetaOn(ctx context.Context, cl client.Client, node string) ([]metav1.Par
 // podsOn counts the pods on the nodes.
 func podsOn(ctx context.Context, cl client.Client, nodes []string) (setPods, error) {
 	var mu sync.Mutex
-	var sp setPods
-	perApp := map[string]int{}
+	sp := setPods{PerApp: map[string]int{}}
+	perApp := sp.PerApp
 	err := forEach(ctx, nodes, 8, func(ctx context.Context, n string) error {
 		pods, err := podMetaOn(ctx, cl, n)
 		if err != nil {
@@ -938,6 +1013,13 @@ func fleetTable(r *scaleResult) *bench.Table {
 		scaleBudget, scaleReplicas, scaleReplicas-scaleBudget, scaleNDB, r.Nodes, r.Deleted)
 	t.Note("nodeguard's own view (its metrics over the deletion, bucket bounds): drain slot handoff, from a node's last pod gone to the first eviction of the node that takes its slot (%s): %s; PDB wake-up, from a status that allows a disruption again to the eviction sent for it (%s): %s.",
 		handoffMetric, r.Nodeguard.Handoff.summary(), wakeupMetric, r.Nodeguard.Wakeup.summary())
+	if w := r.Nodeguard.writesPerNode(); r.Nodeguard.Nodes > 0 {
+		t.Note("nodeguard's writes per deleted node (evictions, Leases and the deletes apart): %.1f of nodes, %.1f of node status and %.1f of events, **%.1f in all** (≤ 6 wanted); events recorded but not written (%s): %d.",
+			w.node, w.status, w.events, w.total(), droppedEventsMetric, r.Nodeguard.EventsDropped)
+	}
+	if note := boundNote(r); note != "" {
+		t.Note("%s", note)
+	}
 	if r.Nodeguard != nil && r.Kubectl != nil {
 		t.Note("nodeguard's requests by kind: %s. kubectl's: %s.", topRequests(r.Nodeguard.API, 8), topRequests(r.Kubectl.API, 8))
 	}

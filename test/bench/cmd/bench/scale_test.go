@@ -3,6 +3,7 @@ package main
 import (
 	"fmt"
 	"testing"
+	"time"
 )
 
 // TestSplitEvenly: nodes whose Deployment pods cluster (many on a few
@@ -80,5 +81,29 @@ func TestIdlePointIsTheMedianOfItsSamples(t *testing.T) {
 	want := float64(19*mb) / 1.8 // 61 to 80 MiB over 1,800 nodes
 	if slope, _ := r.rssPerThousandNodes(); slope < want-1 || slope > want+1 {
 		t.Errorf("slope %.2f MiB per 1,000 nodes; want %.2f", slope/mb, want/mb)
+	}
+}
+
+// TestFleetBound: the chain term is the Deployment with the most rounds in
+// the set (its rounds less one, × the mean idle cycle), the throughput term
+// the gating replacements at the fewer writes per pod, and the bound the
+// larger.
+func TestFleetBound(t *testing.T) {
+	b := &fleetBound{
+		Cycles:       []time.Duration{time.Second, 3 * time.Second},
+		WritesPerPod: map[string]float64{"nodeguard": 3.0, "kubectl": 3.5},
+	}
+	b.compute(map[string]int{"web-0": 28, "web-1": 5, "web-2": 12})
+	if b.Longest != "web-0" || b.LongestRounds != 3 || b.Gating != 20 {
+		t.Errorf("longest %s with %d rounds, %d gating; want web-0, 3 rounds (28 pods, 10 at a time), 20 gating (18 + 2)", b.Longest, b.LongestRounds, b.Gating)
+	}
+	if b.Chain != 4*time.Second { // 2 cycles of 2 s
+		t.Errorf("chain term %s, want 4s", b.Chain)
+	}
+	if b.Throughput != 1500*time.Millisecond { // 3.0 × 20 − 30 = 30 writes at 20/s
+		t.Errorf("throughput term %s, want 1.5s", b.Throughput)
+	}
+	if b.value() != 4*time.Second || b.binds() != "chain" {
+		t.Errorf("bound %s set by %s, want 4s by the chain", b.value(), b.binds())
 	}
 }

@@ -1,0 +1,282 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	policyv1 "k8s.io/api/policy/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/fields"
+	"k8s.io/client-go/informers"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/tools/cache"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/nodeguard/nodeguard/test/bench"
+	"github.com/nodeguard/nodeguard/test/harness"
+)
+
+// The fleet's lower bound, as the drain section's but for many nodes: the
+// larger of
+//   - the chain term: for each Deployment, its pods in the set ÷ what its PDB
+//     allows at a time is its rounds of evictions; the rounds after the first
+//     each wait for a replacement cycle (the last round's pods go without
+//     waiting for their replacements), measured idle at fleet load;
+//   - the throughput term: the replacements that gate the last evictions
+//     (per Deployment its pods in the set − what its PDB allows) × the
+//     ReplicaSet controller's writes per replaced pod, less its client's
+//     burst, ÷ its client's QPS.
+//
+// The drain section reads the ReplicaSet controller's writes from the audit
+// log; at 40,000 pods the audit log of the namespace would be the bench's
+// own pod creations, so here a watch counts them: the replacement pods it
+// creates, its ReplicaSet status writes (a ReplicaSet changed at the same
+// generation) and its events.
+
+// fleetBound is the fleet deletion's lower bound and what it is made of.
+type fleetBound struct {
+	// Cycles are the idle replacement cycles: a Deployment's pod evicted,
+	// until its PDB allows its whole budget again.
+	Cycles []time.Duration `json:"replacementCycles"`
+	// Longest is the Deployment with the most rounds in nodeguard's set.
+	Longest       string `json:"longestChain"`
+	LongestPods   int    `json:"longestChainPods"`
+	LongestRounds int    `json:"longestChainRounds"`
+	// Gating are the replacements that gate the last evictions.
+	Gating int `json:"gatingReplacements"`
+	// WritesPerPod is the ReplicaSet controller's writes per replaced pod,
+	// the fewer of the two drainers' windows (as in the drain section).
+	WritesPerPod map[string]float64 `json:"writesPerReplacedPod"`
+	Chain        time.Duration      `json:"chainTerm"`
+	Throughput   time.Duration      `json:"throughputTerm"`
+}
+
+func (b *fleetBound) value() time.Duration { return max(b.Chain, b.Throughput) }
+
+func (b *fleetBound) binds() string {
+	if b.Throughput > b.Chain {
+		return "throughput"
+	}
+	return "chain"
+}
+
+// fewestWrites is the fewer of the drainers' writes per replaced pod.
+func (b *fleetBound) fewestWrites() float64 {
+	fewest := 0.0
+	for _, w := range b.WritesPerPod {
+		if fewest == 0 || (w > 0 && w < fewest) {
+			fewest = w
+		}
+	}
+	return fewest
+}
+
+// compute fills in the terms from the cycles, the writes and the pods of
+// nodeguard's set per Deployment.
+func (b *fleetBound) compute(perApp map[string]int) {
+	b.Gating, b.LongestRounds = 0, 0
+	for _, app := range slices.Sorted(mapKeys(perApp)) {
+		n := perApp[app]
+		b.Gating += max(n-scaleBudget, 0)
+		if rounds := (n + scaleBudget - 1) / scaleBudget; rounds > b.LongestRounds {
+			b.Longest, b.LongestPods, b.LongestRounds = app, n, rounds
+		}
+	}
+	b.Chain = bench.ChainTerm([]int{b.LongestRounds}, bench.Mean(b.Cycles))
+	b.Throughput = bench.ThroughputTerm(b.fewestWrites(), b.Gating, kcmClientQPS, kcmClientBurst)
+}
+
+func mapKeys[V any](m map[string]V) func(func(string) bool) {
+	return func(yield func(string) bool) {
+		for k := range m {
+			if !yield(k) {
+				return
+			}
+		}
+	}
+}
+
+// fleetCycles measures n replacement cycles at fleet load with nothing else
+// running: one at a time, a pod of a Deployment on a node of neither set is
+// evicted, and the cycle runs from the eviction request until the PDB allows
+// its whole budget again (the replacement created, scheduled, started and
+// Ready, the disruption controller's status write). Each waits until the
+// Deployment is whole and its PDB full first.
+func fleetCycles(ctx context.Context, cl client.Client, cs kubernetes.Interface, n, deployments int, sets []string) ([]time.Duration, error) {
+	var cycles []time.Duration
+	for i := range n {
+		app := fmt.Sprintf("web-%d", i%deployments)
+		if err := waitPDBFull(ctx, cl, app); err != nil {
+			return cycles, err
+		}
+		pod, err := readyPodOutside(ctx, cl, app, sets)
+		if err != nil {
+			return cycles, err
+		}
+		sent := time.Now()
+		if err := cs.PolicyV1().Evictions(scaleNS).Evict(ctx, &policyv1.Eviction{ObjectMeta: metav1.ObjectMeta{Namespace: scaleNS, Name: pod}}); err != nil {
+			return cycles, fmt.Errorf("evicting %s: %w", pod, err)
+		}
+		if err := waitPDBFull(ctx, cl, app); err != nil {
+			return cycles, err
+		}
+		cycles = append(cycles, time.Since(sent))
+	}
+	return cycles, nil
+}
+
+// waitPDBFull waits until the Deployment's PDB allows its whole budget.
+func waitPDBFull(ctx context.Context, cl client.Client, app string) error {
+	err := harness.PollEvery(ctx, 20*time.Millisecond, 5*time.Minute, func(ctx context.Context) (bool, error) {
+		var pdb policyv1.PodDisruptionBudget
+		if err := cl.Get(ctx, client.ObjectKey{Namespace: scaleNS, Name: app}, &pdb); err != nil {
+			return false, err
+		}
+		return pdb.Status.DisruptionsAllowed == scaleBudget && pdb.Status.ObservedGeneration == pdb.Generation, nil
+	})
+	if err != nil {
+		return fmt.Errorf("waiting for PDB %s to allow %d disruptions: %w", app, scaleBudget, err)
+	}
+	return nil
+}
+
+// readyPodOutside names a Ready pod of the Deployment on a node of neither set.
+func readyPodOutside(ctx context.Context, cl client.Client, app string, sets []string) (string, error) {
+	var pods corev1.PodList
+	if err := cl.List(ctx, &pods, client.InNamespace(scaleNS), client.MatchingLabels{"app": app}); err != nil {
+		return "", err
+	}
+	for i := range pods.Items {
+		if p := &pods.Items[i]; p.DeletionTimestamp == nil && podReady(p) && !slices.Contains(sets, p.Spec.NodeName) {
+			return p.Name, nil
+		}
+	}
+	return "", fmt.Errorf("no Ready pod of %s outside the deleted sets", app)
+}
+
+// rsWrites counts the ReplicaSet controller's writes in the scale
+// namespace while counting: pods it creates, ReplicaSet status writes and
+// its events (created or counted again).
+type rsWrites struct {
+	mu       sync.Mutex
+	counting bool
+	created  int
+	status   int
+	events   int
+}
+
+func startRSWrites(ctx context.Context, cs kubernetes.Interface) (*rsWrites, error) {
+	w := &rsWrites{}
+	inNS := informers.WithNamespace(scaleNS)
+	deployPods := informers.NewSharedInformerFactoryWithOptions(cs, 0, inNS,
+		informers.WithTweakListOptions(func(o *metav1.ListOptions) { o.LabelSelector = "app!=" + barePodApp }))
+	if err := watchSynced(ctx, deployPods, deployPods.Core().V1().Pods().Informer(), cache.ResourceEventHandlerFuncs{
+		AddFunc: func(obj any) {
+			if p, ok := obj.(*corev1.Pod); ok && ownedByReplicaSet(p) {
+				w.count(&w.created)
+			}
+		},
+	}); err != nil {
+		return nil, err
+	}
+	rs := informers.NewSharedInformerFactoryWithOptions(cs, 0, inNS)
+	if err := watchSynced(ctx, rs, rs.Apps().V1().ReplicaSets().Informer(), cache.ResourceEventHandlerFuncs{
+		UpdateFunc: func(oldObj, newObj any) {
+			o, ok1 := oldObj.(*appsv1.ReplicaSet)
+			n, ok2 := newObj.(*appsv1.ReplicaSet)
+			if ok1 && ok2 && o.ResourceVersion != n.ResourceVersion && o.Generation == n.Generation {
+				w.count(&w.status)
+			}
+		},
+	}); err != nil {
+		return nil, err
+	}
+	events := informers.NewSharedInformerFactoryWithOptions(cs, 0, inNS,
+		informers.WithTweakListOptions(func(o *metav1.ListOptions) {
+			o.FieldSelector = fields.OneTermEqualSelector("source", "replicaset-controller").String()
+		}))
+	if err := watchSynced(ctx, events, events.Core().V1().Events().Informer(), cache.ResourceEventHandlerFuncs{
+		AddFunc:    func(any) { w.count(&w.events) },
+		UpdateFunc: func(any, any) { w.count(&w.events) },
+	}); err != nil {
+		return nil, err
+	}
+	return w, nil
+}
+
+func ownedByReplicaSet(p *corev1.Pod) bool {
+	return slices.ContainsFunc(p.OwnerReferences, func(o metav1.OwnerReference) bool { return o.Kind == "ReplicaSet" })
+}
+
+func (w *rsWrites) count(n *int) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.counting {
+		*n++
+	}
+}
+
+// begin starts a window from zero.
+func (w *rsWrites) begin() {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.counting, w.created, w.status, w.events = true, 0, 0, 0
+}
+
+// end stops the window and returns the writes per replaced pod.
+func (w *rsWrites) end() float64 {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.counting = false
+	if w.created == 0 {
+		return 0
+	}
+	return float64(w.created+w.status+w.events) / float64(w.created)
+}
+
+// waitDeploymentsWhole waits until every Deployment of the namespace has all
+// its replicas available: a drainer's replacements are done.
+func waitDeploymentsWhole(ctx context.Context, cl client.Client, ns string) error {
+	return harness.PollEvery(ctx, time.Second, 10*time.Minute, func(ctx context.Context) (bool, error) {
+		var ds appsv1.DeploymentList
+		if err := cl.List(ctx, &ds, client.InNamespace(ns)); err != nil {
+			return false, err
+		}
+		for _, d := range ds.Items {
+			if d.Status.ObservedGeneration < d.Generation || d.Status.AvailableReplicas < *d.Spec.Replicas || d.Status.Replicas != *d.Spec.Replicas {
+				return false, nil
+			}
+		}
+		return true, nil
+	})
+}
+
+// boundNote says what the fleet's bound is and how each drainer compares.
+func boundNote(r *scaleResult) string {
+	b := r.Bound
+	if b == nil || len(b.Cycles) == 0 {
+		return ""
+	}
+	var writes []string
+	for _, d := range slices.Sorted(mapKeys(b.WritesPerPod)) {
+		writes = append(writes, fmt.Sprintf("%.2f in %s's window", b.WritesPerPod[d], d))
+	}
+	s := fmt.Sprintf("The fleet's lower bound: max(chain term %s: %s, %d of its pods in nodeguard's set ÷ %d at a time = %d rounds, %d cycles × the idle replacement cycle %s (mean of %d, %s–%s, at fleet load); throughput term %s: the ReplicaSet controller wrote %s per replaced pod (pods, status writes and events, from the drain's start until every Deployment was whole again; the fewer counts) × %d gating replacements − %d ÷ %d/s) = **%s**, set by the %s term.",
+		bench.Seconds(b.Chain), b.Longest, b.LongestPods, scaleBudget, b.LongestRounds, max(b.LongestRounds-1, 0), bench.Seconds(bench.Mean(b.Cycles)), len(b.Cycles),
+		bench.Seconds(slices.Min(b.Cycles)), bench.Seconds(slices.Max(b.Cycles)),
+		bench.Seconds(b.Throughput), strings.Join(writes, ", "), b.Gating, kcmClientBurst, kcmClientQPS, bench.Seconds(b.value()), b.binds())
+	if r.Nodeguard != nil && b.value() > 0 {
+		s += fmt.Sprintf(" nodeguard released its set in **%s its bound**", bench.Times(bench.Ratio(r.Nodeguard.Released, b.value())))
+		if r.Kubectl != nil {
+			s += fmt.Sprintf(", the kubectl loop in %s", bench.Times(bench.Ratio(r.Kubectl.Released, b.value())))
+		}
+		s += " (≤ 1.15× wanted for nodeguard)."
+	}
+	return s
+}
