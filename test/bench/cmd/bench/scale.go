@@ -683,6 +683,8 @@ type fleetDeletion struct {
 	// Released is when the last node was gone; Median the median node's.
 	Released time.Duration `json:"released"`
 	Median   time.Duration `json:"medianReleased"`
+	// Gone is when each node went, in order (the sets of section 7).
+	Gone []time.Duration `json:"gone,omitempty"`
 	// Retries are the deletes the deleter had to send again.
 	Retries deleteRetries `json:"retriedDeletes"`
 	// Restarts are the drainer's restarts after its drain stalled.
