@@ -133,7 +133,7 @@ BENCH_OUT  ?= $(CURDIR)/_output/bench
 BENCH_ARGS ?=
 
 .PHONY: bench
-bench: tools-sandbox tools-karpenter ## Benchmark nodeguard against kubectl drain, Karpenter, naive ARM updates and a no-op webhook (about 28 min on 2 cores, about 15 of them the drain section; BENCH_ARGS=--quick for a smoke run, --scale for 2,000 nodes and 40,000 pods).
+bench: tools-sandbox tools-karpenter ## Benchmark nodeguard against kubectl drain, Karpenter, naive ARM updates and a no-op webhook (about 32 min on 2 cores, about 15 of them the drain section; BENCH_ARGS=--quick for a smoke run, --scale for 2,000 nodes and 40,000 pods).
 	@mkdir -p $(BENCH_OUT)
 	$(GO) build -o $(BENCH_OUT)/nodeguard ./cmd/nodeguard
 	$(GO) build -o $(BENCH_OUT)/bench ./test/bench/cmd/bench
