@@ -18,7 +18,6 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/nodeguard/nodeguard/budget"
-	"github.com/nodeguard/nodeguard/finalizer"
 	"github.com/nodeguard/nodeguard/test/armemulator"
 	"github.com/nodeguard/nodeguard/test/bench"
 	"github.com/nodeguard/nodeguard/test/builder"
@@ -87,116 +86,111 @@ func (r *karpenterResult) runsOf(drainer string) []karpenterRun {
 // scaleSetLabel, which waitGone polls).
 func setName(drainer string, rep int) string { return fmt.Sprintf("%s-%d", drainer, rep) }
 
+// karpenterSection is the section's cluster and drainers.
+type karpenterSection struct {
+	c            config
+	env          *harness.Env
+	cl           client.Client
+	ngAPI, kpAPI *requestCounter // each drainer's counting proxy
+	kp           *karpenterProc
+	spares       []string
+	r            *karpenterResult
+}
+
 // runKarpenter runs the section in its own cluster.
 func runKarpenter(ctx context.Context, c config, env *harness.Env) (*karpenterResult, error) {
-	r := &karpenterResult{SetNodes: c.karpenterSet, Spares: c.karpenterSpares}
-	cl, err := fastClient(env)
+	s := &karpenterSection{c: c, env: env, r: &karpenterResult{SetNodes: c.karpenterSet, Spares: c.karpenterSpares}}
+	stop, err := s.start(ctx)
+	defer stop()
 	if err != nil {
 		return nil, err
-	}
-	if err := harness.ApplyKarpenterCRDs(ctx, cl); err != nil {
-		return nil, err
-	}
-	if err := create(ctx, cl, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: karpenterNS}}); err != nil {
-		return nil, err
-	}
-	if err := createKarpenterPool(ctx, cl, c.karpenterSet); err != nil {
-		return nil, err
-	}
-	// nodeguard's nodes of every repetition, known ahead, in the emulator:
-	// nodeguard cuts their traffic as on AKS.
-	var emuNodes []armemulator.Node
-	for rep := range c.karpenterReps {
-		for i := range c.karpenterSet {
-			emuNodes = append(emuNodes, armemulator.Node{Name: nodeguardSetNode(rep, i), IPs: []string{karpenterNodeIP(rep, i)}})
-		}
-	}
-	emu, err := armemulator.Start("127.0.0.1:0", armemulator.SeedForNodes(subscription, resourceGroup, emuNodes, armemulator.Topology{Internal: true}), armemulator.Options{})
-	if err != nil {
-		return nil, err
-	}
-	defer emu.Close()
-	ngAPI, err := startRequestCounter(env.Config, filepath.Join(env.Dir, "karpenter-section-nodeguard.kubeconfig"))
-	if err != nil {
-		return nil, err
-	}
-	defer ngAPI.close()
-	kpAPI, err := startRequestCounter(env.Config, filepath.Join(env.Dir, "karpenter-section-karpenter.kubeconfig"))
-	if err != nil {
-		return nil, err
-	}
-	defer kpAPI.close()
-	metricsAddr, err := freeAddr()
-	if err != nil {
-		return nil, err
-	}
-	ng, err := startNodeguard(c.nodeguard, env, ngAPI.Kubeconfig, emu.URL(), filepath.Join(env.Dir, "nodeguard-karpenter-section.log"),
-		"--metrics-bind-address="+metricsAddr, "--metrics-secure=false")
-	if err != nil {
-		return nil, err
-	}
-	defer ng.stop()
-	kp := &karpenterProc{kubeconfig: kpAPI.Kubeconfig, dir: env.Dir}
-	if err := kp.start(); err != nil {
-		return nil, err
-	}
-	defer kp.stop()
-	if err := create(ctx, cl, builder.NDB("karpenter-section", builder.NDBSelecting(managedLabel, "true"), builder.NDBMaxUnavailable("100%"))); err != nil {
-		return nil, err
-	}
-	logf("karpenter: %d spare nodes", c.karpenterSpares)
-	spares := make([]string, c.karpenterSpares)
-	for i := range spares {
-		spares[i] = fmt.Sprintf("kspare-%03d", i)
-	}
-	if err := createSpares(ctx, cl, spares); err != nil {
-		return r, err
 	}
 	for rep := range c.karpenterReps {
 		if ctx.Err() != nil {
-			return r, ctx.Err()
+			return s.r, ctx.Err()
 		}
-		if err := karpenterRep(ctx, c, env, cl, r, rep, spares, ngAPI, kpAPI, kp); err != nil {
-			return r, fmt.Errorf("repetition %d: %w", rep+1, err)
+		if err := s.rep(ctx, rep); err != nil {
+			return s.r, fmt.Errorf("repetition %d: %w", rep+1, err)
 		}
 	}
-	return r, nil
+	return s.r, nil
 }
 
-// karpenterRep builds both sets of a repetition, places their pods, deletes
-// each set with its drainer in this repetition's order, then removes the
-// repetition's Deployments.
-func karpenterRep(ctx context.Context, c config, env *harness.Env, cl client.Client, r *karpenterResult, rep int, spares []string, ngAPI, kpAPI *requestCounter, kp *karpenterProc) error {
-	ngSet, kpSet := setName(drainerNodeguard, rep), setName(drainerKarpenter, rep)
-	logf("karpenter: repetition %d: %d nodes per set", rep+1, c.karpenterSet)
-	// Spares are cordoned while the sets' pods are placed, so that the
-	// topology spread puts one pod of each Deployment on every node of a set.
-	if err := setSchedulable(ctx, cl, spares, false); err != nil {
-		return err
-	}
-	ngNodes, err := createNodeguardSet(ctx, cl, rep, c.karpenterSet)
-	if err != nil {
-		return err
-	}
-	kpNodes, err := createKarpenterSet(ctx, cl, rep, c.karpenterSet)
-	if err != nil {
-		return err
-	}
-	for _, set := range []string{ngSet, kpSet} {
-		if err := createSetPods(ctx, cl, set, c.karpenterSet); err != nil {
-			return err
+// start installs Karpenter's CRDs and NodePool, starts the ARM emulator,
+// both drainers behind their counting proxies and the spare nodes. stop
+// undoes what started.
+func (s *karpenterSection) start(ctx context.Context) (stop func(), err error) {
+	var stops []func()
+	stop = func() {
+		for _, f := range slices.Backward(stops) {
+			f()
 		}
 	}
-	if err := createBareOn(ctx, cl, append(slices.Clone(ngNodes), kpNodes...)); err != nil {
-		return err
+	if s.cl, err = fastClient(s.env); err != nil {
+		return stop, err
 	}
-	if _, err := waitRunning(ctx, cl, karpenterNS, 2*karpenterDeployments*c.karpenterSet, karpenterBarePerNode*(2*c.karpenterSet+len(spares))); err != nil {
-		return err
+	if err := harness.ApplyKarpenterCRDs(ctx, s.cl); err != nil {
+		return stop, err
 	}
-	if err := setSchedulable(ctx, cl, spares, true); err != nil {
-		return err
+	if err := create(ctx, s.cl, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: karpenterNS}}); err != nil {
+		return stop, err
 	}
-	if err := waitFinalizers(ctx, cl, ngNodes); err != nil {
+	if err := createKarpenterPool(ctx, s.cl, s.c.karpenterSet); err != nil {
+		return stop, err
+	}
+	emu, err := armemulator.Start("127.0.0.1:0", armemulator.SeedForNodes(subscription, resourceGroup, s.emulatedNodes(), armemulator.Topology{Internal: true}), armemulator.Options{})
+	if err != nil {
+		return stop, err
+	}
+	stops = append(stops, func() { _ = emu.Close() })
+	for _, api := range []struct {
+		counter **requestCounter
+		file    string
+	}{{&s.ngAPI, "karpenter-section-nodeguard.kubeconfig"}, {&s.kpAPI, "karpenter-section-karpenter.kubeconfig"}} {
+		if *api.counter, err = startRequestCounter(s.env.Config, filepath.Join(s.env.Dir, api.file)); err != nil {
+			return stop, err
+		}
+		stops = append(stops, (*api.counter).close)
+	}
+	ng, err := startNodeguard(s.c.nodeguard, s.env, s.ngAPI.Kubeconfig, emu.URL(), filepath.Join(s.env.Dir, "nodeguard-karpenter-section.log"))
+	if err != nil {
+		return stop, err
+	}
+	stops = append(stops, ng.stop)
+	s.kp = &karpenterProc{kubeconfig: s.kpAPI.Kubeconfig, dir: s.env.Dir}
+	if err := s.kp.start(); err != nil {
+		return stop, err
+	}
+	stops = append(stops, s.kp.stop)
+	if err := create(ctx, s.cl, builder.NDB("karpenter-section", builder.NDBSelecting(managedLabel, "true"), builder.NDBMaxUnavailable("100%"))); err != nil {
+		return stop, err
+	}
+	logf("karpenter: %d spare nodes", s.c.karpenterSpares)
+	s.spares = make([]string, s.c.karpenterSpares)
+	for i := range s.spares {
+		s.spares[i] = fmt.Sprintf("kspare-%03d", i)
+	}
+	return stop, createSpares(ctx, s.cl, s.spares)
+}
+
+// emulatedNodes are nodeguard's nodes of every repetition, known ahead, for
+// the ARM emulator: nodeguard cuts their traffic as on AKS.
+func (s *karpenterSection) emulatedNodes() []armemulator.Node {
+	var nodes []armemulator.Node
+	for rep := range s.c.karpenterReps {
+		for i := range s.c.karpenterSet {
+			nodes = append(nodes, armemulator.Node{Name: nodeguardSetNode(rep, i), IPs: []string{karpenterNodeIP(rep, i)}})
+		}
+	}
+	return nodes
+}
+
+// rep builds both sets of a repetition, deletes each with its drainer in
+// this repetition's order, then removes the repetition's Deployments.
+func (s *karpenterSection) rep(ctx context.Context, rep int) error {
+	logf("karpenter: repetition %d: %d nodes per set", rep+1, s.c.karpenterSet)
+	sets, err := s.place(ctx, rep)
+	if err != nil {
 		return err
 	}
 	order := []string{drainerKarpenter, drainerNodeguard}
@@ -204,37 +198,76 @@ func karpenterRep(ctx context.Context, c config, env *harness.Env, cl client.Cli
 		slices.Reverse(order)
 	}
 	for i, drainer := range order {
-		if err := waitDeploymentsWhole(ctx, cl, karpenterNS); err != nil {
+		if err := waitDeploymentsWhole(ctx, s.cl, karpenterNS); err != nil {
 			return err
 		}
-		set, nodes := kpSet, kpNodes
-		if drainer == drainerNodeguard {
-			set, nodes = ngSet, ngNodes
-		}
-		tracker, stop, err := watchSetBudgets(ctx, env, set, c.karpenterSet)
-		if err != nil {
-			return err
-		}
-		tracker.begin()
-		var f *fleetDeletion
-		if drainer == drainerNodeguard {
-			f, err = deleteSet(ctx, cl, ngAPI, set, nodes, deleteNodes(ngAPI), nil)
-		} else {
-			f, err = deleteSet(ctx, cl, kpAPI, set, nodes, deleteNodeClaims(kpAPI, rep, c.karpenterSet), kp.restart)
-		}
+		f, err := s.delete(ctx, rep, drainer, sets[drainer])
 		if f != nil {
-			f.Budgets = tracker.result()
-		}
-		stop()
-		if f != nil {
-			r.Runs = append(r.Runs, karpenterRun{Rep: rep, Drainer: drainer, First: i == 0, fleetDeletion: *f})
+			s.r.Runs = append(s.r.Runs, karpenterRun{Rep: rep, Drainer: drainer, First: i == 0, fleetDeletion: *f})
 		}
 		if err != nil {
 			return fmt.Errorf("%s: %w", drainer, err)
 		}
-		logf("karpenter: %s released %d nodes in %s", drainer, len(nodes), bench.Seconds(f.Released))
+		logf("karpenter: %s released %d nodes in %s", drainer, f.Nodes, bench.Seconds(f.Released))
 	}
-	return deleteSetWorkloads(ctx, cl, ngSet, kpSet)
+	return deleteSetWorkloads(ctx, s.cl, setName(drainerNodeguard, rep), setName(drainerKarpenter, rep))
+}
+
+// place creates both sets of a repetition and their pods, and returns each
+// drainer's nodes. The spares are cordoned meanwhile, so that the topology
+// spread puts one pod of each Deployment on every node of a set.
+func (s *karpenterSection) place(ctx context.Context, rep int) (map[string][]string, error) {
+	if err := setSchedulable(ctx, s.cl, s.spares, false); err != nil {
+		return nil, err
+	}
+	ngNodes, err := createNodeguardSet(ctx, s.cl, rep, s.c.karpenterSet)
+	if err != nil {
+		return nil, err
+	}
+	kpNodes, err := createKarpenterSet(ctx, s.cl, rep, s.c.karpenterSet)
+	if err != nil {
+		return nil, err
+	}
+	for _, drainer := range []string{drainerNodeguard, drainerKarpenter} {
+		if err := createSetPods(ctx, s.cl, setName(drainer, rep), s.c.karpenterSet); err != nil {
+			return nil, err
+		}
+	}
+	if err := createBareOn(ctx, s.cl, append(slices.Clone(ngNodes), kpNodes...)); err != nil {
+		return nil, err
+	}
+	n := s.c.karpenterSet
+	if _, err := waitRunning(ctx, s.cl, karpenterNS, 2*karpenterDeployments*n, karpenterBarePerNode*(2*n+len(s.spares))); err != nil {
+		return nil, err
+	}
+	if err := setSchedulable(ctx, s.cl, s.spares, true); err != nil {
+		return nil, err
+	}
+	if err := waitFinalizers(ctx, s.cl, ngNodes); err != nil {
+		return nil, err
+	}
+	return map[string][]string{drainerNodeguard: ngNodes, drainerKarpenter: kpNodes}, nil
+}
+
+// delete deletes one drainer's set and measures it.
+func (s *karpenterSection) delete(ctx context.Context, rep int, drainer string, nodes []string) (*fleetDeletion, error) {
+	set := setName(drainer, rep)
+	tracker, stop, err := watchSetBudgets(ctx, s.env, set, s.c.karpenterSet)
+	if err != nil {
+		return nil, err
+	}
+	defer stop()
+	tracker.begin()
+	var f *fleetDeletion
+	if drainer == drainerNodeguard {
+		f, err = deleteSet(ctx, s.cl, s.ngAPI, set, nodes, deleteNodes(s.ngAPI), nil)
+	} else {
+		f, err = deleteSet(ctx, s.cl, s.kpAPI, set, nodes, deleteNodeClaims(s.kpAPI, rep, s.c.karpenterSet), s.kp.restart)
+	}
+	if f != nil {
+		f.Budgets = tracker.result()
+	}
+	return f, err
 }
 
 func fastClient(env *harness.Env) (client.Client, error) {
@@ -628,126 +661,4 @@ func deleteSetWorkloads(ctx context.Context, cl client.Client, sets ...string) e
 		err := cl.List(ctx, &pods, client.InNamespace(karpenterNS), client.MatchingLabelsSelector{Selector: sel})
 		return err == nil && len(pods.Items) == 0, err
 	})
-}
-
-// setMedian is the median over the drainer's runs of a deletion's time.
-func setMedian(runs []karpenterRun, value func(*fleetDeletion) time.Duration) time.Duration {
-	var ds []time.Duration
-	for _, run := range runs {
-		ds = append(ds, value(&run.fleetDeletion))
-	}
-	return bench.Percentile(ds, 50)
-}
-
-// ratio is nodeguard's median time to release its set over
-// Karpenter's, when both have runs.
-func (r *karpenterResult) ratio() (float64, bool) {
-	if r == nil {
-		return 0, false
-	}
-	ng, kp := r.runsOf(drainerNodeguard), r.runsOf(drainerKarpenter)
-	if len(ng) == 0 || len(kp) == 0 {
-		return 0, false
-	}
-	released := func(f *fleetDeletion) time.Duration { return f.Released }
-	return setMedian(ng, released).Seconds() / setMedian(kp, released).Seconds(), true
-}
-
-func karpenterTable(r *karpenterResult) *bench.Table {
-	if r == nil || len(r.Runs) == 0 {
-		return nil
-	}
-	budget := max(r.SetNodes/10, 1)
-	t := &bench.Table{
-		Title: fmt.Sprintf("7. Karpenter side by side: %d nodes per drainer (of %d at a time), %d repetitions", r.SetNodes, 2*r.SetNodes+r.Spares, len(r.Runs)/2),
-		Header: []string{"drainer", "pods per set (under PDBs)", "every node released, median (range)", "95% of the nodes released", "median node released", "eviction requests", "refused (429)",
-			fmt.Sprintf("most pods of a Deployment unavailable (PDB allows %d)", budget), "PDB exceeded", "drain stalled (drainer restarted)", "API requests / drained pod"},
-	}
-	for _, drainer := range []string{drainerNodeguard, drainerKarpenter} {
-		runs := r.runsOf(drainer)
-		if len(runs) == 0 {
-			continue
-		}
-		name := fmt.Sprintf("nodeguard (its nodes deleted ×%d at once, --max-concurrent-drains=%d)", r.SetNodes, finalizer.DefaultMaxConcurrentNodes)
-		if drainer == drainerKarpenter {
-			name = fmt.Sprintf("Karpenter (its NodeClaims deleted ×%d at once)", r.SetNodes)
-		}
-		released := func(f *fleetDeletion) time.Duration { return f.Released }
-		var lo, hi time.Duration
-		evictions, refused, most, exceeded, requests, pods, stalls := 0, 0, 0, 0, 0, 0, 0
-		for i, run := range runs {
-			if i == 0 || run.Released < lo {
-				lo = run.Released
-			}
-			hi = max(hi, run.Released)
-			evictions += run.API.evictionRequests()
-			refused += run.API.Evictions[429]
-			most = max(most, run.Budgets.MostUnavailable)
-			exceeded += run.Budgets.Exceeded
-			requests += run.API.total()
-			pods += run.Total
-			stalls += run.Restarts
-		}
-		t.AddRow(name, fmt.Sprintf("%d (%d)", runs[0].Total, runs[0].UnderPDBs),
-			fmt.Sprintf("%s (%s–%s)", bench.Seconds(setMedian(runs, released)), bench.Seconds(lo), bench.Seconds(hi)),
-			bench.Seconds(setMedian(runs, (*fleetDeletion).mostReleased)),
-			bench.Seconds(setMedian(runs, func(f *fleetDeletion) time.Duration { return f.Median })),
-			fmt.Sprintf("%.0f", float64(evictions)/float64(len(runs))), fmt.Sprintf("%.0f", float64(refused)/float64(len(runs))),
-			fmt.Sprint(most), fmt.Sprintf("%d times", exceeded), fmt.Sprintf("%d times", stalls), fmt.Sprintf("%.1f", float64(requests)/float64(max(pods, 1))))
-	}
-	if ratio, ok := r.ratio(); ok {
-		ng, kp := r.runsOf(drainerNodeguard), r.runsOf(drainerKarpenter)
-		most := (*fleetDeletion).mostReleased
-		t.Note("nodeguard released its set in **%s Karpenter's time** (medians of the repetitions; ≤ 0.9× wanted); 95%% of it in %s Karpenter's (each drainer's pace, a stalled node apart), its median node in %s.",
-			bench.Times(ratio), bench.Times(bench.Ratio(setMedian(ng, most), setMedian(kp, most))),
-			bench.Times(bench.Ratio(setMedian(ng, (*fleetDeletion).median), setMedian(kp, (*fleetDeletion).median))))
-	}
-	t.Note("Each repetition builds both sets afresh in one cluster: Karpenter's from NodeClaims (its kwok provider; the NodePool never disrupts on its own and launches nothing), nodeguard's as kwok nodes it manages under a NodeDisruptionBudget of 100%%, with the ARM emulator (nodeguard cuts each node's traffic first, as on AKS). Each set's nodes carry one pod of each of its %d Deployments (as many replicas as the set has nodes, a PDB of maxUnavailable 10%%: %d at a time) and %d bare pods; %d spare nodes take the evicted pods. The drainers go one after the other, alternating which goes first; each starts once the other's replacements are all available.", karpenterDeployments, budget, karpenterBarePerNode, r.Spares)
-	t.Note("Times run from the first delete (nodes for nodeguard, NodeClaims for Karpenter) until the node object is gone, by a 250 ms poll. Eviction requests, refusals and API requests are each drainer's own, through its own counting proxy, per repetition (the deletes included; nodeguard's watches, lists, Lease and status writes, and Karpenter's too). Karpenter drains every node at once and retries a refused eviction with a per-pod backoff (100 ms to 10 s); nodeguard drains %d nodes at a time and sends an eviction when its PDB allows one. A Deployment's pods are unavailable when not Ready, deleting or not yet replaced; \"PDB exceeded\" counts the times a Deployment had fewer than its PDB's floor.", finalizer.DefaultMaxConcurrentNodes)
-	conflicts := 0
-	for _, run := range r.runsOf(drainerKarpenter) {
-		conflicts += run.API.Evictions[409]
-	}
-	t.Note("A drain stalls when no node of the set has gone for %s; the bench then restarts the drainer, as an operator would, and the time runs on. Karpenter v1.14.1 never sends an eviction again for a pod whose eviction kube-apiserver answered 409 (after 20 conflicting PDB status updates in 10 s, which its concurrent evictions under one PDB cause): its eviction queue returns without forgetting the pod, and the node drains until Karpenter restarts (kubernetes-sigs/karpenter#3144). Its evictions answered 409 in these runs: %d. nodeguard sends one eviction at a time per PDB.", drainStall, conflicts)
-	var order []string
-	for _, run := range r.Runs {
-		if run.Nodes > 0 {
-			order = append(order, fmt.Sprintf("%s %s", run.Drainer, bench.Seconds(run.Released)))
-		}
-	}
-	t.Note("Runs in order: %s.", strings.Join(order, ", "))
-	return t
-}
-
-// karpenterRow is the section's row of docs/performance.md.
-func karpenterRow(r *karpenterResult) (docRow, bool) {
-	ratio, ok := r.ratio()
-	if !ok {
-		return docRow{}, false
-	}
-	ng, kp := r.runsOf(drainerNodeguard), r.runsOf(drainerKarpenter)
-	released := func(f *fleetDeletion) time.Duration { return f.Released }
-	median := func(f *fleetDeletion) time.Duration { return f.Median }
-	refused := func(runs []karpenterRun) (no, of, exceeded, stalls int) {
-		for _, run := range runs {
-			no += run.API.Evictions[429]
-			of += run.API.evictionRequests()
-			exceeded += run.Budgets.Exceeded
-			stalls += run.Restarts
-		}
-		return no, of, exceeded, stalls
-	}
-	ngRefused, ngEvictions, ngExceeded, ngStalls := refused(ng)
-	kpRefused, kpEvictions, kpExceeded, kpStalls := refused(kp)
-	return docRow{
-		key: fmt.Sprintf("karpenter/%d", r.SetNodes),
-		what: fmt.Sprintf("%d nodes deleted at once, %d pods each (one of each of %d Deployments under `maxUnavailable: 10%%` PDBs, the rest bare), %d spare nodes",
-			r.SetNodes, karpenterDeployments+karpenterBarePerNode, karpenterDeployments, r.Spares),
-		comparator: fmt.Sprintf("Karpenter (kwok provider) deleting a set of its own nodes of the same layout through their NodeClaims, in the same cluster; %d repetitions in turns", len(ng)),
-		result: fmt.Sprintf("**%s Karpenter's time**: every node released in %s against %s (95%% of them in %s against %s, median node %s against %s); evictions refused (429): %s of %s against %s of %s; PDB exceeded %d and %d times; drain stalled %d and %d times (a minute without a node gone: the drainer restarted)",
-			bench.Times(ratio), bench.Seconds(setMedian(ng, released)), bench.Seconds(setMedian(kp, released)),
-			bench.Seconds(setMedian(ng, (*fleetDeletion).mostReleased)), bench.Seconds(setMedian(kp, (*fleetDeletion).mostReleased)),
-			bench.Seconds(setMedian(ng, median)), bench.Seconds(setMedian(kp, median)),
-			thousands(ngRefused), thousands(ngEvictions), thousands(kpRefused), thousands(kpEvictions), ngExceeded, kpExceeded, ngStalls, kpStalls),
-	}, true
 }
