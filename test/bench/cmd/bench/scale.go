@@ -336,6 +336,10 @@ func runScale(ctx context.Context, c config, env *harness.Env) (*scaleResult, er
 	}
 
 	logf("scale: deleting %d nodes at once under nodeguard (NDB maxUnavailable %s)", len(ngSet), scaleNDB)
+	available, err := availableReplicas(ctx, cl, scaleNS)
+	if err != nil {
+		return r, err
+	}
 	writes.begin()
 	if err := phase(nodeguardDeletionPhase(len(ngSet)), func() error {
 		var err error
@@ -348,7 +352,7 @@ func runScale(ctx context.Context, c config, env *harness.Env) (*scaleResult, er
 	}); err != nil {
 		return r, err
 	}
-	if err := waitDeploymentsWhole(ctx, cl, scaleNS); err != nil {
+	if err := waitDeploymentsBack(ctx, cl, scaleNS, available); err != nil {
 		return r, err
 	}
 	r.Bound.WritesPerPod["nodeguard"] = writes.end()
@@ -365,7 +369,7 @@ func runScale(ctx context.Context, c config, env *harness.Env) (*scaleResult, er
 	}); err != nil {
 		return r, err
 	}
-	if err := waitDeploymentsWhole(ctx, cl, scaleNS); err != nil {
+	if err := waitDeploymentsBack(ctx, cl, scaleNS, available); err != nil {
 		return r, err
 	}
 	r.Bound.WritesPerPod["kubectl"] = writes.end()
