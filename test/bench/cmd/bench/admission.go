@@ -57,17 +57,13 @@ type admitResult struct {
 	Handler map[string]histogram `json:"handlerLatency,omitempty"`
 }
 
-// The webhook paths whose handler time the section reports, and the
-// controller-runtime histogram of it.
+// nodeguard's own histograms of its handlers' time, for the node DELETEs and
+// the evictions it admits (controller-runtime's webhook histogram has one
+// bucket per decade).
 const (
-	nodeDeletePath     = "/validate-node-delete"
-	podEvictionPath    = "/validate-pod-eviction"
-	webhookLatencyName = "controller_runtime_webhook_latency_seconds"
+	nodeDeleteHandler  = `nodeguard_admission_duration_seconds{operation="DELETE"}`
+	podEvictionHandler = `nodeguard_eviction_admission_duration_seconds{result="allowed"}`
 )
-
-func webhookLatencyMetric(path string) string {
-	return fmt.Sprintf(`%s{webhook=%q}`, webhookLatencyName, path)
-}
 
 // noopWebhook answers every AdmissionReview with "allowed", no patch.
 type noopWebhook struct {
@@ -163,7 +159,7 @@ func runAdmission(ctx context.Context, c config, env *harness.Env) (*admitResult
 	}
 	defer ng.stop()
 	metricsURL := "http://" + metricsAddr + "/metrics"
-	handlerMetrics := []string{webhookLatencyMetric(nodeDeletePath), webhookLatencyMetric(podEvictionPath)}
+	handlerMetrics := []string{nodeDeleteHandler, podEvictionHandler}
 	var handlerBefore map[string]histogram
 	noop, err := startNoopWebhook(env)
 	if err != nil {
@@ -259,9 +255,8 @@ func runAdmission(ctx context.Context, c config, env *harness.Env) (*admitResult
 	}
 	if after, err := scrapeHistograms(ctx, metricsURL, handlerMetrics...); err == nil && handlerBefore != nil {
 		r.Handler = map[string]histogram{}
-		for _, path := range []string{nodeDeletePath, podEvictionPath} {
-			m := webhookLatencyMetric(path)
-			r.Handler[path] = after[m].since(handlerBefore[m])
+		for _, m := range handlerMetrics {
+			r.Handler[m] = after[m].since(handlerBefore[m])
 		}
 	}
 	for mode, byOp := range r.Raw {
@@ -395,8 +390,8 @@ func admissionTable(r *admitResult) *bench.Table {
 	t.Note("How to read it: a ratio is nodeguard's latency over the no-op webhook's at the same percentile, from the same run; the target for DELETE with %d clients is p50 ≤ 2× and p99 ≤ 3×; for an eviction from a schedulable node (a pod bound to each benchmark node, evicted with a zero grace period) p99 ≤ 1.5×.", r.Clients)
 	t.Note("Denied deletes (retried; not in the latencies): %d with nodeguard, %d with the no-op webhook.", r.Denied[modeNodeguard], r.Denied[modeNoop])
 	if len(r.Handler) > 0 {
-		t.Note("Where nodeguard's time goes: its own handlers (%s, bucket bounds, every measured request of nodeguard's rounds): node DELETE (%s: the Lease check, the budget claim and its status write) %s; pod eviction (%s) %s. The rest of each latency is kube-apiserver's: the webhook call, and the writes of the drains that admitted deletes start on the same 2 cores.",
-			webhookLatencyName, nodeDeletePath, r.Handler[nodeDeletePath].summary(), podEvictionPath, r.Handler[podEvictionPath].summary())
+		t.Note("Where nodeguard's time goes: its own handlers, from its histograms over the measured rounds (bucket bounds): node DELETE (%s: the Lease check, the budget claim and its status write) %s; an admitted eviction (%s) %s. The rest of each latency is kube-apiserver's: the webhook call, and the writes of the drains that admitted deletes start on the same 2 cores.",
+			nodeDeleteHandler, r.Handler[nodeDeleteHandler].summary(), podEvictionHandler, r.Handler[podEvictionHandler].summary())
 	}
 	return t
 }
