@@ -979,7 +979,7 @@ func scaleTable(r *scaleResult) *bench.Table {
 		row = append(row, bench.Times(float64(p.RSS["nodeguard"])/float64(max(p.RSS["kube-controller-manager"], 1))))
 		t.AddRow(row...)
 	}
-	t.Note("How to read it: the target is nodeguard's peak RSS under 150 MiB and under half of kube-controller-manager's (last column ≤ 0.50×) once the cluster holds its pods; the empty cluster shows each process's base footprint. RSS is the peak of 1-second samples of /proc/<pid>/status in the phase; CPU is user+system time over the phase ÷ its wall time. kube-controller-manager and kube-scheduler cache every pod; nodeguard lists a draining node's pods on demand.")
+	t.Note("How to read it: the target is nodeguard's peak RSS under 150 MiB and under half of kube-controller-manager's (last column ≤ 0.50×) once the cluster holds its pods; the empty cluster shows each process's base footprint. RSS is the peak of 1-second samples of /proc/<pid>/status in the phase; CPU is user+system time over the phase ÷ its wall time. kube-controller-manager and kube-scheduler cache every pod; nodeguard keeps each pod's node only (its eviction webhook's map) and lists a draining node's pods on demand.")
 	if slope, ok := r.rssPerThousandNodes(); ok {
 		last := r.Idle[len(r.Idle)-1]
 		const target = rssTargetNodes
