@@ -261,34 +261,31 @@ func run(ctx context.Context, c config) (*results, error) {
 		}
 		_ = env.Stop()
 	}
-	if c.has("scale") && ctx.Err() == nil {
-		logf("starting a cluster for the scale section")
-		env, err := startCluster(ctx, filepath.Join(c.out, "cluster-scale"), harness.PodsFast, scaleKwokParallelism, "")
+	// The scale and karpenter sections each have a cluster of their own,
+	// with kwok at fleet parallelism.
+	inOwnCluster := func(section string, run func(*harness.Env) error) {
+		if !c.has(section) || ctx.Err() != nil {
+			return
+		}
+		logf("starting a cluster for the %s section", section)
+		env, err := startCluster(ctx, filepath.Join(c.out, "cluster-"+section), harness.PodsFast, scaleKwokParallelism, "")
 		if err != nil {
-			fail("cluster scale", err)
-		} else {
-			s, err := runScale(ctx, c, env)
-			if err != nil {
-				fail("scale", err)
-			}
-			res.Scale = s
-			_ = env.Stop()
+			fail("cluster "+section, err)
+			return
+		}
+		defer func() { _ = env.Stop() }()
+		if err := run(env); err != nil {
+			fail(section, err)
 		}
 	}
-	if c.has("karpenter") && ctx.Err() == nil {
-		logf("starting a cluster for the karpenter section")
-		env, err := startCluster(ctx, filepath.Join(c.out, "cluster-karpenter"), harness.PodsFast, scaleKwokParallelism, "")
-		if err != nil {
-			fail("cluster karpenter", err)
-		} else {
-			k, err := runKarpenter(ctx, c, env)
-			if err != nil {
-				fail("karpenter", err)
-			}
-			res.Karpenter = k
-			_ = env.Stop()
-		}
-	}
+	inOwnCluster("scale", func(env *harness.Env) (err error) {
+		res.Scale, err = runScale(ctx, c, env)
+		return err
+	})
+	inOwnCluster("karpenter", func(env *harness.Env) (err error) {
+		res.Karpenter, err = runKarpenter(ctx, c, env)
+		return err
+	})
 	res.Duration = time.Since(res.Started).Round(time.Second).String()
 	return res, writeResults(c, res)
 }
