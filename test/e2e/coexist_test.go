@@ -273,6 +273,17 @@ func (f *coexistFixture) addNode() (string, string) {
 	return n, ip
 }
 
+// inEveryPool reports whether the node has an entry in both pools.
+func (f *coexistFixture) inEveryPool(node string) bool {
+	states := f.emu.AdminStates()
+	for _, p := range coexistPools {
+		if _, ok := states[p[0]+"/"+p[1]+"/"+node]; !ok {
+			return false
+		}
+	}
+	return true
+}
+
 // allDown reports whether every leaving node's entry is Down in both pools.
 func (f *coexistFixture) allDown() bool {
 	states := f.emu.AdminStates()
@@ -288,9 +299,9 @@ func (f *coexistFixture) allDown() bool {
 
 // TestTrafficCutHoldsWhileCloudProviderReconciles: three nodes drain while
 // the cloud-provider-azure actor reconciles the pools every second and two
-// replacement nodes join. Twice, a reconcile that read the load balancers
-// before the cut PUTs a pool back (no If-Match), undoing the leaving nodes'
-// Down. The entries are Down again within 15 s (p99 over the run): nodeguard
+// replacement nodes join. Twice, once the actor has added a replacement, a
+// reconcile that read the load balancers before the cut PUTs a pool back (no
+// If-Match), undoing the leaving nodes' Down. The entries are Down again within 15 s (p99 over the run): nodeguard
 // sets them Down with a LoadBalancerAdminStateReverted event and the reverts
 // counter, unless the actor's next reconcile, from a copy read before the
 // stale PUT, did first; the entries the actor added (replacements) and removed (released
@@ -314,9 +325,14 @@ func TestTrafficCutHoldsWhileCloudProviderReconciles(t *testing.T) {
 	allDown := f.allDown
 	harness.Eventually(t, time.Minute, func(context.Context) (bool, error) { return allDown(), nil }, "every leaving node is Down in both pools")
 
-	// Two stale reconciles, each while a replacement node joins.
+	// Two stale reconciles, each after a replacement node joins. The actor
+	// adds the replacement first: until then its reconcile PUTs the pool from
+	// a copy read before the stale PUT, which would undo the revert before
+	// nodeguard could (and the test would not exercise nodeguard's undo).
 	for _, p := range coexistPools {
 		replacement, _ := f.addNode()
+		harness.Eventually(t, 30*time.Second, func(context.Context) (bool, error) { return f.inEveryPool(replacement), nil },
+			"the actor adds replacement %s to both pools", replacement)
 		nodes, err := clusterNodes(ctx, name)
 		if err != nil {
 			t.Fatal(err)
