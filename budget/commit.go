@@ -120,6 +120,9 @@ func (c *Claimer) submit(ctx context.Context, budget string, ch change) verdict 
 	if start {
 		go c.commit(budget, q)
 	}
+	if ch.recompute == nil {
+		defer func(began time.Time) { claimDuration.Observe(c.Clock.Since(began).Seconds()) }(c.Clock.Now())
+	}
 	select {
 	case v := <-w.done:
 		return v
@@ -236,7 +239,9 @@ func (c *Claimer) round(budget string, q *commitQueue, batch []*waiter) []*waite
 			answer(batch, vs)
 			return nil
 		}
+		began := c.Clock.Now()
 		err := c.Client.Status().Update(ctx, next)
+		statusWriteDuration.Observe(c.Clock.Since(began).Seconds())
 		switch {
 		case err == nil:
 			q.last = next

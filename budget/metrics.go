@@ -40,6 +40,18 @@ var (
 		Name: "nodeguard_ndb_unconfirmed_claims_total",
 		Help: "Disruption claims given back because their node showed no deletion within --unconfirmed-claim-timeout (a delete denied after nodeguard admitted it, or a forged admission review).",
 	}, []string{labelBudget})
+	// statusWriteDuration and claimDuration split a claim's time: the
+	// rounds it waits for, and the status write of its own.
+	statusWriteDuration = prometheus.NewHistogram(prometheus.HistogramOpts{
+		Name:    "nodeguard_ndb_status_write_duration_seconds",
+		Help:    "Duration of one status write of a NodeDisruptionBudget by a claim round (group commit), whatever its outcome.",
+		Buckets: prometheus.ExponentialBuckets(0.001, 2, 14),
+	})
+	claimDuration = prometheus.NewHistogram(prometheus.HistogramOpts{
+		Name:    "nodeguard_ndb_claim_duration_seconds",
+		Help:    "Time from a disruption claim or release joining its NodeDisruptionBudget's group commit to its verdict: the round in flight, then its own.",
+		Buckets: prometheus.ExponentialBuckets(0.001, 2, 14),
+	})
 	claimFreshReads = prometheus.NewCounter(prometheus.CounterOpts{
 		Name: "nodeguard_ndb_claim_fresh_reads_total",
 		Help: "Reads of a NodeDisruptionBudget from the API server by claim rounds; the other rounds reuse the object of the replica's own last write.",
@@ -47,7 +59,8 @@ var (
 )
 
 func init() {
-	metrics.Registry.MustRegister(disruptionsAllowed, expectedNodes, availableNodes, desiredNodes, claimConflicts, claimBatchSize, claimFreshReads, unconfirmedClaims)
+	metrics.Registry.MustRegister(disruptionsAllowed, expectedNodes, availableNodes, desiredNodes, claimConflicts, claimBatchSize, claimFreshReads, unconfirmedClaims,
+		statusWriteDuration, claimDuration)
 }
 
 // CountClaimConflict counts one retried claim conflict; use as Claimer.OnConflict.
