@@ -1,10 +1,18 @@
 package main
 
 import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"io"
+	"maps"
 	"net/http"
 	"net/http/httputil"
+	"slices"
 	"strings"
 	"sync"
+
+	ngv1alpha1 "github.com/nodeguard/nodeguard/api/v1alpha1"
 
 	"github.com/nodeguard/nodeguard/test/harness"
 	"k8s.io/client-go/rest"
@@ -24,18 +32,23 @@ type requestCounter struct {
 	mu        sync.Mutex
 	requests  map[string]int // "VERB resource[/subresource]"
 	evictions map[int]int    // by HTTP status
+	writes    map[string]int // node-status and event writes by what they say (writeReason)
 }
 
 func startRequestCounter(cfg *rest.Config, kubeconfigPath string) (*requestCounter, error) {
-	rc := &requestCounter{Kubeconfig: kubeconfigPath, requests: map[string]int{}, evictions: map[int]int{}}
+	rc := &requestCounter{Kubeconfig: kubeconfigPath, requests: map[string]int{}, evictions: map[int]int{}, writes: map[string]int{}}
 	srv, err := harness.ServeAPIProxy(cfg, kubeconfigPath, func(rp *httputil.ReverseProxy) http.Handler {
 		// A client that gives up (its context ends) cancels the request; that
 		// is the client's business, not worth a log line each.
 		rp.ErrorHandler = func(w http.ResponseWriter, _ *http.Request, _ error) { w.WriteHeader(http.StatusBadGateway) }
 		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			verb, resource := classify(r)
+			why := writeReason(r, verb, resource)
 			rc.mu.Lock()
 			rc.requests[verb+" "+resource]++
+			if why != "" {
+				rc.writes[why]++
+			}
 			rc.mu.Unlock()
 			if resource == "pods/eviction" && r.Method == http.MethodPost {
 				w = harness.OnAnswer(w, func(code int) {
@@ -61,15 +74,14 @@ func (rc *requestCounter) close() { _ = rc.srv.Close() }
 type requestCount struct {
 	Requests  map[string]int `json:"requests"`
 	Evictions map[int]int    `json:"evictions"`
+	// Writes are the node-status and event writes by what they say.
+	Writes map[string]int `json:"writes,omitempty"`
 }
 
 func (rc *requestCounter) snapshot() requestCount {
 	rc.mu.Lock()
 	defer rc.mu.Unlock()
-	s := requestCount{Requests: map[string]int{}, Evictions: map[int]int{}}
-	for k, v := range rc.requests {
-		s.Requests[k] = v
-	}
+	s := requestCount{Requests: maps.Clone(rc.requests), Evictions: map[int]int{}, Writes: maps.Clone(rc.writes)}
 	for k, v := range rc.evictions {
 		s.Evictions[k] = v
 	}
@@ -78,15 +90,20 @@ func (rc *requestCounter) snapshot() requestCount {
 
 // since is what was counted after the earlier snapshot.
 func (s requestCount) since(earlier requestCount) requestCount {
-	d := requestCount{Requests: map[string]int{}, Evictions: map[int]int{}}
-	for k, v := range s.Requests {
-		if n := v - earlier.Requests[k]; n > 0 {
-			d.Requests[k] = n
-		}
-	}
+	d := requestCount{Requests: countsSince(s.Requests, earlier.Requests), Evictions: map[int]int{}, Writes: countsSince(s.Writes, earlier.Writes)}
 	for k, v := range s.Evictions {
 		if n := v - earlier.Evictions[k]; n > 0 {
 			d.Evictions[k] = n
+		}
+	}
+	return d
+}
+
+func countsSince(now, earlier map[string]int) map[string]int {
+	d := map[string]int{}
+	for k, v := range now {
+		if n := v - earlier[k]; n > 0 {
+			d[k] = n
 		}
 	}
 	return d
@@ -148,4 +165,78 @@ func classify(r *http.Request) (verb, resource string) {
 		verb = r.Method
 	}
 	return verb, resource
+}
+
+// writeReason names a node-status or event write by what it says: "status
+// <the Terminating condition's reason>" (or the condition types it writes),
+// "event <reason>", or "event series" for a series' count. Other requests
+// have none.
+func writeReason(r *http.Request, verb, resource string) string {
+	switch {
+	case resource == "nodes/status" && verb == "PATCH":
+	case resource == "events" && verb == "CREATE":
+	case resource == "events" && verb == "PATCH":
+		return "event series"
+	default:
+		return ""
+	}
+	body, err := io.ReadAll(io.LimitReader(r.Body, 1<<20))
+	_ = r.Body.Close()
+	r.Body = io.NopCloser(bytes.NewReader(body))
+	if err != nil {
+		return ""
+	}
+	if resource == "events" {
+		var ev struct {
+			Reason string `json:"reason"`
+		}
+		_ = json.Unmarshal(body, &ev)
+		return "event " + ev.Reason
+	}
+	var patch struct {
+		Status struct {
+			Conditions []struct {
+				Type   string `json:"type"`
+				Reason string `json:"reason"`
+				Patch  string `json:"$patch"`
+			} `json:"conditions"`
+		} `json:"status"`
+	}
+	_ = json.Unmarshal(body, &patch)
+	var types []string
+	for _, c := range patch.Status.Conditions {
+		switch {
+		case c.Type == string(ngv1alpha1.TerminatingCondition) && c.Patch == "":
+			return "status " + c.Reason
+		case c.Patch == "delete":
+			types = append(types, "-"+c.Type)
+		default:
+			types = append(types, c.Type)
+		}
+	}
+	return "status " + strings.Join(types, ",")
+}
+
+// writesByReason lists the writes by what they say, per one of n objects
+// (the deleted nodes), most first.
+func (s requestCount) writesByReason(n int) string {
+	type kv struct {
+		k string
+		v int
+	}
+	var all []kv
+	for k, v := range s.Writes {
+		all = append(all, kv{k, v})
+	}
+	slices.SortFunc(all, func(a, b kv) int {
+		if a.v != b.v {
+			return b.v - a.v
+		}
+		return strings.Compare(a.k, b.k)
+	})
+	parts := make([]string, len(all))
+	for i, e := range all {
+		parts[i] = fmt.Sprintf("%s %.2f", e.k, float64(e.v)/float64(max(n, 1)))
+	}
+	return strings.Join(parts, ", ")
 }

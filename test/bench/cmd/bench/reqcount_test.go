@@ -1,7 +1,9 @@
 package main
 
 import (
+	"io"
 	"net/http/httptest"
+	"strings"
 	"testing"
 
 	"github.com/nodeguard/nodeguard/test/bench"
@@ -57,5 +59,32 @@ func TestDropsBelowCountsEachDescent(t *testing.T) {
 	}
 	if got := dropsBelow(pts, 7); got != 0 {
 		t.Errorf("dropsBelow(…, 7) = %d, want 0", got)
+	}
+}
+
+func TestWriteReasonNamesStatusAndEventWrites(t *testing.T) {
+	tests := []struct {
+		method, target, body string
+		want                 string
+	}{
+		{"PATCH", "/api/v1/nodes/n1/status",
+			`{"status":{"conditions":[{"type":"nodeguard.io/TrafficCut","status":"True"},{"type":"nodeguard.io/Terminating","status":"True","reason":"WaitingForDrainSlot"}]}}`,
+			"status WaitingForDrainSlot"},
+		{"PATCH", "/api/v1/nodes/n1/status",
+			`{"status":{"conditions":[{"type":"Drained","status":"True"},{"$patch":"delete","type":"nodeguard.io/Terminating"}]}}`,
+			"status Drained,-nodeguard.io/Terminating"},
+		{"POST", "/apis/events.k8s.io/v1/namespaces/default/events", `{"reason":"NodeReleased","note":"released"}`, "event NodeReleased"},
+		{"PATCH", "/apis/events.k8s.io/v1/namespaces/default/events/e1", `{"series":{"count":2}}`, "event series"},
+		{"PATCH", "/api/v1/nodes/n1", `{"spec":{"unschedulable":true}}`, ""},
+	}
+	for _, tt := range tests {
+		r := httptest.NewRequest(tt.method, tt.target, strings.NewReader(tt.body))
+		verb, resource := classify(r)
+		if got := writeReason(r, verb, resource); got != tt.want {
+			t.Errorf("%s %s = %q, want %q", tt.method, tt.target, got, tt.want)
+		}
+		if body, _ := io.ReadAll(r.Body); string(body) != tt.body {
+			t.Errorf("%s %s: the body left for the proxy is %q, want it whole", tt.method, tt.target, body)
+		}
 	}
 }

@@ -1020,8 +1020,8 @@ func fleetTable(r *scaleResult) *bench.Table {
 	t.Note("nodeguard's own view (its metrics over the deletion, bucket bounds): drain slot handoff, from a node's last pod gone to the first eviction of the node that takes its slot (%s): %s; PDB wake-up, from a status that allows a disruption again to the eviction sent for it (%s): %s.",
 		handoffMetric, r.Nodeguard.Handoff.summary(), wakeupMetric, r.Nodeguard.Wakeup.summary())
 	if w := r.Nodeguard.writesPerNode(); r.Nodeguard.Nodes > 0 {
-		t.Note("nodeguard's writes per deleted node (evictions, Leases and the deletes apart): %.1f of nodes, %.1f of node status and %.1f of events, **%.1f in all** (≤ 6 wanted); events recorded but not written (%s): %d.",
-			w.node, w.status, w.events, w.total(), droppedEventsMetric, r.Nodeguard.EventsDropped)
+		t.Note("nodeguard's writes per deleted node (evictions, Leases and the deletes apart): %.1f of nodes, %.1f of node status and %.1f of events, **%.1f in all** (≤ 6 wanted); events recorded but not written (%s): %d. The status and event writes per deleted node by what they say (a status write by the phase its Terminating condition names): %s.",
+			w.node, w.status, w.events, w.total(), droppedEventsMetric, r.Nodeguard.EventsDropped, r.Nodeguard.API.writesByReason(r.Nodeguard.Nodes))
 	}
 	if note := boundNote(r); note != "" {
 		t.Note("%s", note)
