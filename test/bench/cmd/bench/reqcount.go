@@ -12,6 +12,10 @@ import (
 	"strings"
 	"sync"
 
+	corev1 "k8s.io/api/core/v1"
+	eventsv1 "k8s.io/api/events/v1"
+	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
+
 	ngv1alpha1 "github.com/nodeguard/nodeguard/api/v1alpha1"
 
 	"github.com/nodeguard/nodeguard/test/harness"
@@ -187,11 +191,16 @@ func writeReason(r *http.Request, verb, resource string) string {
 		return ""
 	}
 	if resource == "events" {
-		var ev struct {
-			Reason string `json:"reason"`
+		// JSON or protobuf, as the client chose.
+		obj, _, err := clientgoscheme.Codecs.UniversalDeserializer().Decode(body, nil, nil)
+		switch ev := obj.(type) {
+		case *eventsv1.Event:
+			return "event " + ev.Reason
+		case *corev1.Event:
+			return "event " + ev.Reason
+		default:
+			return fmt.Sprintf("event (unread: %v)", err)
 		}
-		_ = json.Unmarshal(body, &ev)
-		return "event " + ev.Reason
 	}
 	var patch struct {
 		Status struct {

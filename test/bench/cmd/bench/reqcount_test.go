@@ -1,10 +1,16 @@
 package main
 
 import (
+	"bytes"
 	"io"
 	"net/http/httptest"
 	"strings"
 	"testing"
+
+	eventsv1 "k8s.io/api/events/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime/serializer/protobuf"
+	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 
 	"github.com/nodeguard/nodeguard/test/bench"
 )
@@ -73,7 +79,8 @@ func TestWriteReasonNamesStatusAndEventWrites(t *testing.T) {
 		{"PATCH", "/api/v1/nodes/n1/status",
 			`{"status":{"conditions":[{"type":"Drained","status":"True"},{"$patch":"delete","type":"nodeguard.io/Terminating"}]}}`,
 			"status Drained,-nodeguard.io/Terminating"},
-		{"POST", "/apis/events.k8s.io/v1/namespaces/default/events", `{"reason":"NodeReleased","note":"released"}`, "event NodeReleased"},
+		{"POST", "/apis/events.k8s.io/v1/namespaces/default/events", `{"apiVersion":"events.k8s.io/v1","kind":"Event","reason":"NodeReleased","note":"released"}`, "event NodeReleased"},
+		{"POST", "/apis/events.k8s.io/v1/namespaces/default/events", protobufEvent(t, "NodeDeletionAdmitted"), "event NodeDeletionAdmitted"},
 		{"PATCH", "/apis/events.k8s.io/v1/namespaces/default/events/e1", `{"series":{"count":2}}`, "event series"},
 		{"PATCH", "/api/v1/nodes/n1", `{"spec":{"unschedulable":true}}`, ""},
 	}
@@ -87,4 +94,16 @@ func TestWriteReasonNamesStatusAndEventWrites(t *testing.T) {
 			t.Errorf("%s %s: the body left for the proxy is %q, want it whole", tt.method, tt.target, body)
 		}
 	}
+}
+
+// protobufEvent is an events.k8s.io/v1 Event as a client sending protobuf
+// writes it.
+func protobufEvent(t *testing.T, reason string) string {
+	t.Helper()
+	var b bytes.Buffer
+	ev := &eventsv1.Event{TypeMeta: metav1.TypeMeta{APIVersion: "events.k8s.io/v1", Kind: "Event"}, Reason: reason}
+	if err := protobuf.NewSerializer(clientgoscheme.Scheme, clientgoscheme.Scheme).Encode(ev, &b); err != nil {
+		t.Fatal(err)
+	}
+	return b.String()
 }
