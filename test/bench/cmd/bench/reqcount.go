@@ -229,23 +229,31 @@ func writeReason(r *http.Request, verb, resource string) string {
 // writesByReason lists the writes by what they say, per one of n objects
 // (the deleted nodes), most first.
 func (s requestCount) writesByReason(n int) string {
-	type kv struct {
-		k string
-		v int
-	}
-	var all []kv
-	for k, v := range s.Writes {
-		all = append(all, kv{k, v})
-	}
-	slices.SortFunc(all, func(a, b kv) int {
-		if a.v != b.v {
-			return b.v - a.v
-		}
-		return strings.Compare(a.k, b.k)
-	})
-	parts := make([]string, len(all))
-	for i, e := range all {
-		parts[i] = fmt.Sprintf("%s %.2f", e.k, float64(e.v)/float64(max(n, 1)))
+	var parts []string
+	for _, e := range mostFirst(s.Writes) {
+		parts = append(parts, fmt.Sprintf("%s %.2f", e.key, float64(e.n)/float64(max(n, 1))))
 	}
 	return strings.Join(parts, ", ")
+}
+
+// counted is one key of a count and its number.
+type counted struct {
+	key string
+	n   int
+}
+
+// mostFirst orders a count's keys by their number, most first (then by
+// name).
+func mostFirst(counts map[string]int) []counted {
+	all := make([]counted, 0, len(counts))
+	for k, v := range counts {
+		all = append(all, counted{k, v})
+	}
+	slices.SortFunc(all, func(a, b counted) int {
+		if a.n != b.n {
+			return b.n - a.n
+		}
+		return strings.Compare(a.key, b.key)
+	})
+	return all
 }

@@ -1034,27 +1034,13 @@ func fleetTable(r *scaleResult) *bench.Table {
 
 // topRequests lists the n most frequent kinds of request.
 func topRequests(c requestCount, n int) string {
-	type kv struct {
-		k string
-		v int
-	}
-	var all []kv
-	for k, v := range c.Requests {
-		all = append(all, kv{k, v})
-	}
-	slices.SortFunc(all, func(a, b kv) int {
-		if a.v != b.v {
-			return b.v - a.v
-		}
-		return strings.Compare(a.k, b.k)
-	})
 	var out []string
-	for i, e := range all {
+	for i, e := range mostFirst(c.Requests) {
 		if i == n {
 			out = append(out, "…")
 			break
 		}
-		out = append(out, fmt.Sprintf("%s %d", e.k, e.v))
+		out = append(out, fmt.Sprintf("%s %d", e.key, e.n))
 	}
 	return strings.Join(out, ", ")
 }
