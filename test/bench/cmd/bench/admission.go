@@ -397,7 +397,7 @@ func admissionTable(r *admitResult) *bench.Table {
 			nodeDeleteHandler, r.Handler[nodeDeleteHandler].summary(), podEvictionHandler, r.Handler[podEvictionHandler].summary())
 	}
 	if claim, write := r.Handler[claimMetric], r.Handler[statusWriteMetric]; claim.count() > 0 && write.count() > 0 {
-		t.Note("The DELETE's claim, from joining its budget's group commit to its verdict (%s): %s; the status write of one round (%s), the drains' releases and recomputations included: %s. A claim waits for the round in flight, then its own: an admitted DELETE costs at least one status write more than the no-op's.",
+		t.Note("A claim (the DELETEs') or release (the drains'), from joining its budget's group commit to its verdict (%s): %s; the status write of one round (%s), the drains' releases and recomputations included: %s. A claim waits for the round in flight, then its own: an admitted DELETE costs at least one status write more than the no-op's.",
 			claimMetric, claim.summary(), statusWriteMetric, write.summary())
 	}
 	return t
