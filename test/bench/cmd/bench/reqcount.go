@@ -15,11 +15,10 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	eventsv1 "k8s.io/api/events/v1"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
+	"k8s.io/client-go/rest"
 
 	ngv1alpha1 "github.com/nodeguard/nodeguard/api/v1alpha1"
-
 	"github.com/nodeguard/nodeguard/test/harness"
-	"k8s.io/client-go/rest"
 )
 
 // requestCounter is a reverse proxy to kube-apiserver that counts every
@@ -184,9 +183,11 @@ func writeReason(r *http.Request, verb, resource string) string {
 	default:
 		return ""
 	}
-	body, err := io.ReadAll(io.LimitReader(r.Body, 1<<20))
-	_ = r.Body.Close()
-	r.Body = io.NopCloser(bytes.NewReader(body))
+	// Read the first MiB (a status patch or an event is far smaller) and put
+	// it back ahead of the rest for the proxy.
+	rest := r.Body
+	body, err := io.ReadAll(io.LimitReader(rest, 1<<20))
+	r.Body = readCloser{io.MultiReader(bytes.NewReader(body), rest), rest}
 	if err != nil {
 		return ""
 	}
@@ -224,6 +225,12 @@ func writeReason(r *http.Request, verb, resource string) string {
 		}
 	}
 	return "status " + strings.Join(types, ",")
+}
+
+// readCloser reads a request body put back together and closes the original.
+type readCloser struct {
+	io.Reader
+	io.Closer
 }
 
 // writesByReason lists the writes by what they say, per one of n objects
