@@ -152,3 +152,49 @@ func TestDrainEndedCountsOnlyADrainSinceTheDeletion(t *testing.T) {
 		}
 	}
 }
+
+// TestWrittenConditionsOutliveAStaleCache: a draining node is read from the
+// cache, which may not have seen nodeguard's last status write yet. The pass
+// must read the conditions as written: DrainInProgress is not staged again
+// (a second write, and a drain start moved later), and a condition removed
+// stays removed.
+func TestWrittenConditionsOutliveAStaleCache(t *testing.T) {
+	clock := clocktesting.NewFakeClock(time.Date(2026, 11, 28, 12, 0, 0, 0, time.UTC))
+	r := &Reconciler{Clock: clock}
+	uid := types.UID("n1")
+	r.mu.Lock()
+	r.remember(uid)
+	r.mu.Unlock()
+	fresh := func() *corev1.Node {
+		return &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "n1", UID: uid}, Status: corev1.NodeStatus{Conditions: []corev1.NodeCondition{
+			{Type: ngv1alpha1.TrafficCutCondition, Status: corev1.ConditionTrue},
+		}}}
+	}
+
+	node := fresh()
+	r.markDrainInProgress(node)
+	r.stageRemoval(node, ngv1alpha1.TrafficCutCondition)
+	began := nodeCondition(node, corev1.NodeDrainInProgress).LastTransitionTime
+	r.mu.Lock()
+	staged := r.memory[uid].staged
+	r.memory[uid].staged = nil
+	r.mu.Unlock()
+	r.rememberWritten(uid, staged) // as a successful status write does
+
+	clock.Step(5 * time.Second)
+	stale := fresh() // the cache has not seen the write
+	r.overlayStaged(stale)
+	r.markDrainInProgress(stale)
+	r.mu.Lock()
+	again := r.memory[uid].staged
+	r.mu.Unlock()
+	if again != nil {
+		t.Errorf("a pass over a stale copy staged %+v again, want nothing: the write carried it", again)
+	}
+	if c := nodeCondition(stale, corev1.NodeDrainInProgress); c == nil || c.Status != corev1.ConditionTrue || !c.LastTransitionTime.Equal(&began) {
+		t.Errorf("DrainInProgress read as %+v, want True since %s (the drain's start, as written)", c, began)
+	}
+	if c := nodeCondition(stale, ngv1alpha1.TrafficCutCondition); c != nil {
+		t.Errorf("TrafficCut read as %+v, want it removed, as written", c)
+	}
+}

@@ -3,6 +3,7 @@ package finalizer
 import (
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/nodeguard/nodeguard/finalizer/drain"
@@ -30,6 +31,10 @@ type nodeMemory struct {
 	// them (status.go).
 	staged *stagedConditions
 	status *statusWriter
+	// written are the conditions this process wrote last, by type (nil:
+	// removed): a draining node is read from the cache, which may not have
+	// seen the write yet, and must not stage it again.
+	written map[corev1.NodeConditionType]*corev1.NodeCondition
 	// drainedAt is when the drain ended (recordDrained).
 	drainedAt time.Time
 	// cutWait: a background wait for the traffic cut will wake the node.

@@ -80,15 +80,29 @@ func (r *Reconciler) stage(uid types.UID, change func(*stagedConditions)) {
 	change(m.staged)
 }
 
-// overlayStaged applies the changes staged and not written yet to a node read
-// for a pass, which then reads its conditions as they will be written.
+// overlayStaged applies to a node read for a pass the conditions this
+// process wrote (which a cached read may not show yet), then the changes
+// staged and not written yet: the pass reads its conditions as they will be.
 func (r *Reconciler) overlayStaged(node *corev1.Node) {
 	r.mu.Lock()
 	var staged stagedConditions
-	if m := r.memory[node.UID]; m != nil && m.staged != nil {
-		staged = *m.staged
+	var written []corev1.NodeCondition
+	var removed []corev1.NodeConditionType
+	if m := r.memory[node.UID]; m != nil {
+		if m.staged != nil {
+			staged = *m.staged
+		}
+		for typ, c := range m.written {
+			if c == nil {
+				removed = append(removed, typ)
+			} else {
+				written = append(written, *c)
+			}
+		}
 	}
 	r.mu.Unlock()
+	staged.set = append(written, staged.set...)
+	staged.remove = append(removed, staged.remove...)
 	for _, c := range staged.set {
 		if old := nodeCondition(node, c.Type); old != nil {
 			*old = c
@@ -235,5 +249,25 @@ func (r *Reconciler) writeConditions(ctx context.Context, node *corev1.Node, sta
 		r.mu.Unlock()
 		return fmt.Errorf("writing the node's conditions: %w", err)
 	}
+	r.rememberWritten(node.UID, staged)
 	return nil
+}
+
+// rememberWritten records the conditions a status write carried.
+func (r *Reconciler) rememberWritten(uid types.UID, staged *stagedConditions) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	m := r.memory[uid]
+	if m == nil {
+		return // forgotten meanwhile: the node went
+	}
+	if m.written == nil {
+		m.written = map[corev1.NodeConditionType]*corev1.NodeCondition{}
+	}
+	for _, c := range staged.set {
+		m.written[c.Type] = &c
+	}
+	for _, t := range staged.remove {
+		m.written[t] = nil
+	}
 }
