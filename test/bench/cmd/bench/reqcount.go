@@ -84,26 +84,18 @@ type requestCount struct {
 func (rc *requestCounter) snapshot() requestCount {
 	rc.mu.Lock()
 	defer rc.mu.Unlock()
-	s := requestCount{Requests: maps.Clone(rc.requests), Evictions: map[int]int{}, Writes: maps.Clone(rc.writes)}
-	for k, v := range rc.evictions {
-		s.Evictions[k] = v
-	}
-	return s
+	return requestCount{Requests: maps.Clone(rc.requests), Evictions: maps.Clone(rc.evictions), Writes: maps.Clone(rc.writes)}
 }
 
 // since is what was counted after the earlier snapshot.
 func (s requestCount) since(earlier requestCount) requestCount {
-	d := requestCount{Requests: countsSince(s.Requests, earlier.Requests), Evictions: map[int]int{}, Writes: countsSince(s.Writes, earlier.Writes)}
-	for k, v := range s.Evictions {
-		if n := v - earlier.Evictions[k]; n > 0 {
-			d.Evictions[k] = n
-		}
-	}
-	return d
+	return requestCount{Requests: countsSince(s.Requests, earlier.Requests), Evictions: countsSince(s.Evictions, earlier.Evictions),
+		Writes: countsSince(s.Writes, earlier.Writes)}
 }
 
-func countsSince(now, earlier map[string]int) map[string]int {
-	d := map[string]int{}
+// countsSince is what a count gained since an earlier one, key by key.
+func countsSince[K comparable](now, earlier map[K]int) map[K]int {
+	d := map[K]int{}
 	for k, v := range now {
 		if n := v - earlier[k]; n > 0 {
 			d[k] = n
