@@ -175,7 +175,16 @@ func (e *Env) startAPIServer(opts Options) error {
 	if err != nil {
 		return err
 	}
-	apiServer := &envtest.APIServer{Path: apiserver, Out: apiLog, Err: apiLog}
+	// The components' state (etcd's data, kube-apiserver's certificates)
+	// lives in the env's directory, so that it goes with the directory even
+	// when the process was killed before Stop.
+	etcdData, certs := filepath.Join(e.Dir, "etcd"), filepath.Join(e.Dir, "apiserver")
+	for _, dir := range []string{etcdData, certs} {
+		if err := os.MkdirAll(dir, 0o700); err != nil {
+			return err
+		}
+	}
+	apiServer := &envtest.APIServer{Path: apiserver, CertDir: certs, Out: apiLog, Err: apiLog}
 	if gates := featureGates(); gates != "" {
 		apiServer.Configure().Set("feature-gates", gates)
 	}
@@ -220,7 +229,7 @@ func (e *Env) startAPIServer(opts Options) error {
 		WebhookInstallOptions:    webhooks,
 		ControlPlane: envtest.ControlPlane{
 			APIServer: apiServer,
-			Etcd:      &envtest.Etcd{Path: etcd, Out: etcdLog, Err: etcdLog},
+			Etcd:      &envtest.Etcd{Path: etcd, DataDir: etcdData, Out: etcdLog, Err: etcdLog},
 		},
 	}
 	if _, err := e.testEnv.Start(); err != nil {
