@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"net/http"
 	"slices"
@@ -32,8 +33,9 @@ const writesPerDeletion = 6
 // every watcher of nodes in the cluster: nodeguard writes each deleted node
 // exactly twice, the cordon and the finalizer's removal, never marks one for
 // cluster-autoscaler, and writes at most 6 nodes, node statuses and events in
-// all per deleted node: a status change only when a wait lasts, events
-// saying the admission, the budget's charge and the release.
+// all per deleted node: a status change only when a wait lasts, no condition
+// written twice, events saying the admission, the budget's charge and the
+// release.
 func TestDeletedNodesAreWrittenTwice(t *testing.T) {
 	harness.SkipWithoutEnv(t, env)
 	ns := freshName("writes")
@@ -106,6 +108,7 @@ func TestDeletedNodesAreWrittenTwice(t *testing.T) {
 			t.Fatalf("the proxy recorded no DELETE of node %s", target)
 		}
 		var nodeWrites []string
+		var statusBodies [][]byte
 		for _, w := range writes[deleted+1:] {
 			switch {
 			case w.Path == "/api/v1/nodes/"+target && w.Status >= http.StatusBadRequest:
@@ -114,10 +117,14 @@ func TestDeletedNodesAreWrittenTwice(t *testing.T) {
 				nodeWrites = append(nodeWrites, w.Method)
 			case w.Path == "/api/v1/nodes/"+target+"/status" && w.Status < http.StatusBadRequest:
 				statusWrites++
+				statusBodies = append(statusBodies, w.Body)
 			}
 		}
 		if len(nodeWrites) != nodeWritesPerDeletion {
 			t.Errorf("node %s written %d times (%v), want %d: the cordon and the finalizer's removal", target, len(nodeWrites), nodeWrites, nodeWritesPerDeletion)
+		}
+		if repeats := conditionRepeats(t, statusBodies); len(repeats) > 0 {
+			t.Errorf("node %s: status writes sent conditions again as the node's previous write had them: %v", target, repeats)
 		}
 	}
 	for _, w := range writes[before:] {
@@ -131,4 +138,41 @@ func TestDeletedNodesAreWrittenTwice(t *testing.T) {
 	if all := nodeWritesPerDeletion + float64(statusWrites+eventWrites)/n; all > writesPerDeletion {
 		t.Errorf("%.1f writes of nodes, node statuses and events per deleted node, want at most %d", all, writesPerDeletion)
 	}
+}
+
+// conditionRepeats reads a node's status writes (strategic merge patches of
+// its conditions) in order and lists each condition a write set, or removed,
+// exactly as the node's previous write of that type had: a write that changes
+// nothing, as a pass reading a stale copy of the node would make.
+func conditionRepeats(t *testing.T, bodies [][]byte) []string {
+	t.Helper()
+	last := map[string]string{} // by type: status/reason/message, or "removed"
+	var repeats []string
+	for i, body := range bodies {
+		var patch struct {
+			Status struct {
+				Conditions []struct {
+					Type    string `json:"type"`
+					Status  string `json:"status"`
+					Reason  string `json:"reason"`
+					Message string `json:"message"`
+					Patch   string `json:"$patch"`
+				} `json:"conditions"`
+			} `json:"status"`
+		}
+		if err := json.Unmarshal(body, &patch); err != nil {
+			t.Fatalf("status write %d is not a JSON patch: %v\n%s", i, err, body)
+		}
+		for _, c := range patch.Status.Conditions {
+			value := c.Status + "/" + c.Reason + "/" + c.Message
+			if c.Patch == "delete" {
+				value = "removed"
+			}
+			if last[c.Type] == value {
+				repeats = append(repeats, fmt.Sprintf("write %d: %s %s", i, c.Type, value))
+			}
+			last[c.Type] = value
+		}
+	}
+	return repeats
 }

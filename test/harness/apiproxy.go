@@ -1,7 +1,9 @@
 package harness
 
 import (
+	"bytes"
 	"context"
+	"io"
 	"net"
 	"net/http"
 	"net/http/httputil"
@@ -38,7 +40,13 @@ type Write struct {
 	// Path is the URL path, e.g. /api/v1/namespaces/ns/pods/web-1/eviction.
 	Path   string `json:"path"`
 	Status int    `json:"status"`
+	// Body is the request's body when it wrote a status subresource (a
+	// status patch is small), for a test to read what changed.
+	Body []byte `json:"body,omitempty"`
 }
+
+// maxRecordedBody bounds the status write bodies a proxy keeps.
+const maxRecordedBody = 64 << 10
 
 // APIProxy sits between a client (nodeguard, kubectl) and kube-apiserver and
 // records what a drain does through it: every eviction request, the most ever
@@ -69,10 +77,11 @@ func StartAPIProxy(cfg *rest.Config, kubeconfigPath string) (*APIProxy, error) {
 	srv, err := ServeAPIProxy(cfg, kubeconfigPath, func(rp *httputil.ReverseProxy) http.Handler {
 		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			if r.Method != http.MethodGet {
+				body := recordStatusBody(r)
 				w = &answerStart{ResponseWriter: w, started: func(status int) {
 					p.mu.Lock()
 					defer p.mu.Unlock()
-					p.writes = append(p.writes, Write{Method: r.Method, Path: r.URL.Path, Status: status})
+					p.writes = append(p.writes, Write{Method: r.Method, Path: r.URL.Path, Status: status, Body: body})
 				}}
 			}
 			if m := evictionPath.FindStringSubmatch(r.URL.Path); r.Method == http.MethodPost && m != nil {
@@ -87,6 +96,24 @@ func StartAPIProxy(cfg *rest.Config, kubeconfigPath string) (*APIProxy, error) {
 	}
 	p.srv = srv
 	return p, nil
+}
+
+// recordStatusBody reads the body of a status subresource write, up to
+// maxRecordedBody, and puts it back ahead of the rest for the proxy.
+func recordStatusBody(r *http.Request) []byte {
+	if !strings.HasSuffix(r.URL.Path, "/status") || r.Body == nil {
+		return nil
+	}
+	rest := r.Body
+	body, err := io.ReadAll(io.LimitReader(rest, maxRecordedBody))
+	r.Body = struct {
+		io.Reader
+		io.Closer
+	}{io.MultiReader(bytes.NewReader(body), rest), rest}
+	if err != nil {
+		return nil
+	}
+	return body
 }
 
 // ServeAPIProxy serves handler on a local port, in front of the control plane
