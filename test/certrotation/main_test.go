@@ -6,6 +6,7 @@
 package certrotation
 
 import (
+	"context"
 	"fmt"
 	"os"
 	"os/exec"
@@ -54,11 +55,11 @@ func startCertManager(t *testing.T) {
 			certManagerErr = fmt.Errorf("applying cert-manager's CRDs: %v\n%s", err, out)
 			return
 		}
-		out, err = exec.Command("kubectl", "--kubeconfig", env.Kubeconfig, "wait", "--for=condition=Established", "--timeout=60s",
-			"crd/certificates.cert-manager.io", "crd/issuers.cert-manager.io", "crd/certificaterequests.cert-manager.io").CombinedOutput()
-		if err != nil {
-			certManagerErr = fmt.Errorf("waiting for cert-manager's CRDs: %v\n%s", err, out)
-			return
+		for _, crd := range []string{"certificates.cert-manager.io", "issuers.cert-manager.io", "certificaterequests.cert-manager.io"} {
+			if err := harness.WaitForCRDEstablished(context.Background(), env.Client, crd); err != nil {
+				certManagerErr = fmt.Errorf("waiting for cert-manager's CRDs: %w", err)
+				return
+			}
 		}
 		p, err := harness.StartNodeguardProcess(binary, filepath.Join(env.Dir, "cert-manager-controller.log"), "controller", "--kubeconfig="+env.Kubeconfig)
 		if err != nil {

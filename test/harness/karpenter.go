@@ -58,20 +58,31 @@ func ApplyKarpenterCRDs(ctx context.Context, c client.Client) error {
 		if err != nil {
 			return fmt.Errorf("installing CRD %s: %w", crd.Name, err)
 		}
-		if err := PollEvery(ctx, 100*time.Millisecond, time.Minute, func(ctx context.Context) (bool, error) {
-			var got apiextensionsv1.CustomResourceDefinition
-			if err := c.Get(ctx, client.ObjectKey{Name: crd.Name}, &got); err != nil {
-				return false, err
-			}
-			for _, cond := range got.Status.Conditions {
-				if cond.Type == apiextensionsv1.Established && cond.Status == apiextensionsv1.ConditionTrue {
-					return true, nil
-				}
-			}
-			return false, nil
-		}); err != nil {
-			return fmt.Errorf("CRD %s is not established: %w", crd.Name, err)
+		if err := WaitForCRDEstablished(ctx, c, crd.Name); err != nil {
+			return err
 		}
+	}
+	return nil
+}
+
+// WaitForCRDEstablished waits up to a minute until the CRD named name is
+// established (its kind served). It reads the condition itself: kubectl wait
+// fails at once on a CRD whose status has no conditions yet.
+func WaitForCRDEstablished(ctx context.Context, c client.Client, name string) error {
+	err := PollEvery(ctx, 100*time.Millisecond, time.Minute, func(ctx context.Context) (bool, error) {
+		var got apiextensionsv1.CustomResourceDefinition
+		if err := c.Get(ctx, client.ObjectKey{Name: name}, &got); err != nil {
+			return false, err
+		}
+		for _, cond := range got.Status.Conditions {
+			if cond.Type == apiextensionsv1.Established && cond.Status == apiextensionsv1.ConditionTrue {
+				return true, nil
+			}
+		}
+		return false, nil
+	})
+	if err != nil {
+		return fmt.Errorf("CRD %s is not established: %w", name, err)
 	}
 	return nil
 }
