@@ -469,6 +469,7 @@ func createBareOn(ctx context.Context, cl client.Client, nodes []string) error {
 	})
 }
 
+// setSchedulable uncordons the nodes, or cordons them, 16 at a time.
 func setSchedulable(ctx context.Context, cl client.Client, nodes []string, schedulable bool) error {
 	return forEach(ctx, nodes, 16, func(ctx context.Context, name string) error {
 		n := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: name}}

@@ -329,10 +329,8 @@ func runScale(ctx context.Context, c config, env *harness.Env) (*scaleResult, er
 	}
 	// The kubectl set is cordoned while nodeguard deletes its own, so that
 	// both sets keep the pods they started with.
-	for _, n := range kubectlSet {
-		if err := setUnschedulable(ctx, cl, n); err != nil {
-			return r, err
-		}
+	if err := setSchedulable(ctx, cl, kubectlSet, false); err != nil {
+		return r, err
 	}
 
 	logf("scale: deleting %d nodes at once under nodeguard (NDB maxUnavailable %s)", len(ngSet), scaleNDB)
@@ -672,11 +670,6 @@ func waitRunning(ctx context.Context, cl client.Client, ns string, deploymentPod
 		logf("scale: going on with %d of %d pods not running after %s without progress", best, want, stragglerStall)
 	}
 	return best, nil
-}
-
-func setUnschedulable(ctx context.Context, cl client.Client, name string) error {
-	n := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: name}}
-	return cl.Patch(ctx, n, client.RawPatch(types.MergePatchType, []byte(`{"spec":{"unschedulable":true}}`)))
 }
 
 // fleetDeletion is one drainer's deletion of a set of nodes.
