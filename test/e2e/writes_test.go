@@ -2,7 +2,6 @@ package e2e
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"net/http"
 	"slices"
@@ -149,21 +148,11 @@ func conditionRepeats(t *testing.T, bodies [][]byte) []string {
 	last := map[string]string{} // by type: status/reason/message, or "removed"
 	var repeats []string
 	for i, body := range bodies {
-		var patch struct {
-			Status struct {
-				Conditions []struct {
-					Type    string `json:"type"`
-					Status  string `json:"status"`
-					Reason  string `json:"reason"`
-					Message string `json:"message"`
-					Patch   string `json:"$patch"`
-				} `json:"conditions"`
-			} `json:"status"`
-		}
-		if err := json.Unmarshal(body, &patch); err != nil {
+		conditions, err := harness.PatchedConditions(body)
+		if err != nil {
 			t.Fatalf("status write %d is not a JSON patch: %v\n%s", i, err, body)
 		}
-		for _, c := range patch.Status.Conditions {
+		for _, c := range conditions {
 			value := c.Status + "/" + c.Reason + "/" + c.Message
 			if c.Patch == "delete" {
 				value = "removed"

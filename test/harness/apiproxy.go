@@ -3,6 +3,7 @@ package harness
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"io"
 	"net"
 	"net/http"
@@ -98,22 +99,53 @@ func StartAPIProxy(cfg *rest.Config, kubeconfigPath string) (*APIProxy, error) {
 	return p, nil
 }
 
-// recordStatusBody reads the body of a status subresource write, up to
-// maxRecordedBody, and puts it back ahead of the rest for the proxy.
+// recordStatusBody returns the body of a status subresource write.
 func recordStatusBody(r *http.Request) []byte {
-	if !strings.HasSuffix(r.URL.Path, "/status") || r.Body == nil {
+	if !strings.HasSuffix(r.URL.Path, "/status") {
 		return nil
 	}
-	rest := r.Body
-	body, err := io.ReadAll(io.LimitReader(rest, maxRecordedBody))
-	r.Body = struct {
-		io.Reader
-		io.Closer
-	}{io.MultiReader(bytes.NewReader(body), rest), rest}
+	body, err := PeekBody(r, maxRecordedBody)
 	if err != nil {
 		return nil
 	}
 	return body
+}
+
+// PeekBody reads up to limit bytes of a request's body, for a proxy to look
+// at before it forwards the request, and puts them back ahead of the rest.
+func PeekBody(r *http.Request, limit int64) ([]byte, error) {
+	if r.Body == nil {
+		return nil, nil
+	}
+	rest := r.Body
+	body, err := io.ReadAll(io.LimitReader(rest, limit))
+	r.Body = struct {
+		io.Reader
+		io.Closer
+	}{io.MultiReader(bytes.NewReader(body), rest), rest}
+	return body, err
+}
+
+// PatchedCondition is one entry of a strategic merge patch of a node's
+// conditions, as nodeguard writes them: a condition set, or with Patch
+// "delete" a type removed.
+type PatchedCondition struct {
+	Type    string `json:"type"`
+	Status  string `json:"status"`
+	Reason  string `json:"reason"`
+	Message string `json:"message"`
+	Patch   string `json:"$patch"`
+}
+
+// PatchedConditions reads the conditions a node status patch writes.
+func PatchedConditions(body []byte) ([]PatchedCondition, error) {
+	var patch struct {
+		Status struct {
+			Conditions []PatchedCondition `json:"conditions"`
+		} `json:"status"`
+	}
+	err := json.Unmarshal(body, &patch)
+	return patch.Status.Conditions, err
 }
 
 // ServeAPIProxy serves handler on a local port, in front of the control plane

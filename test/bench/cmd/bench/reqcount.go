@@ -1,10 +1,7 @@
 package main
 
 import (
-	"bytes"
-	"encoding/json"
 	"fmt"
-	"io"
 	"maps"
 	"net/http"
 	"net/http/httputil"
@@ -175,11 +172,8 @@ func writeReason(r *http.Request, verb, resource string) string {
 	default:
 		return ""
 	}
-	// Read the first MiB (a status patch or an event is far smaller) and put
-	// it back ahead of the rest for the proxy.
-	rest := r.Body
-	body, err := io.ReadAll(io.LimitReader(rest, 1<<20))
-	r.Body = readCloser{io.MultiReader(bytes.NewReader(body), rest), rest}
+	// The first MiB: a status patch or an event is far smaller.
+	body, err := harness.PeekBody(r, 1<<20)
 	if err != nil {
 		return ""
 	}
@@ -195,18 +189,9 @@ func writeReason(r *http.Request, verb, resource string) string {
 			return fmt.Sprintf("event (unread: %v)", err)
 		}
 	}
-	var patch struct {
-		Status struct {
-			Conditions []struct {
-				Type   string `json:"type"`
-				Reason string `json:"reason"`
-				Patch  string `json:"$patch"`
-			} `json:"conditions"`
-		} `json:"status"`
-	}
-	_ = json.Unmarshal(body, &patch)
+	conditions, _ := harness.PatchedConditions(body)
 	var types []string
-	for _, c := range patch.Status.Conditions {
+	for _, c := range conditions {
 		switch {
 		case c.Type == string(ngv1alpha1.TerminatingCondition) && c.Patch == "":
 			return "status " + c.Reason
@@ -217,12 +202,6 @@ func writeReason(r *http.Request, verb, resource string) string {
 		}
 	}
 	return "status " + strings.Join(types, ",")
-}
-
-// readCloser reads a request body put back together and closes the original.
-type readCloser struct {
-	io.Reader
-	io.Closer
 }
 
 // writesByReason lists the writes by what they say, per one of n objects
