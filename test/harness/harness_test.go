@@ -114,7 +114,8 @@ func runOrphanHelper() {
 
 // TestNoComponentOutlivesAKilledTestProcess kills (SIGKILL, so no cleanup runs)
 // a process that started a control plane, and checks that etcd and
-// kube-apiserver die with it instead of living on as orphans.
+// kube-apiserver die with it instead of living on as orphans, and that their
+// state (etcd's data, 123 MB) is in the env's directory, removed with it.
 func TestNoComponentOutlivesAKilledTestProcess(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts a control plane")
@@ -148,6 +149,13 @@ func TestNoComponentOutlivesAKilledTestProcess(t *testing.T) {
 		}
 		return true, nil
 	}, "every component of the killed process has exited")
+	// No Stop ran: what the components kept must be in the env's directory,
+	// which the test's cleanup removes, not left elsewhere in $TMPDIR.
+	for _, kept := range []string{filepath.Join(dir, "etcd", "member"), filepath.Join(dir, "apiserver", "apiserver.crt")} {
+		if _, err := os.Stat(kept); err != nil {
+			t.Errorf("the killed control plane's state is not in its env's directory: %v", err)
+		}
+	}
 	_ = os.RemoveAll(filepath.Join(dir))
 }
 
