@@ -12,6 +12,7 @@
 package harness
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -46,6 +47,10 @@ const (
 // PDBs then count no healthy pods, and every eviction is refused.
 const nodeLeaseDurationSeconds = "40"
 
+// defaultNodeMonitorGracePeriod is how long kube-controller-manager waits for
+// a node's heartbeat before it counts the node NotReady (Options).
+const defaultNodeMonitorGracePeriod = 40 * time.Second
+
 // Options says what to start.
 type Options struct {
 	// Cluster adds kube-controller-manager, kube-scheduler and kwok.
@@ -57,6 +62,13 @@ type Options struct {
 	// nodes on a busy machine 4 workers fall behind: pods take many minutes
 	// to start and heartbeats lag.
 	KwokParallelism int
+	// NodeMonitorGracePeriod, when above 0, replaces kube-controller-manager's
+	// 40 s without a heartbeat before a node counts NotReady. The node
+	// lifecycle controller then marks the node's pods not Ready, and kwok,
+	// unlike a kubelet whose node is back, never marks them Ready again: a
+	// cluster of thousands of kwok nodes on 2 cores, whose heartbeats lag
+	// under load though no node is dead, sets it long.
+	NodeMonitorGracePeriod time.Duration
 	// WebhookManifests are files or directories of webhook configurations that
 	// envtest installs, pointing them at a local webhook server whose host, port
 	// and certificate directory are in Env.Webhook.
@@ -271,7 +283,7 @@ func (e *Env) startCluster(ctx context.Context, opts Options) error {
 		"--leader-elect=false", "--secure-port=0",
 		"--controllers=*,-serviceaccount-token", "--use-service-account-credentials=false",
 		// Evict pods from a NotReady node soon enough to matter in tests.
-		"--node-monitor-grace-period=40s",
+		"--node-monitor-grace-period="+cmp.Or(opts.NodeMonitorGracePeriod, defaultNodeMonitorGracePeriod).String(),
 	)
 	if gates := featureGates(); gates != "" {
 		kcm = append(kcm, "--feature-gates="+gates)

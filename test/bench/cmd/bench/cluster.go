@@ -23,15 +23,22 @@ const (
 
 // startCluster starts a full local cluster (etcd, kube-apiserver,
 // kube-controller-manager, kube-scheduler, kwok) with nodeguard's webhook
-// configurations installed, logging to dir. kwokParallelism above 0 sets
-// kwok's worker counts (harness.Options.KwokParallelism); auditPolicy, when
-// set, is kube-apiserver's audit policy.
-func startCluster(ctx context.Context, dir, podStages string, kwokParallelism int, auditPolicy string) (*harness.Env, error) {
+// configurations installed, logging to dir. A fleet cluster (thousands of
+// nodes) gets kwok's larger worker counts and heartbeats that may lag
+// (scaleKwokParallelism, fleetNodeMonitorGracePeriod); auditPolicy, when set,
+// is kube-apiserver's audit policy.
+func startCluster(ctx context.Context, dir, podStages string, fleet bool, auditPolicy string) (*harness.Env, error) {
 	if err := os.RemoveAll(dir); err != nil {
 		return nil, err
 	}
+	var kwokParallelism int
+	var gracePeriod time.Duration
+	if fleet {
+		kwokParallelism, gracePeriod = scaleKwokParallelism, fleetNodeMonitorGracePeriod
+	}
 	env, err := harness.Start(ctx, harness.Options{
-		Cluster: true, PodStages: podStages, Dir: dir, KwokParallelism: kwokParallelism,
+		Cluster: true, PodStages: podStages, Dir: dir,
+		KwokParallelism: kwokParallelism, NodeMonitorGracePeriod: gracePeriod,
 		WebhookManifests: []string{filepath.Join(harness.RepoRoot(), "manifests", "webhook")},
 		// Budgets are created while the no-op webhook or no nodeguard serves.
 		WithoutWebhooks: []string{ngwebhook.BudgetWebhookName},

@@ -217,7 +217,7 @@ func run(ctx context.Context, c config) (*results, error) {
 		if c.has("drain") {
 			audit = drainAuditPolicy(drainNamespaces(c))
 		}
-		env, err := startCluster(ctx, filepath.Join(c.out, "cluster-"+profile), profile, 0, audit)
+		env, err := startCluster(ctx, filepath.Join(c.out, "cluster-"+profile), profile, false, audit)
 		if err != nil {
 			fail("cluster "+profile, err)
 			continue
@@ -268,7 +268,7 @@ func run(ctx context.Context, c config) (*results, error) {
 			return
 		}
 		logf("starting a cluster for the %s section", section)
-		env, err := startCluster(ctx, filepath.Join(c.out, "cluster-"+section), harness.PodsFast, scaleKwokParallelism, "")
+		env, err := startCluster(ctx, filepath.Join(c.out, "cluster-"+section), harness.PodsFast, true, "")
 		if err != nil {
 			fail("cluster "+section, err)
 			return
