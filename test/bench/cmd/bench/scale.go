@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"maps"
 	"os/exec"
 	"path/filepath"
 	"slices"
@@ -338,6 +339,9 @@ func runScale(ctx context.Context, c config, env *harness.Env) (*scaleResult, er
 	if err != nil {
 		return r, err
 	}
+	if err := budgetsWhole(available); err != nil {
+		return r, err
+	}
 	writes.begin()
 	if err := phase(nodeguardDeletionPhase(len(ngSet)), func() error {
 		var err error
@@ -374,6 +378,23 @@ func runScale(ctx context.Context, c config, env *harness.Env) (*scaleResult, er
 	r.Bound.compute(r.Nodeguard.PerApp)
 	logf("scale: kubectl loop released %d nodes in %s", len(kubectlSet), bench.Seconds(r.Kubectl.Released))
 	return r, nil
+}
+
+// budgetsWhole fails a fleet run that would start with a Deployment already
+// past its PDB's budget: that PDB allows no eviction, and the drains would
+// wait for pods that never turn Ready instead of measuring anything.
+func budgetsWhole(available map[string]int32) error {
+	var spent []string
+	for _, name := range slices.Sorted(maps.Keys(available)) {
+		if missing := scaleReplicas - int(available[name]); missing >= scaleBudget {
+			spent = append(spent, fmt.Sprintf("%s (%d of %d unavailable)", name, missing, scaleReplicas))
+		}
+	}
+	if len(spent) > 0 {
+		return fmt.Errorf("before the deletions, the PDBs of %s allow no disruption (budget %d): pods that never turned Ready (kwok's Ready left stale after a missed heartbeat?)",
+			strings.Join(spent, ", "), scaleBudget)
+	}
+	return nil
 }
 
 // idlePhase and nodeguardDeletionPhase name the phases the summary table of

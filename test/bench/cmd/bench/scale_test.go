@@ -2,6 +2,7 @@ package main
 
 import (
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 )
@@ -105,5 +106,25 @@ func TestFleetBound(t *testing.T) {
 	}
 	if b.value() != 4*time.Second || b.binds() != "chain" {
 		t.Errorf("bound %s set by %s, want 4s by the chain", b.value(), b.binds())
+	}
+}
+
+// TestBudgetsWhole: a fleet run starts only when no Deployment is already
+// past its PDB's budget; a few stale pods within it are tolerated.
+func TestBudgetsWhole(t *testing.T) {
+	if err := budgetsWhole(map[string]int32{"web-0": scaleReplicas, "web-1": scaleReplicas - scaleBudget + 1}); err != nil {
+		t.Errorf("a Deployment within its budget: %v", err)
+	}
+	err := budgetsWhole(map[string]int32{"web-0": scaleReplicas, "web-12": scaleReplicas - 14, "web-9": scaleReplicas - scaleBudget})
+	if err == nil {
+		t.Fatal("two Deployments at or past their budget: no error")
+	}
+	for _, want := range []string{"web-12 (14 of 100 unavailable)", "web-9 (10 of 100 unavailable)"} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("error %q does not name %s", err, want)
+		}
+	}
+	if strings.Contains(err.Error(), "web-0") {
+		t.Errorf("error %q names web-0, which is whole", err)
 	}
 }
