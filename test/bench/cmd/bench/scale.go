@@ -411,8 +411,9 @@ const (
 	// started at about 10 a second at 2,000 nodes on this 2-core machine
 	// (40,000 would have taken over an hour) and heartbeats lagged.
 	scaleKwokParallelism = 32
-	// fleetNodeMonitorGracePeriod is how long the scale cluster's node
-	// lifecycle controller waits for a node's heartbeat. At 2,000 nodes, while
+	// fleetNodeMonitorGracePeriod is how long the node lifecycle controller
+	// of a fleet cluster (the scale and karpenter sections', startCluster)
+	// waits for a node's heartbeat. At 2,000 nodes, while
 	// 36,400 pods started, kwok's Leases of live nodes lagged past the usual
 	// 40 s: the controller marked 1,868 pods not Ready, kwok never marked
 	// them Ready again, and PDBs that counted them unhealthy held the drains
