@@ -8,7 +8,6 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	policyv1 "k8s.io/api/policy/v1"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	logf "sigs.k8s.io/controller-runtime/pkg/log"
@@ -73,7 +72,7 @@ func (r *Reconciler) drain(ctx context.Context, node *corev1.Node) (reconcile.Re
 	if sendable(plan) {
 		r.observeHandoff(node.UID)
 	}
-	r.warnBeforeEvicting(node, plan)
+	r.noteLosses(node, plan)
 	out := r.Evictor.Evict(ctx, node.Name, plan)
 	if waitsOnlyOnBudgets(plan, out) {
 		r.stepAside(ctx, node.UID)
@@ -83,6 +82,7 @@ func (r *Reconciler) drain(ctx context.Context, node *corev1.Node) (reconcile.Re
 		logf.FromContext(ctx).Error(err, "Eviction failed; retrying", "node", node.Name)
 	}
 	r.reportBlockers(node, plan, out)
+	r.reportLosses(node, false)
 	if !hasDeadline {
 		deadline = time.Time{}
 	}
@@ -217,54 +217,8 @@ func (r *Reconciler) reportGivenUp(node *corev1.Node, plan *drain.Plan) {
 	}
 }
 
-// warnBeforeEvicting tells, once per pod, about evictions a user may regret:
-// pods no controller will recreate, and pods whose emptyDir data goes with
-// them. One event per pass names them all: a node of bare pods must not
-// send the API server an event per pod while a fleet drains.
-func (r *Reconciler) warnBeforeEvicting(node *corev1.Node, plan *drain.Plan) {
-	pods := append([]*corev1.Pod{}, plan.Unprotected...)
-	for _, g := range plan.Groups {
-		if !g.Blocked {
-			pods = append(pods, g.Pods...)
-		}
-	}
-	var bare, local []*corev1.Pod
-	for _, pod := range pods {
-		if metav1.GetControllerOf(pod) == nil && r.once(node.UID, "bare/"+string(pod.UID)) {
-			bare = append(bare, pod)
-		}
-		if hasEmptyDir(pod) && r.once(node.UID, "emptydir/"+string(pod.UID)) {
-			local = append(local, pod)
-		}
-	}
-	if len(bare) > 0 {
-		r.event(node, corev1.EventTypeWarning, ReasonEvictingBarePod,
-			"evicting %s, which no controller manages: nothing will recreate %s", eventPods(bare), pronoun(len(bare), "it", "them"))
-	}
-	if len(local) > 0 {
-		r.event(node, corev1.EventTypeWarning, ReasonEvictingLocalData,
-			"evicting %s: the data in %s emptyDir volumes is lost", eventPods(local), pronoun(len(local), "its", "their"))
-	}
-}
-
 // eventPodsMax bounds the pods an event names.
 const eventPodsMax = 10
-
-// eventPods is "pod ns/a" or "3 pods ns/a, ns/b, ns/c", at most eventPodsMax
-// of them named ("... (5 more)").
-func eventPods(pods []*corev1.Pod) string {
-	if len(pods) == 1 {
-		return "pod " + pods[0].Namespace + "/" + pods[0].Name
-	}
-	return fmt.Sprintf("%d pods %s", len(pods), namesUpTo(pods, eventPodsMax))
-}
-
-func pronoun(n int, one, many string) string {
-	if n == 1 {
-		return one
-	}
-	return many
-}
 
 func hasEmptyDir(pod *corev1.Pod) bool {
 	for _, v := range pod.Spec.Volumes {

@@ -28,11 +28,15 @@ const (
 	// ReasonTrafficCutFailed (Warning): setting AdminState Down failed for
 	// good in a backend pool (a terminal ARM error, retries exhausted, a
 	// NIC-only pool); traffic is not cut there.
-	ReasonTrafficCutFailed       = "TrafficCutFailed"
-	ReasonDrainWaiting           = "DrainWaiting"
-	ReasonPodUnderMultiplePDBs   = "PodUnderMultiplePDBs"
-	ReasonDoNotEvictPodBlocking  = "DoNotEvictPodBlocking"
-	ReasonPodGivenUp             = "DrainGaveUpOnPod"
+	ReasonTrafficCutFailed      = "TrafficCutFailed"
+	ReasonDrainWaiting          = "DrainWaiting"
+	ReasonPodUnderMultiplePDBs  = "PodUnderMultiplePDBs"
+	ReasonDoNotEvictPodBlocking = "DoNotEvictPodBlocking"
+	ReasonPodGivenUp            = "DrainGaveUpOnPod"
+	// ReasonEvictingBarePod and ReasonEvictingLocalData (Warning) name the
+	// evicted pods no controller recreates and those whose emptyDir data
+	// went, once the drain has lasted 30s; a drain that ends sooner names
+	// them in NodeReleased, then a Warning (losses.go).
 	ReasonEvictingBarePod        = "EvictingPodWithoutController"
 	ReasonEvictingLocalData      = "EvictingPodWithLocalData"
 	ReasonDrainDeadlineExceeded  = "DrainDeadlineExceeded"
@@ -41,7 +45,8 @@ const (
 	ReasonReplacementStalled     = "ReplacementStalled"
 	ReasonWaitingForVolumeDetach = "WaitingForVolumeDetach"
 	ReasonVolumeDetachTimedOut   = "VolumeDetachTimedOut"
-	// ReasonReleased: the node is released; its note lists the steps taken.
+	// ReasonReleased: the node is released; its note lists the steps taken
+	// (a Warning when it names evicted pods a user may regret).
 	ReasonReleased = "NodeReleased"
 	// ReasonInstanceGone: a NotReady node whose VM is gone, released at once.
 	ReasonInstanceGone = "InstanceGoneReleased"

@@ -38,6 +38,7 @@ func (r *Reconciler) instanceGone(ctx context.Context, node *corev1.Node) bool {
 // no traffic cut, no drain. The pod garbage collector deletes its pods once
 // the node is gone.
 func (r *Reconciler) releaseGone(ctx context.Context, node *corev1.Node) (reconcile.Result, error) {
+	r.reportLosses(node, true) // a drain cut short by the VM's end said nothing yet
 	r.event(node, corev1.EventTypeNormal, ReasonInstanceGone,
 		"the node is not Ready and its VM %s no longer exists: releasing it at once, without a drain; the pod garbage collector removes its pods", node.Spec.ProviderID)
 	return r.removeFinalizer(ctx, node)

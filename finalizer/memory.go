@@ -44,6 +44,8 @@ type nodeMemory struct {
 	cutEnded time.Time
 	// done are the steps of the termination taken, for NodeReleased.
 	done []string
+	// losses are the evicted pods a user may regret, not said yet (losses.go).
+	losses podLosses
 }
 
 // remember returns the node's memory, made on first use. Call with r.mu held.

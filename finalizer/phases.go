@@ -128,12 +128,19 @@ func (r *Reconciler) release(ctx context.Context, node *corev1.Node) (reconcile.
 	return r.releaseSaying(ctx, node, ReasonReleased, "released the node")
 }
 
-// releaseSaying is release with the event's reason and first words.
+// releaseSaying is release with the event's reason and first words. The
+// event is a Warning when it is the first to name evicted pods a user may
+// regret (losses.go).
 func (r *Reconciler) releaseSaying(ctx context.Context, node *corev1.Node, reason, what string) (reconcile.Result, error) {
-	note := r.releaseNote(node, what)
+	note, losses := r.releaseNote(node, what), r.takeLosses(node.UID)
 	result, err := r.removeFinalizer(ctx, node)
-	if err == nil {
+	switch {
+	case err != nil:
+		r.addLoss(node.UID, func(l *podLosses) { *l = losses }) // said by the next try
+	case losses.empty():
 		r.event(node, corev1.EventTypeNormal, reason, "%s", note)
+	default:
+		r.event(node, corev1.EventTypeWarning, reason, "%s; %s", note, losses.note())
 	}
 	return result, err
 }

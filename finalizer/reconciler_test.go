@@ -40,14 +40,26 @@ func TestMain(m *testing.M) {
 
 // recorder keeps the events of a test.
 type recorder struct {
-	mu     sync.Mutex
-	events []string // "Reason note"
+	mu       sync.Mutex
+	events   []string // "Reason note"
+	warnings []string // "Reason note" of the Warnings
 }
 
-func (r *recorder) Eventf(_ runtime.Object, _ runtime.Object, _, reason, _, note string, args ...any) {
+func (r *recorder) Eventf(_ runtime.Object, _ runtime.Object, eventType, reason, _, note string, args ...any) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	r.events = append(r.events, reason+" "+fmt.Sprintf(note, args...))
+	e := reason + " " + fmt.Sprintf(note, args...)
+	r.events = append(r.events, e)
+	if eventType == corev1.EventTypeWarning {
+		r.warnings = append(r.warnings, e)
+	}
+}
+
+// warning reports whether the event was recorded as a Warning.
+func (r *recorder) warning(event string) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return slices.Contains(r.warnings, event)
 }
 
 // with returns the events with the reason.
@@ -236,11 +248,9 @@ func TestStuckPodNoLongerHoldsTheNode(t *testing.T) {
 	if got := f.podState(t, "bare"); got != "terminating" {
 		t.Fatalf("after the first pass the pod is %s, want terminating (evicted)", got)
 	}
-	if n := len(f.events.with(ReasonEvictingBarePod)); n != 1 {
-		t.Errorf("%d %s events, want 1", n, ReasonEvictingBarePod)
-	}
-	if n := len(f.events.with(ReasonEvictingLocalData)); n != 1 {
-		t.Errorf("%d %s events, want 1", n, ReasonEvictingLocalData)
+	// A drain that ends within 30s would name the pod in NodeReleased.
+	if n := len(f.events.with(ReasonEvictingBarePod)) + len(f.events.with(ReasonEvictingLocalData)); n != 0 {
+		t.Errorf("%d warnings of the evicted pod at once, want none before the drain lasted %s", n, drainWaitingAfter)
 	}
 	var lease coordinationv1.Lease
 	if err := env.Client.Get(context.Background(), client.ObjectKey{Namespace: ngv1alpha1.MaintenanceLeaseNamespace, Name: node}, &lease); err != nil {
@@ -268,6 +278,14 @@ func TestStuckPodNoLongerHoldsTheNode(t *testing.T) {
 	if len(f.events.with(ReasonPodGivenUp)) != 0 {
 		t.Errorf("gave up on a pod within its grace period and margin: %v", f.events.with(ReasonPodGivenUp))
 	}
+	// The drain lasts: the losses are said in their own Warnings.
+	bare, local := f.events.with(ReasonEvictingBarePod), f.events.with(ReasonEvictingLocalData)
+	if len(bare) != 1 || !strings.Contains(bare[0], "evicted pod "+f.ns+"/bare, which no controller manages: nothing will recreate it") || !f.events.warning(bare[0]) {
+		t.Errorf("%s events %q, want one Warning naming the pod", ReasonEvictingBarePod, bare)
+	}
+	if len(local) != 1 || !strings.Contains(local[0], "evicted pod "+f.ns+"/bare: the data in its emptyDir volumes is lost") || !f.events.warning(local[0]) {
+		t.Errorf("%s events %q, want one Warning naming the pod", ReasonEvictingLocalData, local)
+	}
 
 	stuckBefore := testutil.ToFloat64(podsGivenUp.WithLabelValues(drain.GiveUpStuck))
 	f.clock.Step(15 * time.Second)
@@ -291,12 +309,16 @@ func TestStuckPodNoLongerHoldsTheNode(t *testing.T) {
 	if got := f.podState(t, "bare"); got != "terminating" {
 		t.Errorf("the stuck pod is %s; nodeguard should leave it to the pod garbage collector", got)
 	}
+	if rel := f.events.with(ReasonReleased); len(rel) != 1 || strings.Contains(rel[0], "/bare") || f.events.warning(rel[0]) {
+		t.Errorf("%s events %q, want one Normal event that does not name the pod again", ReasonReleased, rel)
+	}
 }
 
-// TestBarePodsAreAnnouncedInOneEvent: a node of twelve pods no controller
-// manages, two of them with emptyDir data, gets one Warning per kind naming
-// them (ten by name, then how many more), not an event per pod.
-func TestBarePodsAreAnnouncedInOneEvent(t *testing.T) {
+// TestBarePodsAreAnnouncedInTheRelease: a node of twelve pods no controller
+// manages, two of them with emptyDir data, drained within 30s, names them in
+// its NodeReleased event, then a Warning (ten by name, then how many more),
+// not in events of their own: a fleet of such nodes pays no event more each.
+func TestBarePodsAreAnnouncedInTheRelease(t *testing.T) {
 	f := newFixture(t, "bare")
 	node := f.ns + "-node"
 	f.node(t, node)
@@ -310,13 +332,26 @@ func TestBarePodsAreAnnouncedInOneEvent(t *testing.T) {
 	f.deleteNode(t, node)
 
 	f.pass(t, node)
-	bare, local := f.events.with(ReasonEvictingBarePod), f.events.with(ReasonEvictingLocalData)
-	if len(bare) != 1 || !strings.Contains(bare[0], "evicting 12 pods "+f.ns+"/bare-") || !strings.Contains(bare[0], "... (2 more), which no controller manages") {
-		t.Errorf("%s events %q, want one naming ten of the 12 pods and 2 more", ReasonEvictingBarePod, bare)
+	for i := range 12 {
+		f.finish(t, fmt.Sprintf("bare-%02d", i))
 	}
-	want := "evicting 2 pods " + f.ns + "/bare-00, " + f.ns + "/bare-01: the data in their emptyDir volumes is lost"
-	if len(local) != 1 || !strings.Contains(local[0], want) {
-		t.Errorf("%s events %q, want one: %q", ReasonEvictingLocalData, local, want)
+	f.clock.Step(drainWaitingAfter - time.Second)
+	f.passUntil(t, node, func() bool { return len(f.events.with(ReasonReleased)) > 0 }, "the node is released")
+	if n := len(f.events.with(ReasonEvictingBarePod)) + len(f.events.with(ReasonEvictingLocalData)); n != 0 {
+		t.Errorf("%d events of their own for the evicted pods, want them in %s", n, ReasonReleased)
+	}
+	rel := f.events.with(ReasonReleased)
+	for _, want := range []string{
+		"evicted 12 pods " + f.ns + "/bare-00, " + f.ns + "/bare-01, ",
+		", ... (2 more), which no controller manages (nothing will recreate them)",
+		"; evicted 2 pods " + f.ns + "/bare-00, " + f.ns + "/bare-01 with emptyDir data, which is lost",
+	} {
+		if !strings.Contains(rel[0], want) {
+			t.Errorf("%s event %q does not say %q", ReasonReleased, rel[0], want)
+		}
+	}
+	if !f.events.warning(rel[0]) {
+		t.Errorf("%s event %q is not a Warning, though it names lost pods", ReasonReleased, rel[0])
 	}
 }
 
