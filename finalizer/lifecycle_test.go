@@ -127,6 +127,49 @@ func TestStatusWrittenOnlyWhenAWaitLasts(t *testing.T) {
 	}
 }
 
+// TestStatusSettlesLongerWhileNodesWaitForASlot: while a node waits for a
+// drain slot (a fleet's deletion), a change is written once it has waited
+// fleetStatusSettle, not StatusSettle: the waiting node's condition is not
+// written at 3s, and is at 10s; once no node waits, 3s again.
+func TestStatusSettlesLongerWhileNodesWaitForASlot(t *testing.T) {
+	f := newFixture(t, "fleetsettle")
+	f.r.Opts.StatusSettle = DefaultStatusSettle
+	f.r.Opts.MaxConcurrentNodes = 1
+	first, second := f.ns+"-a", f.ns+"-b"
+	for _, node := range []string{first, second} {
+		f.node(t, node, builder.Ready())
+		f.pod(t, "web-"+node, node, controlledBy("ReplicaSet")) // evicted, it stays terminating
+		f.deleteNode(t, node)
+	}
+	f.passUntil(t, first, func() bool { return f.podState(t, "web-"+first) == "terminating" }, "the first node drains")
+	f.pass(t, second)
+	if _, waiting := f.r.slots.count(); waiting != 1 {
+		t.Fatalf("%d nodes wait for a slot, want the second", waiting)
+	}
+
+	f.clock.Step(DefaultStatusSettle)
+	f.pass(t, second)
+	if c := condition(getNode(t, second), ngv1alpha1.TerminatingCondition); c != nil {
+		t.Fatalf("the waiting node's condition was written after %s while a node waits: %+v", DefaultStatusSettle, c)
+	}
+	f.clock.Step(fleetStatusSettle - DefaultStatusSettle)
+	f.pass(t, second)
+	if c := condition(getNode(t, second), ngv1alpha1.TerminatingCondition); c == nil || c.Reason != "WaitingForDrainSlot" {
+		t.Fatalf("after %s the waiting node carries %+v, want WaitingForDrainSlot", fleetStatusSettle, c)
+	}
+
+	// The first node's pod goes: the second takes the slot, and no node
+	// waits. Its drain is written after StatusSettle.
+	f.finish(t, "web-"+first)
+	f.passUntil(t, first, func() bool { return len(f.events.with(ReasonReleased)) > 0 }, "the first node is released")
+	f.passUntil(t, second, func() bool { return f.podState(t, "web-"+second) == "terminating" }, "the second node drains")
+	f.clock.Step(DefaultStatusSettle)
+	f.pass(t, second)
+	if c := condition(getNode(t, second), ngv1alpha1.TerminatingCondition); c == nil || c.Reason != "Draining" {
+		t.Errorf("%s after the slot was taken and no node waits, the node carries %+v, want Draining", DefaultStatusSettle, c)
+	}
+}
+
 // TestDrainEndedCountsOnlyADrainSinceTheDeletion: after a restart the drain's
 // end is read from the Drained condition, but only one written since the
 // deletion: a node drained by kubectl drain, then deleted, still drains

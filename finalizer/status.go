@@ -15,7 +15,8 @@ import (
 )
 
 // A terminating node's conditions are staged by its passes and written
-// once the oldest change has waited Options.StatusSettle, with whatever
+// once the oldest change has waited Options.StatusSettle (longer while nodes
+// wait for a drain slot: statusSettle), with whatever
 // changed meanwhile: a wait that ends sooner (Azure confirming within a
 // second, a drain that empties the node at once) is never written, and a
 // node that goes with nodeguard's finalizer is not written at its release.
@@ -116,7 +117,7 @@ func (r *Reconciler) overlayStaged(node *corev1.Node) {
 }
 
 // flushConditions writes the staged changes at the end of a pass if the
-// oldest has waited StatusSettle; sooner, a timer writes them then, without a
+// oldest has waited statusSettle; sooner, a timer writes them then, without a
 // pass of its own.
 func (r *Reconciler) flushConditions(ctx context.Context, node *corev1.Node) error {
 	if wait := r.statusDue(node.UID); wait > 0 {
@@ -129,12 +130,32 @@ func (r *Reconciler) flushConditions(ctx context.Context, node *corev1.Node) err
 // statusDue is how long until the node's staged changes are due (0: now, or
 // nothing staged).
 func (r *Reconciler) statusDue(uid types.UID) time.Duration {
+	settle := r.statusSettle()
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if m := r.memory[uid]; m != nil && m.staged != nil {
-		return max(r.Opts.StatusSettle-r.Clock.Since(m.staged.since), 0)
+		return max(settle-r.Clock.Since(m.staged.since), 0)
 	}
 	return 0
+}
+
+// fleetStatusSettle is how long a change waits while nodes wait for a drain
+// slot: a fleet's deletion, whose nodes each wait and drain for many seconds,
+// and whose every status write goes to every watcher of nodes. It is the
+// kubelet's own pace of node status (--node-status-update-frequency).
+const fleetStatusSettle = 10 * time.Second
+
+// statusSettle is how long a change waits before it is written: StatusSettle,
+// or fleetStatusSettle while nodes wait for a drain slot (unless no settle
+// is asked for: 0 writes at the end of each pass).
+func (r *Reconciler) statusSettle() time.Duration {
+	if r.Opts.StatusSettle <= 0 {
+		return 0
+	}
+	if _, waiting := r.slots.count(); waiting > 0 {
+		return max(r.Opts.StatusSettle, fleetStatusSettle)
+	}
+	return r.Opts.StatusSettle
 }
 
 // flushLater arms the node's timer, unless it is armed.
