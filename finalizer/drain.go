@@ -217,9 +217,6 @@ func (r *Reconciler) reportGivenUp(node *corev1.Node, plan *drain.Plan) {
 	}
 }
 
-// eventPodsMax bounds the pods an event names.
-const eventPodsMax = 10
-
 func hasEmptyDir(pod *corev1.Pod) bool {
 	for _, v := range pod.Spec.Volumes {
 		if v.EmptyDir != nil {

@@ -78,6 +78,13 @@ func (r *Reconciler) reportLosses(node *corev1.Node, now bool) {
 	}
 }
 
+// restoreLosses puts back losses taken and not said (a release that failed).
+func (r *Reconciler) restoreLosses(uid types.UID, l podLosses) {
+	r.addLoss(uid, func(m *podLosses) {
+		m.bare, m.local = append(l.bare, m.bare...), append(l.local, m.local...)
+	})
+}
+
 func (l podLosses) empty() bool { return len(l.bare) == 0 && len(l.local) == 0 }
 
 // note says the losses for the NodeReleased event, e.g. "evicted 2 pods
@@ -92,6 +99,9 @@ func (l podLosses) note() string {
 	}
 	return strings.Join(said, "; ")
 }
+
+// eventPodsMax bounds the pods an event names.
+const eventPodsMax = 10
 
 // podNames is "pod ns/a" or "3 pods ns/a, ns/b, ns/c", at most eventPodsMax
 // of them named ("... (5 more)").

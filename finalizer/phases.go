@@ -136,7 +136,7 @@ func (r *Reconciler) releaseSaying(ctx context.Context, node *corev1.Node, reaso
 	result, err := r.removeFinalizer(ctx, node)
 	switch {
 	case err != nil:
-		r.addLoss(node.UID, func(l *podLosses) { *l = losses }) // said by the next try
+		r.restoreLosses(node.UID, losses) // said by the next try
 	case losses.empty():
 		r.event(node, corev1.EventTypeNormal, reason, "%s", note)
 	default:
