@@ -8,6 +8,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	eventsv1 "k8s.io/api/events/v1"
@@ -33,6 +34,9 @@ type requestCounter struct {
 	requests  map[string]int // "VERB resource[/subresource]"
 	evictions map[int]int    // by HTTP status
 	writes    map[string]int // node-status and event writes by what they say (writeReason)
+	// marks are the node writes and evictions while a deletion is timed
+	// (track); nil when none is.
+	marks []requestMark
 }
 
 func startRequestCounter(cfg *rest.Config, kubeconfigPath string) (*requestCounter, error) {
@@ -50,11 +54,16 @@ func startRequestCounter(cfg *rest.Config, kubeconfigPath string) (*requestCount
 				rc.writes[why]++
 			}
 			rc.mu.Unlock()
+			kind, name := markOf(r, verb, resource)
+			rc.mark(kind, name)
 			if resource == "pods/eviction" && r.Method == http.MethodPost {
 				w = harness.OnAnswer(w, func(code int) {
 					rc.mu.Lock()
 					rc.evictions[code]++
 					rc.mu.Unlock()
+					if code/100 == 2 {
+						rc.mark(markEvicted, name)
+					}
 				})
 			}
 			rp.ServeHTTP(w, r)
@@ -68,6 +77,33 @@ func startRequestCounter(cfg *rest.Config, kubeconfigPath string) (*requestCount
 }
 
 func (rc *requestCounter) close() { _ = rc.srv.Close() }
+
+// track starts marking node writes and evictions; the function it returns
+// stops and returns the marks.
+func (rc *requestCounter) track() (stop func() []requestMark) {
+	rc.mu.Lock()
+	defer rc.mu.Unlock()
+	rc.marks = []requestMark{}
+	return func() []requestMark {
+		rc.mu.Lock()
+		defer rc.mu.Unlock()
+		marks := rc.marks
+		rc.marks = nil
+		return marks
+	}
+}
+
+// mark records a request of the timed deletion, if one is timed.
+func (rc *requestCounter) mark(kind, name string) {
+	if kind == "" {
+		return
+	}
+	rc.mu.Lock()
+	defer rc.mu.Unlock()
+	if rc.marks != nil {
+		rc.marks = append(rc.marks, requestMark{At: time.Now(), Kind: kind, Name: name})
+	}
+}
 
 // requestCount is a snapshot of a counter: requests by "VERB resource" and
 // eviction answers by status.

@@ -711,6 +711,8 @@ type fleetDeletion struct {
 	Median   time.Duration `json:"medianReleased"`
 	// Gone is when each node went, in order.
 	Gone []time.Duration `json:"gone,omitempty"`
+	// Phases are each node's steps, in the order the nodes went.
+	Phases []nodePhases `json:"phases,omitempty"`
 	// Retries are the deletes the deleter had to send again.
 	Retries deleteRetries `json:"retriedDeletes"`
 	// Restarts are the drainer's restarts after its drain stalled.
@@ -843,13 +845,14 @@ func deleteWithNodeguard(ctx context.Context, cl client.Client, api *requestCoun
 	if err != nil {
 		return nil, err
 	}
-	before := api.snapshot()
+	before, marks := api.snapshot(), api.track()
 	start := time.Now()
 	if f.Retries, err = deleteRetrying(ctx, deleter, nodes); err != nil {
 		return nil, err
 	}
-	gone, err := waitGone(ctx, cl, "nodeguard", start, len(nodes))
+	gone, goneAt, err := waitGone(ctx, cl, "nodeguard", start, nodes)
 	f.API = api.snapshot().since(before)
+	f.Phases = phasesOf(start, marks(), pods.podNode, goneAt)
 	if after, serr := scrapeHistograms(ctx, metricsURL, handoffMetric, wakeupMetric); serr == nil {
 		f.Handoff = after[handoffMetric].since(metricsBefore[handoffMetric])
 		f.Wakeup = after[wakeupMetric].since(metricsBefore[wakeupMetric])
@@ -877,7 +880,8 @@ func drainWithKubectl(ctx context.Context, cl client.Client, api *requestCounter
 	f := &fleetDeletion{Nodes: len(nodes), setPods: pods}
 	var mu sync.Mutex
 	var deleted []time.Duration
-	before := api.snapshot()
+	deletedAt := map[string]time.Duration{}
+	before, marks := api.snapshot(), api.track()
 	start := time.Now()
 	if err := forEach(ctx, nodes, parallel, func(ctx context.Context, n string) error {
 		for _, args := range [][]string{
@@ -891,35 +895,45 @@ func drainWithKubectl(ctx context.Context, cl client.Client, api *requestCounter
 		mu.Lock()
 		defer mu.Unlock()
 		deleted = append(deleted, time.Since(start))
+		deletedAt[n] = deleted[len(deleted)-1]
 		return nil
 	}); err != nil {
 		return nil, err
 	}
-	gone, err := waitGone(ctx, cl, "kubectl", start, len(nodes))
+	gone, _, err := waitGone(ctx, cl, "kubectl", start, nodes)
 	f.API = api.snapshot().since(before)
+	f.Phases = phasesOf(start, marks(), pods.podNode, deletedAt)
 	slices.Sort(deleted)
 	f.Released, f.Median, f.Gone = gone[len(gone)-1], deleted[len(deleted)/2], deleted
 	return f, err
 }
 
-// waitGone waits until the n nodes of a set are gone and returns when each
-// went (sorted; by this poll's 250 ms).
-func waitGone(ctx context.Context, cl client.Client, set string, start time.Time, n int) ([]time.Duration, error) {
+// waitGone waits until the nodes of a set are gone and returns when each
+// went, in order and by name (by this poll's 250 ms).
+func waitGone(ctx context.Context, cl client.Client, set string, start time.Time, names []string) ([]time.Duration, map[string]time.Duration, error) {
 	var gone []time.Duration
+	goneAt := map[string]time.Duration{}
 	err := harness.PollEvery(ctx, 250*time.Millisecond, 20*time.Minute, func(ctx context.Context) (bool, error) {
 		var nodes corev1.NodeList
 		if err := cl.List(ctx, &nodes, client.MatchingLabels{scaleSetLabel: set}); err != nil {
 			return false, err
 		}
-		for len(gone) < n-len(nodes.Items) {
-			gone = append(gone, time.Since(start))
+		left := map[string]bool{}
+		for _, n := range nodes.Items {
+			left[n.Name] = true
+		}
+		for _, name := range names {
+			if _, seen := goneAt[name]; !seen && !left[name] {
+				goneAt[name] = time.Since(start)
+				gone = append(gone, goneAt[name])
+			}
 		}
 		return len(nodes.Items) == 0, nil
 	})
-	for len(gone) < n {
+	for len(gone) < len(names) {
 		gone = append(gone, time.Since(start))
 	}
-	return gone, err
+	return gone, goneAt, err
 }
 
 // setPods is what a set of nodes held when its deletion started.
@@ -932,6 +946,8 @@ type setPods struct {
 	MostOfOne int `json:"mostPodsOfOneDeployment"`
 	// PerApp counts the pods of each Deployment.
 	PerApp map[string]int `json:"perDeployment,omitempty"`
+	// podNode is the node of each pod (namespace/name).
+	podNode map[string]string
 }
 
 // podMetaOn lists the metadata of the pods on the node.
@@ -945,7 +961,7 @@ func podMetaOn(ctx context.Context, cl client.Client, node string) ([]metav1.Par
 // podsOn counts the pods on the nodes.
 func podsOn(ctx context.Context, cl client.Client, nodes []string) (setPods, error) {
 	var mu sync.Mutex
-	sp := setPods{PerApp: map[string]int{}}
+	sp := setPods{PerApp: map[string]int{}, podNode: map[string]string{}}
 	perApp := sp.PerApp
 	err := forEach(ctx, nodes, 8, func(ctx context.Context, n string) error {
 		pods, err := podMetaOn(ctx, cl, n)
@@ -956,6 +972,7 @@ func podsOn(ctx context.Context, cl client.Client, nodes []string) (setPods, err
 		defer mu.Unlock()
 		sp.Total += len(pods)
 		for _, p := range pods {
+			sp.podNode[p.Namespace+"/"+p.Name] = n
 			if app := p.Labels["app"]; app != barePodApp {
 				sp.UnderPDBs++
 				perApp[app]++
@@ -1048,10 +1065,27 @@ func fleetTable(r *scaleResult) *bench.Table {
 	if note := boundNote(r); note != "" {
 		t.Note("%s", note)
 	}
+	for _, d := range []struct {
+		name string
+		f    *fleetDeletion
+	}{{"nodeguard", r.Nodeguard}, {"the kubectl loop", r.Kubectl}} {
+		if d.f != nil && len(d.f.Phases) > 0 {
+			t.Note("Where %s's time went, node by node, from its requests (its first write of the node: the cordon; its first eviction sent; its last eviction granted; the node gone%s): %s.",
+				d.name, goneHow(d.f == r.Kubectl), phasesSummary(d.f.Phases, 10, 5))
+		}
+	}
 	if r.Nodeguard != nil && r.Kubectl != nil {
 		t.Note("nodeguard's requests by kind: %s. kubectl's: %s.", topRequests(r.Nodeguard.API, 8), topRequests(r.Kubectl.API, 8))
 	}
 	return t
+}
+
+// goneHow says what "gone" means in a drainer's phases.
+func goneHow(kubectl bool) string {
+	if kubectl {
+		return ", when its kubectl delete returned"
+	}
+	return ", by the 250 ms poll"
 }
 
 // topRequests lists the n most frequent kinds of request.

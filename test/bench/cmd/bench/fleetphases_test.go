@@ -1,0 +1,67 @@
+package main
+
+import (
+	"net/http/httptest"
+	"strings"
+	"testing"
+	"time"
+)
+
+func TestMarkOf(t *testing.T) {
+	for _, c := range []struct {
+		method, path, kind, name string
+	}{
+		{"PATCH", "/api/v1/nodes/n1", markNodeWrite, "n1"},
+		{"PUT", "/api/v1/nodes/n1", markNodeWrite, "n1"},
+		{"PATCH", "/api/v1/nodes/n1/status", "", ""},
+		{"DELETE", "/api/v1/nodes/n1", "", ""},
+		{"POST", "/api/v1/namespaces/web/pods/web-1/eviction", markEvict, "web/web-1"},
+		{"GET", "/api/v1/namespaces/web/pods/web-1", "", ""},
+	} {
+		r := httptest.NewRequest(c.method, c.path, nil)
+		verb, resource := classify(r)
+		if kind, name := markOf(r, verb, resource); kind != c.kind || name != c.name {
+			t.Errorf("%s %s: mark %q %q, want %q %q", c.method, c.path, kind, name, c.kind, c.name)
+		}
+	}
+}
+
+// TestPhasesOf: each node's first write, first eviction sent and last
+// eviction granted come from the marks of its pods; nodes are ordered by when
+// they went, and marks of pods on no node of the set are ignored.
+func TestPhasesOf(t *testing.T) {
+	start := time.Now()
+	at := func(s float64) time.Time { return start.Add(time.Duration(s * float64(time.Second))) }
+	marks := []requestMark{
+		{at(0.5), markNodeWrite, "a"},
+		{at(0.6), markNodeWrite, "b"},
+		{at(1), markEvict, "ns/a-1"},
+		{at(1.2), markEvicted, "ns/a-1"},
+		{at(2), markEvict, "ns/a-2"},
+		{at(3), markEvicted, "ns/a-2"},
+		{at(4), markNodeWrite, "a"}, // the finalizer's removal
+		{at(5), markEvict, "ns/b-1"},
+		{at(6), markEvicted, "ns/b-1"},
+		{at(7), markEvict, "ns/elsewhere"},
+	}
+	podNode := map[string]string{"ns/a-1": "a", "ns/a-2": "a", "ns/b-1": "b", "ns/elsewhere": "z"}
+	got := phasesOf(start, marks, podNode, map[string]time.Duration{"a": 5 * time.Second, "b": 8 * time.Second})
+	want := []nodePhases{
+		{Node: "a", Written: 500 * time.Millisecond, FirstEviction: time.Second, LastEvicted: 3 * time.Second, Gone: 5 * time.Second},
+		{Node: "b", Written: 600 * time.Millisecond, FirstEviction: 5 * time.Second, LastEvicted: 6 * time.Second, Gone: 8 * time.Second},
+	}
+	if len(got) != len(want) {
+		t.Fatalf("phases %+v, want %+v", got, want)
+	}
+	for i := range want {
+		if got[i] != want[i] {
+			t.Errorf("phases[%d] = %+v, want %+v", i, got[i], want[i])
+		}
+	}
+	summary := phasesSummary(got, 1, 1)
+	for _, part := range []string{"first 1 nodes gone: written 0.500 s, first eviction 1.00 s", "last 1: written 0.600 s, first eviction 5.00 s, last eviction granted 6.00 s, gone 8.00 s"} {
+		if !strings.Contains(summary, part) {
+			t.Errorf("summary %q does not say %q", summary, part)
+		}
+	}
+}
