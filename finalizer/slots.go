@@ -326,8 +326,8 @@ func sendable(plan *drain.Plan) bool {
 }
 
 // waitsOnlyOnBudgets reports whether, after a pass, the node's drain waits on
-// nothing of its own: no eviction went out, none failed, none of its pods is
-// terminating.
+// nothing of its own: no eviction went out, none failed, none waits for
+// another queue under its PDB, none of its pods is terminating.
 func waitsOnlyOnBudgets(plan *drain.Plan, out drain.Outcome) bool {
-	return out.Evicted == 0 && len(out.Errs) == 0 && len(plan.Terminating) == 0
+	return out.Evicted == 0 && out.Deferred == 0 && len(out.Errs) == 0 && len(plan.Terminating) == 0
 }

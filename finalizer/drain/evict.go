@@ -58,6 +58,9 @@ type Evictor struct {
 // Outcome is what one pass of evictions did.
 type Outcome struct {
 	Evicted int
+	// Deferred are the PDB queues that another queue under the same PDB
+	// was evicting: they go once it is done, after the pass.
+	Deferred int
 	// Blocked are the PDBs that refused an eviction (429): their queues wait
 	// for the PDB's status to change.
 	Blocked []types.NamespacedName
@@ -72,7 +75,8 @@ type Outcome struct {
 // 429, the disruptions its PDB allowed are spent, or its end; all queues and
 // the unprotected pods concurrently. Blocked queues send nothing. A queue that
 // stops short parks its remaining pods until its PDB allows a disruption
-// (Wake).
+// (Wake). A queue whose PDB another queue is evicting under goes after it,
+// and the pass does not wait for it (Outcome.Deferred).
 func (e *Evictor) Evict(ctx context.Context, node string, plan *Plan) Outcome {
 	var (
 		mu  sync.Mutex
@@ -119,28 +123,26 @@ func (e *Evictor) Evict(ctx context.Context, node string, plan *Plan) Outcome {
 		go func() {
 			defer wg.Done()
 			lock := e.lockFor(g.UID)
-			lock.Lock()
-			defer lock.Unlock()
-			b := e.charge(g.UID, budgetOf(&g))
-			for i, pod := range g.Pods {
-				if e.wasEvicted(node, pod.UID) {
-					continue
-				}
-				if !b.allows(pod) { // spent: the PDB's next status goes on
-					e.parkAfter(ctx, g.UID, node, g.Pods[i:], plan.WakeMark)
-					return
-				}
-				mark := e.Mark()
-				err := e.evictOnce(ctx, node, pod)
-				if err == nil && b.spend(pod) {
-					e.remember(g.UID, pod)
-				}
-				if ctx.Err() != nil || record(pod, &g.PDB, err) {
-					e.parkAfter(ctx, g.UID, node, g.Pods[i:], mark)
-					return
-				}
+			if !lock.TryLock() {
+				// Another queue evicts under this PDB (another node's pass, or
+				// parked queues woken by its status): this queue goes once it
+				// is done, without the pass. A pass that waited would hold
+				// its node's next pass, and so its release once its pods are
+				// gone, for as long as other nodes' evictions take.
+				mu.Lock()
+				out.Deferred++
+				mu.Unlock()
+				go func() {
+					ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), wakeTimeout)
+					defer cancel()
+					lock.Lock()
+					defer lock.Unlock()
+					e.evictQueue(ctx, node, g, plan.WakeMark, stopsQueue)
+				}()
+				return
 			}
-			e.park(g.UID, node, nil)
+			defer lock.Unlock()
+			e.evictQueue(ctx, node, g, plan.WakeMark, func(pod *corev1.Pod, err error) bool { return record(pod, &g.PDB, err) })
 		}()
 	}
 	e.unparkOthers(node, queued)
@@ -161,6 +163,44 @@ func (e *Evictor) Evict(ctx context.Context, node string, plan *Plan) Outcome {
 	}
 	wg.Wait()
 	return out
+}
+
+// evictQueue evicts the queue's pods one at a time, under its PDB's lock,
+// while the budget allows and stop (told each answer) does not say stop;
+// the rest park until the PDB's status changes (Wake). wakeMark is the plan's
+// Plan.WakeMark.
+func (e *Evictor) evictQueue(ctx context.Context, node string, g Group, wakeMark uint64, stop func(*corev1.Pod, error) bool) {
+	b := e.charge(g.UID, budgetOf(&g))
+	for i, pod := range g.Pods {
+		if e.wasEvicted(node, pod.UID) {
+			continue
+		}
+		if !b.allows(pod) { // spent: the PDB's next status goes on
+			e.parkAfter(ctx, g.UID, node, g.Pods[i:], wakeMark)
+			return
+		}
+		mark := e.Mark()
+		err := e.evictOnce(ctx, node, pod)
+		if err == nil && b.spend(pod) {
+			e.remember(g.UID, pod)
+		}
+		if ctx.Err() != nil || stop(pod, err) {
+			e.parkAfter(ctx, g.UID, node, g.Pods[i:], mark)
+			return
+		}
+	}
+	e.park(g.UID, node, nil)
+}
+
+// stopsQueue is a deferred queue's stop: as a pass's, every answer but a
+// grant (or the pod gone, or more than one PDB) stops it, with no outcome to
+// record; the node's next pass reports what it meets.
+func stopsQueue(_ *corev1.Pod, err error) bool {
+	switch classify(err) {
+	case ResultEvicted, ResultGone, ResultMultiplePDBs:
+		return false
+	}
+	return true
 }
 
 // evict sends one eviction, for exactly this pod (UID precondition: never a

@@ -238,3 +238,69 @@ func TestEvictedControllersAreThoseOfGrantedEvictions(t *testing.T) {
 		t.Errorf("evicted controllers %v after the node was forgotten, want none", got)
 	}
 }
+
+// TestPassDoesNotWaitForAnotherQueueUnderItsPDB: node a's pass evicts web-a
+// under PDB web, and the API server holds that eviction. Node b's pass, whose
+// pod is under the same PDB, returns at once with its queue deferred, and
+// sends nothing while the PDB's other eviction is in flight: a pass that
+// waited would hold node b's next pass, its release included. Once web-a's
+// eviction is answered, web-b goes (the PDB allowed two).
+func TestPassDoesNotWaitForAnotherQueueUnderItsPDB(t *testing.T) {
+	arrived, answer := make(chan struct{}), make(chan struct{})
+	var mu sync.Mutex
+	var sent []string
+	e := &Evictor{Client: fake.NewClientBuilder().WithInterceptorFuncs(interceptor.Funcs{
+		SubResourceCreate: func(_ context.Context, _ client.Client, _ string, obj client.Object, _ client.Object, _ ...client.SubResourceCreateOption) error {
+			if obj.GetName() == "web-a" {
+				close(arrived)
+				<-answer
+			}
+			mu.Lock()
+			defer mu.Unlock()
+			sent = append(sent, obj.GetName())
+			return nil
+		},
+	}).Build()}
+	sentNow := func() []string {
+		mu.Lock()
+		defer mu.Unlock()
+		return slices.Clone(sent)
+	}
+	pdb := &policyv1.PodDisruptionBudget{}
+	pdb.UID, pdb.Generation = "pdb-web", 1
+	pdb.Status = policyv1.PodDisruptionBudgetStatus{ObservedGeneration: 1, DisruptionsAllowed: 2}
+	planOf := func(name string) *Plan {
+		p := pod(name, "web", ready)
+		return &Plan{Groups: []Group{{UID: pdb.UID, Pods: []*corev1.Pod{&p}, Allowed: 2, Budget: pdb}}}
+	}
+
+	doneA := make(chan Outcome)
+	go func() { doneA <- e.Evict(context.Background(), "a", planOf("web-a")) }()
+	<-arrived
+	passB := make(chan Outcome)
+	go func() { passB <- e.Evict(context.Background(), "b", planOf("web-b")) }()
+	select {
+	case out := <-passB:
+		if out.Deferred != 1 || out.Evicted != 0 {
+			t.Errorf("node b's pass: %+v, want its queue deferred and nothing evicted yet", out)
+		}
+	case <-time.After(10 * time.Second):
+		close(answer)
+		t.Fatal("node b's pass waited for node a's eviction under the same PDB")
+	}
+	if got := sentNow(); len(got) != 0 {
+		t.Errorf("evictions answered %v while web-a's was in flight, want none: one at a time per PDB", got)
+	}
+
+	close(answer)
+	if out := <-doneA; out.Evicted != 1 {
+		t.Errorf("node a's pass evicted %d, want web-a", out.Evicted)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for !slices.Equal(sentNow(), []string{"web-a", "web-b"}) {
+		if time.Now().After(deadline) {
+			t.Fatalf("evictions %v, want web-b after web-a: its deferred queue goes once web-a's is answered", sentNow())
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
