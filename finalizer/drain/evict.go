@@ -53,6 +53,8 @@ type Evictor struct {
 	// grants are, per PDB and pod name, the evictions nodeguard was granted
 	// and the statuses that showed them (charge, remember, Seen).
 	grants map[types.UID]map[string]grant
+	// forgotten counts each node's Forget calls (forgets).
+	forgotten map[string]uint64
 }
 
 // Outcome is what one pass of evictions did.
@@ -132,12 +134,15 @@ func (e *Evictor) Evict(ctx context.Context, node string, plan *Plan) Outcome {
 				mu.Lock()
 				out.Deferred++
 				mu.Unlock()
+				forgets := e.forgets(node)
 				go func() {
 					ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), wakeTimeout)
 					defer cancel()
 					lock.Lock()
 					defer lock.Unlock()
-					e.evictQueue(ctx, node, g, plan.WakeMark, stopsQueue)
+					if e.forgets(node) == forgets {
+						e.evictQueue(ctx, node, g, plan.WakeMark, stopsQueue)
+					}
 				}()
 				return
 			}

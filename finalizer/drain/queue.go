@@ -84,6 +84,18 @@ func (e *Evictor) Forget(node string) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	delete(e.evicted, node)
+	if e.forgotten == nil {
+		e.forgotten = map[string]uint64{}
+	}
+	e.forgotten[node]++
+}
+
+// forgets counts the node's Forget calls: a deferred queue whose node was
+// forgotten since does not run (its pods are gone, or a new pass plans anew).
+func (e *Evictor) forgets(node string) uint64 {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.forgotten[node]
 }
 
 // ForgetNode drops everything the Evictor keeps for a node that is gone.

@@ -304,3 +304,32 @@ func TestPassDoesNotWaitForAnotherQueueUnderItsPDB(t *testing.T) {
 		time.Sleep(time.Millisecond)
 	}
 }
+
+// TestDeferredQueueOfAForgottenNodeSendsNothing: a queue deferred behind
+// another under its PDB does not run once its node was forgotten meanwhile
+// (its pods went, and the evictions it remembered with them): it would send
+// an eviction for every pod, each answered 404.
+func TestDeferredQueueOfAForgottenNodeSendsNothing(t *testing.T) {
+	api := &evictionAPI{}
+	e := &Evictor{Client: api.client()}
+	pdb := &policyv1.PodDisruptionBudget{}
+	pdb.UID, pdb.Generation = "pdb-web", 1
+	pdb.Status = policyv1.PodDisruptionBudgetStatus{ObservedGeneration: 1, DisruptionsAllowed: 2}
+	p := pod("web-c", "web", ready)
+	plan := &Plan{Groups: []Group{{UID: pdb.UID, Pods: []*corev1.Pod{&p}, Allowed: 2, Budget: pdb}}}
+
+	lock := e.lockFor(pdb.UID) // another queue evicts under the PDB
+	lock.Lock()
+	if out := e.Evict(context.Background(), "c", plan); out.Deferred != 1 {
+		lock.Unlock()
+		t.Fatalf("pass %+v, want its queue deferred", out)
+	}
+	e.Forget("c")
+	lock.Unlock()
+	// Nothing to poll for: the deferred queue, had it run, would have sent
+	// web-c at once.
+	time.Sleep(200 * time.Millisecond)
+	if got := api.log(); len(got) != 0 {
+		t.Errorf("evictions %v sent for a forgotten node, want none", got)
+	}
+}
