@@ -8,6 +8,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	policyv1 "k8s.io/api/policy/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	logf "sigs.k8s.io/controller-runtime/pkg/log"
@@ -151,7 +152,7 @@ func (r *Reconciler) planWith(ctx context.Context, node *corev1.Node, pastDeadli
 	pods, fromWatch := r.pods.cached(node.Name)
 	if fresh || !fromWatch {
 		var list corev1.PodList
-		if err := r.Reader.List(ctx, &list, client.MatchingFields{"spec.nodeName": node.Name}); err != nil {
+		if err := r.Reader.List(ctx, &list, r.podListOptions(node.Name)...); err != nil {
 			return nil, false, fmt.Errorf("listing pods of the node: %w", err)
 		}
 		pods, fromWatch = list.Items, false
@@ -170,6 +171,23 @@ func (r *Reconciler) planWith(ctx context.Context, node *corev1.Node, pastDeadli
 		PastDeadline:       pastDeadline,
 	})
 	return plan, fromWatch, err
+}
+
+// podListOptions lists the node's pods by field selector. With the node's
+// pod watch, the list is not older than what the watch saw last (served from
+// kube-apiserver's watch cache, as it stands now): it proves the node empty
+// as a consistent list would, but a consistent list that kube-apiserver
+// cannot serve from its cache at once reads every pod of the cluster from
+// etcd to select the node's, and under a fleet's drain such lists ran into
+// kube-apiserver's 60 s timeout and held emptied nodes for a minute.
+func (r *Reconciler) podListOptions(node string) []client.ListOption {
+	opts := []client.ListOption{client.MatchingFields{"spec.nodeName": node}}
+	if rv := r.pods.version(node); rv != "" {
+		opts = append(opts, &client.ListOptions{Raw: &metav1.ListOptions{
+			ResourceVersion: rv, ResourceVersionMatch: metav1.ResourceVersionMatchNotOlderThan,
+		}})
+	}
+	return opts
 }
 
 // deletedAt is when the node's deletion began (zero: it is not deleting).

@@ -154,6 +154,21 @@ func (w *nodePods) cached(node string) ([]corev1.Pod, bool) {
 	return pods, true
 }
 
+// version is the resourceVersion the node's watch saw last ("" without a
+// synced watch).
+func (w *nodePods) version(node string) string {
+	if w == nil {
+		return ""
+	}
+	w.mu.Lock()
+	pw, ok := w.watches[node]
+	w.mu.Unlock()
+	if !ok || !pw.informer.HasSynced() {
+		return ""
+	}
+	return pw.informer.LastSyncResourceVersion()
+}
+
 // checkEmpty tells emptied when the watch holds no pod a drain waits for:
 // only mirror pods and finished pods, which no drain evicts. A lagging
 // watch only ever shows more pods than are left, never fewer.

@@ -48,6 +48,9 @@ func (l *apiLog) RoundTrip(req *http.Request) (*http.Response, error) {
 	if line := describe(req); line != "" {
 		l.mu.Lock()
 		l.seen = append(l.seen, line)
+		if strings.HasPrefix(line, "list pods ") && req.URL.Query().Get("resourceVersionMatch") == "NotOlderThan" && req.URL.Query().Get("resourceVersion") != "" {
+			l.seen = append(l.seen, line+" notOlderThan") // as well: served from the watch cache
+		}
 		var wait chan struct{}
 		if line == l.held {
 			wait = l.released
@@ -259,6 +262,11 @@ func TestPDBThatAllowsAgainWakesItsQueue(t *testing.T) {
 	}
 	if nodeReads >= passes {
 		t.Errorf("%d fresh reads of the node in %d passes, want the draining node's passes to read the cache", nodeReads, passes)
+	}
+	// The check that the node is empty reads kube-apiserver's watch cache
+	// no older than the node's pod watch, never etcd's every pod.
+	if log.count("list pods spec.nodeName="+node+" notOlderThan") == 0 {
+		t.Errorf("no list of the node's pods was served not older than its watch's version, want the check that it is empty")
 	}
 	if leaseReads > 2 {
 		t.Errorf("%d fresh reads of the maintenance Lease in %d passes, want at most 2 (taking it, giving it back)", leaseReads, passes)
