@@ -174,12 +174,13 @@ func (r *Reconciler) planWith(ctx context.Context, node *corev1.Node, pastDeadli
 }
 
 // podListOptions lists the node's pods by field selector. With the node's
-// pod watch, the list is not older than what the watch saw last (served from
-// kube-apiserver's watch cache, as it stands now): it proves the node empty
-// as a consistent list would, but a consistent list that kube-apiserver
-// cannot serve from its cache at once reads every pod of the cluster from
-// etcd to select the node's, and under a fleet's drain such lists ran into
-// kube-apiserver's 60 s timeout and held emptied nodes for a minute.
+// pod watch, the list is not older than what the watch saw last: kube-
+// apiserver's watch cache as it stands, at most a moment behind etcd, which
+// shows a pod bound to the node that the watch has not delivered yet. A
+// consistent list would also show one bound in that moment, but when kube-
+// apiserver cannot serve it from its cache at once it reads every pod of the
+// cluster from etcd to select the node's: under a fleet's drain such lists
+// ran into kube-apiserver's 60 s timeout and held emptied nodes a minute.
 func (r *Reconciler) podListOptions(node string) []client.ListOption {
 	opts := []client.ListOption{client.MatchingFields{"spec.nodeName": node}}
 	if rv := r.pods.version(node); rv != "" {
