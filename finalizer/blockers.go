@@ -145,15 +145,20 @@ func names(pods []*corev1.Pod) string { return namesUpTo(pods, maxBlockerPods) }
 
 // namesUpTo lists at most n pods by namespace/name.
 func namesUpTo(pods []*corev1.Pod, n int) string {
-	var list []string
-	for i, p := range pods {
-		if i == n {
-			list = append(list, fmt.Sprintf("... (%d more)", len(pods)-i))
-			break
-		}
+	list := make([]string, 0, min(len(pods), n))
+	for _, p := range pods[:min(len(pods), n)] {
 		list = append(list, p.Namespace+"/"+p.Name)
 	}
-	return strings.Join(list, ", ")
+	return listUpTo(list, len(pods))
+}
+
+// listUpTo joins the names shown of total, then says how many more there are:
+// "ns/a, ns/b, ... (3 more)".
+func listUpTo(shown []string, total int) string {
+	if more := total - len(shown); more > 0 {
+		shown = append(shown[:len(shown):len(shown)], fmt.Sprintf("... (%d more)", more))
+	}
+	return strings.Join(shown, ", ")
 }
 
 // podsWord is "1 Pod" or "3 Pods", in cluster-api's capitals.

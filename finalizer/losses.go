@@ -109,12 +109,7 @@ func podNames(names []string) string {
 	if len(names) == 1 {
 		return "pod " + names[0]
 	}
-	shown := names[:min(len(names), eventPodsMax)]
-	list := strings.Join(shown, ", ")
-	if more := len(names) - len(shown); more > 0 {
-		list += fmt.Sprintf(", ... (%d more)", more)
-	}
-	return fmt.Sprintf("%d pods %s", len(names), list)
+	return fmt.Sprintf("%d pods %s", len(names), listUpTo(names[:min(len(names), eventPodsMax)], len(names)))
 }
 
 func pronoun(n int, one, many string) string {
