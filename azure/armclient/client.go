@@ -25,9 +25,13 @@ import (
 // Client is what the admin-state manager needs from ARM.
 type Client interface {
 	// ListLoadBalancers lists every load balancer in a resource group, with
-	// their backend pools.
+	// their backend pools. It reads what discovery and verification need
+	// (lean.go): each pool's entries (name, IP, admin state, NIC IP
+	// configuration), its NIC IP configurations and its rules' IDs; write a
+	// pool from GetPool, never from this.
 	ListLoadBalancers(ctx context.Context, resourceGroup string) ([]*armnetwork.LoadBalancer, error)
-	// GetLoadBalancer gets one load balancer with its backend pools.
+	// GetLoadBalancer gets one load balancer with its backend pools, read as
+	// ListLoadBalancers reads them.
 	GetLoadBalancer(ctx context.Context, resourceGroup, name string) (*armnetwork.LoadBalancer, error)
 	// GetPool gets one backend pool, with its ETag.
 	GetPool(ctx context.Context, resourceGroup, loadBalancer, pool string) (*armnetwork.BackendAddressPool, error)
@@ -71,12 +75,12 @@ type sdkClient struct {
 	subscription  string
 	pollFrequency time.Duration
 
-	lbs   *armnetwork.LoadBalancersClient
 	pools *armnetwork.LoadBalancerBackendAddressPoolsClient
-	// compute carries the raw VM GETs (the SDK pipeline: credential,
-	// retries, throttling gate); endpoint is ARM's.
-	compute  *arm.Client
-	endpoint string
+	// compute and network carry the raw GETs of VMs and of load balancers
+	// (lean.go) through the SDK pipeline: credential, retries, throttling
+	// gate; endpoint is ARM's.
+	compute, network *arm.Client
+	endpoint         string
 
 	mu   sync.Mutex
 	nics map[string]*armnetwork.InterfacesClient // by lower(subscription)
@@ -106,38 +110,17 @@ func New(s Settings) (Client, error) {
 		c.pollFrequency = DefaultPollFrequency
 	}
 	var err error
-	if c.lbs, err = armnetwork.NewLoadBalancersClient(s.SubscriptionID, s.Credential, opts); err != nil {
-		return nil, fmt.Errorf("creating load balancers client: %w", err)
-	}
 	if c.pools, err = armnetwork.NewLoadBalancerBackendAddressPoolsClient(s.SubscriptionID, s.Credential, opts); err != nil {
 		return nil, fmt.Errorf("creating backend pools client: %w", err)
 	}
 	if c.compute, err = arm.NewClient("nodeguard/compute", "v0.1.0", s.Credential, opts); err != nil {
 		return nil, fmt.Errorf("creating compute client: %w", err)
 	}
+	if c.network, err = arm.NewClient("nodeguard/network", "v0.1.0", s.Credential, opts); err != nil {
+		return nil, fmt.Errorf("creating network client: %w", err)
+	}
 	c.endpoint = c.compute.Endpoint()
 	return c, nil
-}
-
-func (c *sdkClient) ListLoadBalancers(ctx context.Context, resourceGroup string) ([]*armnetwork.LoadBalancer, error) {
-	var out []*armnetwork.LoadBalancer
-	pager := c.lbs.NewListPager(resourceGroup, nil)
-	for pager.More() {
-		page, err := pager.NextPage(ctx)
-		if err != nil {
-			return nil, err
-		}
-		out = append(out, page.Value...)
-	}
-	return out, nil
-}
-
-func (c *sdkClient) GetLoadBalancer(ctx context.Context, resourceGroup, name string) (*armnetwork.LoadBalancer, error) {
-	resp, err := c.lbs.Get(ctx, resourceGroup, name, nil)
-	if err != nil {
-		return nil, err
-	}
-	return &resp.LoadBalancer, nil
 }
 
 func (c *sdkClient) GetPool(ctx context.Context, resourceGroup, loadBalancer, pool string) (*armnetwork.BackendAddressPool, error) {
