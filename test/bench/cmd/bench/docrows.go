@@ -269,6 +269,9 @@ func scaleRows(r *scaleResult) []docRow {
 	if b := r.Bound; b != nil && b.value() > 0 {
 		result += fmt.Sprintf("; **%s its lower bound** of %s (%s term; the loop %s)",
 			bench.Times(bench.Ratio(ng.Released, b.value())), bench.Seconds(b.value()), b.binds(), bench.Times(bench.Ratio(k.Released, b.value())))
+		if b.Eviction > 0 {
+			result += fmt.Sprintf(", %s of the chain and throughput terms alone", bench.Times(bench.Ratio(ng.Released, b.twoTerms())))
+		}
 	}
 	if ng.Handoff.count() > 0 {
 		result += "; drain slot handoff " + ng.Handoff.summary()

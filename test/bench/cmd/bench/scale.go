@@ -317,6 +317,11 @@ func runScale(ctx context.Context, c config, env *harness.Env) (*scaleResult, er
 	if err := setSchedulable(ctx, cl, candidates, true); err != nil {
 		return r, err
 	}
+	probe := fleetProbe(c)
+	logf("scale: the cluster's eviction rate, %d bursts of %d bare pods, %d at a time", probe.rounds, probe.pods, probe.workers)
+	if r.Bound.EvictionRates, err = evictionRates(ctx, env, cl, names[len(candidates):], probe); err != nil {
+		return r, err
+	}
 	ngSet, kubectlSet, err := splitSets(ctx, cl, candidates, c.scaleDelete)
 	if err != nil {
 		return r, fmt.Errorf("splitting the deleted nodes into two sets: %w", err)
@@ -375,7 +380,7 @@ func runScale(ctx context.Context, c config, env *harness.Env) (*scaleResult, er
 		return r, err
 	}
 	r.Bound.WritesPerPod["kubectl"] = writes.end()
-	r.Bound.compute(r.Nodeguard.PerApp)
+	r.Bound.compute(r.Nodeguard.PerApp, r.Nodeguard.Total)
 	logf("scale: kubectl loop released %d nodes in %s", len(kubectlSet), bench.Seconds(r.Kubectl.Released))
 	return r, nil
 }

@@ -87,14 +87,14 @@ func TestIdlePointIsTheMedianOfItsSamples(t *testing.T) {
 
 // TestFleetBound: the chain term is the Deployment with the most rounds in
 // the set (its rounds less one, × the mean idle cycle), the throughput term
-// the gating replacements at the fewer writes per pod, and the bound the
-// larger.
+// the gating replacements at the fewer writes per pod, the eviction term the
+// set's pods at the fastest probe's rate, and the bound the largest.
 func TestFleetBound(t *testing.T) {
 	b := &fleetBound{
 		Cycles:       []time.Duration{time.Second, 3 * time.Second},
 		WritesPerPod: map[string]float64{"nodeguard": 3.0, "kubectl": 3.5},
 	}
-	b.compute(map[string]int{"web-0": 28, "web-1": 5, "web-2": 12})
+	b.compute(map[string]int{"web-0": 28, "web-1": 5, "web-2": 12}, 200)
 	if b.Longest != "web-0" || b.LongestRounds != 3 || b.Gating != 20 {
 		t.Errorf("longest %s with %d rounds, %d gating; want web-0, 3 rounds (28 pods, 10 at a time), 20 gating (18 + 2)", b.Longest, b.LongestRounds, b.Gating)
 	}
@@ -104,8 +104,16 @@ func TestFleetBound(t *testing.T) {
 	if b.Throughput != 1500*time.Millisecond { // 3.0 × 20 − 30 = 30 writes at 20/s
 		t.Errorf("throughput term %s, want 1.5s", b.Throughput)
 	}
-	if b.value() != 4*time.Second || b.binds() != "chain" {
-		t.Errorf("bound %s set by %s, want 4s by the chain", b.value(), b.binds())
+	if b.Eviction != 0 || b.value() != 4*time.Second || b.binds() != "chain" {
+		t.Errorf("no probe: eviction term %s, bound %s set by %s; want none, 4s by the chain", b.Eviction, b.value(), b.binds())
+	}
+	b.EvictionRates = []float64{20, 40, 25}
+	b.compute(map[string]int{"web-0": 28, "web-1": 5, "web-2": 12}, 200)
+	if b.Eviction != 5*time.Second || b.value() != 5*time.Second || b.binds() != "eviction" { // 200 pods at 40/s
+		t.Errorf("eviction term %s, bound %s set by %s; want 5s by the eviction term", b.Eviction, b.value(), b.binds())
+	}
+	if b.twoTerms() != 4*time.Second {
+		t.Errorf("the issue's two-term bound %s, want 4s", b.twoTerms())
 	}
 }
 
