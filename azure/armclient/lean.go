@@ -2,7 +2,6 @@ package armclient
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"net/http"
 	"net/url"
@@ -108,7 +107,9 @@ func (c *sdkClient) getJSON(ctx context.Context, rawURL string, v any) error {
 	if !runtime.HasStatusCode(resp, http.StatusOK) {
 		return runtime.NewResponseError(resp)
 	}
-	if err := json.NewDecoder(resp.Body).Decode(v); err != nil {
+	// The pipeline has read the body already: decode those bytes, without
+	// a decoder's buffer copying them again.
+	if err := runtime.UnmarshalAsJSON(resp, v); err != nil {
 		return fmt.Errorf("decoding %s %s: %w", req.Raw().Method, req.Raw().URL.Path, err)
 	}
 	return nil
