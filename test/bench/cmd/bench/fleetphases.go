@@ -134,3 +134,62 @@ func stepMedians(phases []nodePhases) string {
 		step(func(p nodePhases) time.Duration { return p.LastEvicted }),
 		step(func(p nodePhases) time.Duration { return p.Gone }))
 }
+
+// evictionTimes split a node's eviction time: each eviction's round trip
+// (its last request sent until it was granted), for bare pods and for pods
+// under a PDB apart, and how long after its node's first eviction each
+// PDB-protected pod's was first sent (its wait in its PDB's queue, for
+// nodeguard, or behind 429s, for kubectl).
+type evictionTimes struct {
+	BareRoundTrips    []time.Duration `json:"bareRoundTrips,omitempty"`
+	PDBRoundTrips     []time.Duration `json:"pdbRoundTrips,omitempty"`
+	PDBSentAfterFirst []time.Duration `json:"pdbSentAfterNodeFirst,omitempty"`
+}
+
+// evictionTimesOf reads the eviction times from the marks; underPDB names
+// the pods (namespace/name) under a PDB, phases give each node's first
+// eviction.
+func evictionTimesOf(start time.Time, marks []requestMark, podNode map[string]string, underPDB map[string]bool, phases []nodePhases) evictionTimes {
+	firstOf := map[string]time.Duration{}
+	for _, p := range phases {
+		firstOf[p.Node] = p.FirstEviction
+	}
+	lastSent, firstSent := map[string]time.Time{}, map[string]time.Time{}
+	var t evictionTimes
+	for _, m := range marks {
+		switch m.Kind {
+		case markEvict:
+			lastSent[m.Name] = m.At
+			if _, ok := firstSent[m.Name]; !ok {
+				firstSent[m.Name] = m.At
+			}
+		case markEvicted:
+			sent, ok := lastSent[m.Name]
+			if !ok {
+				continue
+			}
+			if !underPDB[m.Name] {
+				t.BareRoundTrips = append(t.BareRoundTrips, m.At.Sub(sent))
+				continue
+			}
+			t.PDBRoundTrips = append(t.PDBRoundTrips, m.At.Sub(sent))
+			if first, ok := firstOf[podNode[m.Name]]; ok && first > 0 {
+				t.PDBSentAfterFirst = append(t.PDBSentAfterFirst, max(firstSent[m.Name].Sub(start)-first, 0))
+			}
+		}
+	}
+	return t
+}
+
+// summary says the times' p50 / p90 / max, e.g. "eviction round trips
+// (p50 / p90 / max): bare pods 0.4 s / 1.2 s / 2.0 s, …".
+func (t evictionTimes) summary() string {
+	q := func(ds []time.Duration) string {
+		if len(ds) == 0 {
+			return "none"
+		}
+		return fmt.Sprintf("%s / %s / %s (n %d)", bench.Seconds(bench.Percentile(ds, 50)), bench.Seconds(bench.Percentile(ds, 90)), bench.Seconds(bench.Percentile(ds, 100)), len(ds))
+	}
+	return fmt.Sprintf("eviction round trips, last request sent until granted (p50 / p90 / max): bare pods %s, pods under PDBs %s; pods under PDBs first sent after their node's first eviction: %s",
+		q(t.BareRoundTrips), q(t.PDBRoundTrips), q(t.PDBSentAfterFirst))
+}

@@ -2,6 +2,7 @@ package main
 
 import (
 	"net/http/httptest"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -63,5 +64,32 @@ func TestPhasesOf(t *testing.T) {
 		if !strings.Contains(summary, part) {
 			t.Errorf("summary %q does not say %q", summary, part)
 		}
+	}
+}
+
+// TestEvictionTimesOf: a round trip runs from an eviction's last request
+// (after a 429) to its grant, bare pods and pods under PDBs apart; a pod
+// under a PDB also counts how long after its node's first eviction it was
+// first sent.
+func TestEvictionTimesOf(t *testing.T) {
+	start := time.Now()
+	at := func(s float64) time.Time { return start.Add(time.Duration(s * float64(time.Second))) }
+	marks := []requestMark{
+		{at(1), markEvict, "ns/bare"},
+		{at(1.5), markEvict, "ns/web"}, // refused: 429, no grant
+		{at(1.25), markEvicted, "ns/bare"},
+		{at(4), markEvict, "ns/web"},
+		{at(4.5), markEvicted, "ns/web"},
+		{at(5), markEvicted, "ns/unsent"}, // a grant without its request: not counted
+	}
+	podNode := map[string]string{"ns/bare": "a", "ns/web": "a", "ns/unsent": "a"}
+	got := evictionTimesOf(start, marks, podNode, map[string]bool{"ns/web": true, "ns/unsent": true}, []nodePhases{{Node: "a", FirstEviction: time.Second}})
+	if !slices.Equal(got.BareRoundTrips, []time.Duration{250 * time.Millisecond}) ||
+		!slices.Equal(got.PDBRoundTrips, []time.Duration{500 * time.Millisecond}) ||
+		!slices.Equal(got.PDBSentAfterFirst, []time.Duration{500 * time.Millisecond}) {
+		t.Errorf("times %+v; want bare 250ms, under PDBs 500ms (from the request after the 429), sent 500ms after the node's first", got)
+	}
+	if s := got.summary(); !strings.Contains(s, "bare pods 0.250 s / 0.250 s / 0.250 s (n 1)") {
+		t.Errorf("summary %q", s)
 	}
 }

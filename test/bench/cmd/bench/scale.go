@@ -718,6 +718,8 @@ type fleetDeletion struct {
 	Gone []time.Duration `json:"gone,omitempty"`
 	// Phases are each node's steps, in the order the nodes went.
 	Phases []nodePhases `json:"phases,omitempty"`
+	// Evictions split the nodes' eviction time.
+	Evictions evictionTimes `json:"evictionTimes"`
 	// Retries are the deletes the deleter had to send again.
 	Retries deleteRetries `json:"retriedDeletes"`
 	// Restarts are the drainer's restarts after its drain stalled.
@@ -857,7 +859,9 @@ func deleteWithNodeguard(ctx context.Context, cl client.Client, api *requestCoun
 	}
 	gone, goneAt, err := waitGone(ctx, cl, "nodeguard", start, nodes)
 	f.API = api.snapshot().since(before)
-	f.Phases = phasesOf(start, marks(), pods.podNode, goneAt)
+	requests := marks()
+	f.Phases = phasesOf(start, requests, pods.podNode, goneAt)
+	f.Evictions = evictionTimesOf(start, requests, pods.podNode, pods.underPDB, f.Phases)
 	if after, serr := scrapeHistograms(ctx, metricsURL, handoffMetric, wakeupMetric); serr == nil {
 		f.Handoff = after[handoffMetric].since(metricsBefore[handoffMetric])
 		f.Wakeup = after[wakeupMetric].since(metricsBefore[wakeupMetric])
@@ -907,7 +911,9 @@ func drainWithKubectl(ctx context.Context, cl client.Client, api *requestCounter
 	}
 	gone, _, err := waitGone(ctx, cl, "kubectl", start, nodes)
 	f.API = api.snapshot().since(before)
-	f.Phases = phasesOf(start, marks(), pods.podNode, deletedAt)
+	requests := marks()
+	f.Phases = phasesOf(start, requests, pods.podNode, deletedAt)
+	f.Evictions = evictionTimesOf(start, requests, pods.podNode, pods.underPDB, f.Phases)
 	slices.Sort(deleted)
 	f.Released, f.Median, f.Gone = gone[len(gone)-1], deleted[len(deleted)/2], deleted
 	return f, err
@@ -951,8 +957,10 @@ type setPods struct {
 	MostOfOne int `json:"mostPodsOfOneDeployment"`
 	// PerApp counts the pods of each Deployment.
 	PerApp map[string]int `json:"perDeployment,omitempty"`
-	// podNode is the node of each pod (namespace/name).
-	podNode map[string]string
+	// podNode is the node of each pod (namespace/name); underPDB the pods
+	// of Deployments.
+	podNode  map[string]string
+	underPDB map[string]bool
 }
 
 // podMetaOn lists the metadata of the pods on the node.
@@ -966,7 +974,7 @@ func podMetaOn(ctx context.Context, cl client.Client, node string) ([]metav1.Par
 // podsOn counts the pods on the nodes.
 func podsOn(ctx context.Context, cl client.Client, nodes []string) (setPods, error) {
 	var mu sync.Mutex
-	sp := setPods{PerApp: map[string]int{}, podNode: map[string]string{}}
+	sp := setPods{PerApp: map[string]int{}, podNode: map[string]string{}, underPDB: map[string]bool{}}
 	perApp := sp.PerApp
 	err := forEach(ctx, nodes, 8, func(ctx context.Context, n string) error {
 		pods, err := podMetaOn(ctx, cl, n)
@@ -979,6 +987,7 @@ func podsOn(ctx context.Context, cl client.Client, nodes []string) (setPods, err
 		for _, p := range pods {
 			sp.podNode[p.Namespace+"/"+p.Name] = n
 			if app := p.Labels["app"]; app != barePodApp {
+				sp.underPDB[p.Namespace+"/"+p.Name] = true
 				sp.UnderPDBs++
 				perApp[app]++
 				sp.MostOfOne = max(sp.MostOfOne, perApp[app])
@@ -1075,8 +1084,12 @@ func fleetTable(r *scaleResult) *bench.Table {
 		f    *fleetDeletion
 	}{{"nodeguard", r.Nodeguard}, {"the kubectl loop", r.Kubectl}} {
 		if d.f != nil && len(d.f.Phases) > 0 {
+			how := phasesSummary(d.f.Phases, 10, 5)
+			if e := d.f.Evictions; len(e.BareRoundTrips)+len(e.PDBRoundTrips) > 0 {
+				how += "; " + e.summary()
+			}
 			t.Note("Where %s's time went, node by node, from its requests (its first write of the node: the cordon; its first eviction sent; its last eviction granted; the node gone%s): %s.",
-				d.name, goneHow(d.f == r.Kubectl), phasesSummary(d.f.Phases, 10, 5))
+				d.name, goneHow(d.f == r.Kubectl), how)
 		}
 	}
 	if r.Nodeguard != nil && r.Kubectl != nil {
