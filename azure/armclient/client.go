@@ -76,11 +76,11 @@ type sdkClient struct {
 	pollFrequency time.Duration
 
 	pools *armnetwork.LoadBalancerBackendAddressPoolsClient
-	// compute and network carry the raw GETs of VMs and of load balancers
-	// (lean.go) through the SDK pipeline: credential, retries, throttling
-	// gate; endpoint is ARM's.
-	compute, network *arm.Client
-	endpoint         string
+	// raw carries the GETs of VMs and of load balancers (vms.go, lean.go)
+	// through the SDK pipeline: credential, retries, throttling gate;
+	// endpoint is ARM's.
+	raw      *arm.Client
+	endpoint string
 
 	mu   sync.Mutex
 	nics map[string]*armnetwork.InterfacesClient // by lower(subscription)
@@ -113,14 +113,21 @@ func New(s Settings) (Client, error) {
 	if c.pools, err = armnetwork.NewLoadBalancerBackendAddressPoolsClient(s.SubscriptionID, s.Credential, opts); err != nil {
 		return nil, fmt.Errorf("creating backend pools client: %w", err)
 	}
-	if c.compute, err = arm.NewClient("nodeguard/compute", "v0.1.0", s.Credential, opts); err != nil {
-		return nil, fmt.Errorf("creating compute client: %w", err)
+	if c.raw, err = arm.NewClient("nodeguard/arm", "v0.1.0", s.Credential, opts); err != nil {
+		return nil, fmt.Errorf("creating ARM client: %w", err)
 	}
-	if c.network, err = arm.NewClient("nodeguard/network", "v0.1.0", s.Credential, opts); err != nil {
-		return nil, fmt.Errorf("creating network client: %w", err)
-	}
-	c.endpoint = c.compute.Endpoint()
+	c.endpoint = c.raw.Endpoint()
 	return c, nil
+}
+
+// get sends a GET of an ARM URL (with its api-version) through the pipeline.
+func (c *sdkClient) get(ctx context.Context, rawURL string) (*http.Response, error) {
+	req, err := runtime.NewRequest(ctx, http.MethodGet, rawURL)
+	if err != nil {
+		return nil, err
+	}
+	req.Raw().Header["Accept"] = []string{"application/json"}
+	return c.raw.Pipeline().Do(req)
 }
 
 func (c *sdkClient) GetPool(ctx context.Context, resourceGroup, loadBalancer, pool string) (*armnetwork.BackendAddressPool, error) {

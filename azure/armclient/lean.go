@@ -65,8 +65,7 @@ type leanRef struct {
 
 func (c *sdkClient) ListLoadBalancers(ctx context.Context, resourceGroup string) ([]*armnetwork.LoadBalancer, error) {
 	var out []*armnetwork.LoadBalancer
-	next := c.endpoint + "/subscriptions/" + url.PathEscape(c.subscription) + "/resourceGroups/" + url.PathEscape(resourceGroup) +
-		"/providers/Microsoft.Network/loadBalancers?api-version=" + networkAPIVersion
+	next := c.loadBalancersURL(resourceGroup) + "?api-version=" + networkAPIVersion
 	for next != "" {
 		var page leanLoadBalancerList
 		if err := c.getJSON(ctx, next, &page); err != nil {
@@ -82,24 +81,24 @@ func (c *sdkClient) ListLoadBalancers(ctx context.Context, resourceGroup string)
 
 func (c *sdkClient) GetLoadBalancer(ctx context.Context, resourceGroup, name string) (*armnetwork.LoadBalancer, error) {
 	var lb leanLoadBalancer
-	err := c.getJSON(ctx, c.endpoint+"/subscriptions/"+url.PathEscape(c.subscription)+"/resourceGroups/"+url.PathEscape(resourceGroup)+
-		"/providers/Microsoft.Network/loadBalancers/"+url.PathEscape(name)+"?api-version="+networkAPIVersion, &lb)
+	err := c.getJSON(ctx, c.loadBalancersURL(resourceGroup)+"/"+url.PathEscape(name)+"?api-version="+networkAPIVersion, &lb)
 	if err != nil {
 		return nil, err
 	}
 	return lb.sdk(), nil
 }
 
+// loadBalancersURL is the resource group's load balancer collection.
+func (c *sdkClient) loadBalancersURL(resourceGroup string) string {
+	return c.endpoint + "/subscriptions/" + url.PathEscape(c.subscription) + "/resourceGroups/" + url.PathEscape(resourceGroup) +
+		"/providers/Microsoft.Network/loadBalancers"
+}
+
 // getJSON GETs an ARM URL (a nextLink carries its own api-version) through
 // the SDK pipeline (credential, retries, throttling gate) and decodes a 200
 // into v; any other answer is an *azcore.ResponseError, as the SDK's.
 func (c *sdkClient) getJSON(ctx context.Context, rawURL string, v any) error {
-	req, err := runtime.NewRequest(ctx, http.MethodGet, rawURL)
-	if err != nil {
-		return err
-	}
-	req.Raw().Header["Accept"] = []string{"application/json"}
-	resp, err := c.network.Pipeline().Do(req)
+	resp, err := c.get(ctx, rawURL)
 	if err != nil {
 		return err
 	}
@@ -110,7 +109,7 @@ func (c *sdkClient) getJSON(ctx context.Context, rawURL string, v any) error {
 	// The pipeline has read the body already: decode those bytes, without
 	// a decoder's buffer copying them again.
 	if err := runtime.UnmarshalAsJSON(resp, v); err != nil {
-		return fmt.Errorf("decoding %s %s: %w", req.Raw().Method, req.Raw().URL.Path, err)
+		return fmt.Errorf("decoding GET %s: %w", resp.Request.URL.Path, err)
 	}
 	return nil
 }

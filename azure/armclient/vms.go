@@ -46,15 +46,7 @@ func VMResourceID(providerID string) (string, error) {
 // no ARM error body at all (a wrong --azure-arm-endpoint or path) say nothing
 // about the VM, and reading them as "gone" would release a node undrained.
 func (c *sdkClient) VMExists(ctx context.Context, id string) (bool, error) {
-	req, err := runtime.NewRequest(ctx, http.MethodGet, runtime.JoinPaths(c.endpoint, id))
-	if err != nil {
-		return false, err
-	}
-	q := req.Raw().URL.Query()
-	q.Set("api-version", computeAPIVersion)
-	req.Raw().URL.RawQuery = q.Encode()
-	req.Raw().Header["Accept"] = []string{"application/json"}
-	resp, err := c.compute.Pipeline().Do(req)
+	resp, err := c.get(ctx, runtime.JoinPaths(c.endpoint, id)+"?api-version="+computeAPIVersion)
 	if err == nil {
 		defer resp.Body.Close()
 		if runtime.HasStatusCode(resp, http.StatusOK) {
