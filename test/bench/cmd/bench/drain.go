@@ -460,8 +460,8 @@ func idleCycles(ctx context.Context, c config, env *harness.Env, tail *auditTail
 			return nil, err
 		}
 		sent := time.Now()
-		if err := cs.PolicyV1().Evictions(cycleNS).Evict(ctx, &policyv1.Eviction{ObjectMeta: metav1.ObjectMeta{Namespace: cycleNS, Name: pod}}); err != nil {
-			return nil, fmt.Errorf("evicting %s: %w", pod, err)
+		if err := evictByName(ctx, cs, cycleNS, pod); err != nil {
+			return nil, err
 		}
 		e := []harness.Eviction{{Namespace: cycleNS, Pod: pod, Workload: app, Start: sent, Status: http.StatusCreated}}
 		var got []time.Duration

@@ -18,7 +18,6 @@ import (
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/cache"
-	"k8s.io/client-go/tools/clientcmd"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/nodeguard/nodeguard/finalizer"
@@ -152,8 +151,8 @@ func fleetCycles(ctx context.Context, cl client.Client, cs kubernetes.Interface,
 			return cycles, err
 		}
 		sent := time.Now()
-		if err := cs.PolicyV1().Evictions(scaleNS).Evict(ctx, &policyv1.Eviction{ObjectMeta: metav1.ObjectMeta{Namespace: scaleNS, Name: pod}}); err != nil {
-			return cycles, fmt.Errorf("evicting %s: %w", pod, err)
+		if err := evictByName(ctx, cs, scaleNS, pod); err != nil {
+			return cycles, err
 		}
 		err = harness.PollEvery(ctx, 20*time.Millisecond, 5*time.Minute, func(ctx context.Context) (bool, error) {
 			now, err := pdbAllows(ctx, cl, app)
@@ -191,7 +190,11 @@ func evictionRates(ctx context.Context, env *harness.Env, cl client.Client, outs
 		return nil, err
 	}
 	defer api.close()
-	cs, err := clientsetFor(api.Kubeconfig)
+	cfg, err := counterConfig(api)
+	if err != nil {
+		return nil, err
+	}
+	cs, err := kubernetes.NewForConfig(cfg)
 	if err != nil {
 		return nil, err
 	}
@@ -208,11 +211,7 @@ func evictionRates(ctx context.Context, env *harness.Env, cl client.Client, outs
 	for burst := range slices.Chunk(pods, p.pods) {
 		start := time.Now()
 		if err := forEach(ctx, burst, p.workers, func(ctx context.Context, pod string) error {
-			err := cs.PolicyV1().Evictions(scaleNS).Evict(ctx, &policyv1.Eviction{ObjectMeta: metav1.ObjectMeta{Namespace: scaleNS, Name: pod}})
-			if err != nil {
-				return fmt.Errorf("evicting %s: %w", pod, err)
-			}
-			return nil
+			return evictByName(ctx, cs, scaleNS, pod)
 		}); err != nil {
 			return rates, err
 		}
@@ -221,14 +220,12 @@ func evictionRates(ctx context.Context, env *harness.Env, cl client.Client, outs
 	return rates, nil
 }
 
-// clientsetFor is a client of the kubeconfig with no rate limit of its own.
-func clientsetFor(kubeconfig string) (kubernetes.Interface, error) {
-	cfg, err := clientcmd.BuildConfigFromFlags("", kubeconfig)
-	if err != nil {
-		return nil, err
+// evictByName asks the Eviction API to evict the pod.
+func evictByName(ctx context.Context, cs kubernetes.Interface, ns, pod string) error {
+	if err := cs.PolicyV1().Evictions(ns).Evict(ctx, &policyv1.Eviction{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: pod}}); err != nil {
+		return fmt.Errorf("evicting %s: %w", pod, err)
 	}
-	cfg.QPS = -1
-	return kubernetes.NewForConfig(cfg)
+	return nil
 }
 
 // barePodsOf names up to n bare pods on the nodes, in the nodes' order.

@@ -14,6 +14,7 @@ import (
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -530,12 +531,22 @@ func deleteNodeClaims(api *requestCounter, rep, n int) func(context.Context, []s
 }
 
 func counterClient(api *requestCounter) (client.Client, error) {
+	cfg, err := counterConfig(api)
+	if err != nil {
+		return nil, err
+	}
+	return client.New(cfg, client.Options{})
+}
+
+// counterConfig points a client at the proxy, with a client limit (1,000
+// requests a second) that no bench client reaches.
+func counterConfig(api *requestCounter) (*rest.Config, error) {
 	cfg, err := clientcmd.BuildConfigFromFlags("", api.Kubeconfig)
 	if err != nil {
 		return nil, err
 	}
 	cfg.QPS, cfg.Burst = 1000, 1000
-	return client.New(cfg, client.Options{})
+	return cfg, nil
 }
 
 // deleteSet starts the deletion of a set and waits until every node of it

@@ -20,7 +20,6 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
-	"k8s.io/client-go/tools/clientcmd"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -823,6 +822,13 @@ func (f *fleetDeletion) writesPerNode() nodeWrites {
 	}
 }
 
+// readSteps reads each node's steps and the evictions' times from the
+// deletion's marks, given when each node went.
+func (f *fleetDeletion) readSteps(start time.Time, marks []requestMark, gone map[string]time.Duration) {
+	f.Phases = phasesOf(start, marks, f.podNode, gone)
+	f.Evictions = evictionTimesOf(start, marks, f.podNode, f.underPDB, f.Phases)
+}
+
 func (f *fleetDeletion) perPod() float64 { return float64(f.API.total()) / float64(max(f.Total, 1)) }
 
 // deleteWithNodeguard deletes the nodes at once, one request each (as an
@@ -835,12 +841,7 @@ func deleteWithNodeguard(ctx context.Context, cl client.Client, api *requestCoun
 		return nil, err
 	}
 	f := &fleetDeletion{Nodes: len(nodes), setPods: pods}
-	cfg, err := clientcmd.BuildConfigFromFlags("", api.Kubeconfig)
-	if err != nil {
-		return nil, err
-	}
-	cfg.QPS, cfg.Burst = 1000, 1000
-	deleter, err := client.New(cfg, client.Options{})
+	deleter, err := counterClient(api)
 	if err != nil {
 		return nil, err
 	}
@@ -859,9 +860,7 @@ func deleteWithNodeguard(ctx context.Context, cl client.Client, api *requestCoun
 	}
 	gone, goneAt, err := waitGone(ctx, cl, "nodeguard", start, nodes)
 	f.API = api.snapshot().since(before)
-	requests := marks()
-	f.Phases = phasesOf(start, requests, pods.podNode, goneAt)
-	f.Evictions = evictionTimesOf(start, requests, pods.podNode, pods.underPDB, f.Phases)
+	f.readSteps(start, marks(), goneAt)
 	if after, serr := scrapeHistograms(ctx, metricsURL, handoffMetric, wakeupMetric); serr == nil {
 		f.Handoff = after[handoffMetric].since(metricsBefore[handoffMetric])
 		f.Wakeup = after[wakeupMetric].since(metricsBefore[wakeupMetric])
@@ -911,9 +910,7 @@ func drainWithKubectl(ctx context.Context, cl client.Client, api *requestCounter
 	}
 	gone, _, err := waitGone(ctx, cl, "kubectl", start, nodes)
 	f.API = api.snapshot().since(before)
-	requests := marks()
-	f.Phases = phasesOf(start, requests, pods.podNode, deletedAt)
-	f.Evictions = evictionTimesOf(start, requests, pods.podNode, pods.underPDB, f.Phases)
+	f.readSteps(start, marks(), deletedAt)
 	slices.Sort(deleted)
 	f.Released, f.Median, f.Gone = gone[len(gone)-1], deleted[len(deleted)/2], deleted
 	return f, err
