@@ -10,11 +10,11 @@ import (
 )
 
 // Flags are the termination controller's command-line settings: its Options
-// and how many evictions of pods under no PDB are in flight at once.
+// and how many evictions a draining node sends at once.
 type Flags struct {
 	Options
-	// ParallelEvictions bounds the concurrent evictions, across all draining
-	// nodes, of pods no PodDisruptionBudget covers (drain.Evictor.Parallel).
+	// ParallelEvictions bounds the concurrent evictions, per draining node,
+	// of pods no PodDisruptionBudget covers (drain.Evictor.Parallel).
 	ParallelEvictions int
 }
 
@@ -67,7 +67,7 @@ func (f *Flags) BindFlags(fs *flag.FlagSet) {
 	fs.IntVar(&f.MaxConcurrentNodes, "max-concurrent-drains", f.MaxConcurrentNodes,
 		"Nodes terminated in parallel.")
 	fs.IntVar(&f.ParallelEvictions, "parallel-evictions", f.ParallelEvictions,
-		"Concurrent evictions, across all draining nodes, of pods that no PodDisruptionBudget covers (pods under a PDB are always evicted one at a time per PDB, beside these). kube-apiserver answers the requests in flight side by side: more at once only delays each, the PDBs' evictions among them.")
+		"Concurrent evictions, per draining node, of pods that no PodDisruptionBudget covers (pods under a PDB are always evicted one at a time per PDB).")
 }
 
 // Validate reports the first flag whose value cannot be used.

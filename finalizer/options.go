@@ -12,9 +12,8 @@ const (
 	DefaultVolumeDetachTimeout = time.Minute
 	DefaultMaxConcurrentNodes  = 10
 	// DefaultParallelEvictions sends a typical node's unprotected pods in
-	// one wave, as kubectl drain does, and a fleet's no faster than
-	// kube-apiserver answers them: what it holds beyond that is each
-	// eviction's wait, which the PDB queues' serial steps pay too.
+	// one wave, as kubectl drain does: under a fleet's drain each eviction
+	// round trip is slow, and a second wave doubles the drain.
 	DefaultParallelEvictions = 50
 	// DefaultDrainBackstop is how long a drain whose pods and PDBs are
 	// watched waits without news before it looks again: for what only time

@@ -34,19 +34,13 @@ const (
 // what keeps at most one eviction in flight per PDB across all nodes draining.
 type Evictor struct {
 	Client client.Client
-	// Parallel bounds concurrent evictions of pods under no PDB, across all
-	// the nodes draining: kube-apiserver answers requests in flight side by
-	// side, so more of them only delays each, and the PDB queues' one
-	// eviction at a time (the drain's critical path) waits behind them.
+	// Parallel bounds concurrent evictions of pods under no PDB.
 	Parallel int
 	// Observe, if set, is called with the result of every eviction request.
 	Observe func(result string)
 
 	mu    sync.Mutex
 	locks map[types.UID]*sync.Mutex
-	// unprotected holds a token per eviction of a pod under no PDB in
-	// flight (Parallel of them).
-	unprotected chan struct{}
 	// waiting are the parked PDB queues (queue.go); evicted the pods whose
 	// eviction was answered 200, by node, and evictedControllers their
 	// controllers.
@@ -81,8 +75,7 @@ type Outcome struct {
 
 // Evict runs one pass over the node's plan: each PDB queue serially until a
 // 429, the disruptions its PDB allowed are spent, or its end; all queues and
-// the unprotected pods concurrently (those at most Parallel at once across
-// all passes, the queues beside them). Blocked queues send nothing. A queue that
+// the unprotected pods concurrently. Blocked queues send nothing. A queue that
 // stops short parks its remaining pods until its PDB allows a disruption
 // (Wake). A queue whose PDB another queue is evicting under goes after it,
 // and the pass does not wait for it (Outcome.Deferred).
@@ -158,7 +151,7 @@ func (e *Evictor) Evict(ctx context.Context, node string, plan *Plan) Outcome {
 		}()
 	}
 	e.unparkOthers(node, queued)
-	sem := e.unprotectedTokens()
+	sem := make(chan struct{}, max(e.Parallel, 1))
 	for _, pod := range plan.Unprotected {
 		if e.wasEvicted(node, pod.UID) {
 			// Granted in an earlier pass whose going the plan's pods do
@@ -175,16 +168,6 @@ func (e *Evictor) Evict(ctx context.Context, node string, plan *Plan) Outcome {
 	}
 	wg.Wait()
 	return out
-}
-
-// unprotectedTokens is the process's bound on evictions of pods under no PDB.
-func (e *Evictor) unprotectedTokens() chan struct{} {
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	if e.unprotected == nil {
-		e.unprotected = make(chan struct{}, max(e.Parallel, 1))
-	}
-	return e.unprotected
 }
 
 // evictQueue evicts the queue's pods one at a time, under its PDB's lock,
