@@ -139,22 +139,37 @@ func stepMedians(phases []nodePhases) string {
 // (its last request sent until it was granted), for bare pods and for pods
 // under a PDB apart, and how long after its node's first eviction each
 // PDB-protected pod's was first sent (its wait in its PDB's queue, for
-// nodeguard, or behind 429s, for kubectl).
+// nodeguard, or behind 429s, for kubectl). Longest is the PDB whose
+// evictions spanned the longest time.
 type evictionTimes struct {
 	BareRoundTrips    []time.Duration `json:"bareRoundTrips,omitempty"`
 	PDBRoundTrips     []time.Duration `json:"pdbRoundTrips,omitempty"`
 	PDBSentAfterFirst []time.Duration `json:"pdbSentAfterNodeFirst,omitempty"`
+	Longest           pdbChain        `json:"longestPDBChain"`
 }
 
-// evictionTimesOf reads the eviction times from the marks; underPDB names
-// the pods (namespace/name) under a PDB, phases give each node's first
-// eviction.
-func evictionTimesOf(start time.Time, marks []requestMark, podNode map[string]string, underPDB map[string]bool, phases []nodePhases) evictionTimes {
+// pdbChain is one PDB's evictions in a deletion: how many were granted, the
+// time from its first sent to its last granted, and the sum of their round
+// trips. A drainer that sends one at a time per PDB spends the span waiting
+// on them, their round trips and the gaps between: the round trips are a
+// floor under its time that the PDB's budget does not lift.
+type pdbChain struct {
+	PDB        string        `json:"pdb,omitempty"`
+	Granted    int           `json:"granted,omitempty"`
+	Span       time.Duration `json:"span,omitempty"`
+	RoundTrips time.Duration `json:"roundTrips,omitempty"`
+}
+
+// evictionTimesOf reads the eviction times from the marks; pdbOf names the
+// PDB (its Deployment) of each pod (namespace/name) under one, phases give
+// each node's first eviction.
+func evictionTimesOf(start time.Time, marks []requestMark, podNode, pdbOf map[string]string, phases []nodePhases) evictionTimes {
 	firstOf := map[string]time.Duration{}
 	for _, p := range phases {
 		firstOf[p.Node] = p.FirstEviction
 	}
 	lastSent, firstSent := map[string]time.Time{}, map[string]time.Time{}
+	chains, began := map[string]*pdbChain{}, map[string]time.Time{}
 	var t evictionTimes
 	for _, m := range marks {
 		switch m.Kind {
@@ -163,12 +178,16 @@ func evictionTimesOf(start time.Time, marks []requestMark, podNode map[string]st
 			if _, ok := firstSent[m.Name]; !ok {
 				firstSent[m.Name] = m.At
 			}
+			if pdb := pdbOf[m.Name]; pdb != "" && began[pdb].IsZero() {
+				began[pdb] = m.At
+			}
 		case markEvicted:
 			sent, ok := lastSent[m.Name]
 			if !ok {
 				continue
 			}
-			if !underPDB[m.Name] {
+			pdb := pdbOf[m.Name]
+			if pdb == "" {
 				t.BareRoundTrips = append(t.BareRoundTrips, m.At.Sub(sent))
 				continue
 			}
@@ -176,6 +195,19 @@ func evictionTimesOf(start time.Time, marks []requestMark, podNode map[string]st
 			if first, ok := firstOf[podNode[m.Name]]; ok && first > 0 {
 				t.PDBSentAfterFirst = append(t.PDBSentAfterFirst, max(firstSent[m.Name].Sub(start)-first, 0))
 			}
+			c := chains[pdb]
+			if c == nil {
+				c = &pdbChain{PDB: pdb}
+				chains[pdb] = c
+			}
+			c.Granted++
+			c.RoundTrips += m.At.Sub(sent)
+			c.Span = m.At.Sub(began[pdb])
+		}
+	}
+	for _, c := range chains {
+		if c.Span > t.Longest.Span || c.Span == t.Longest.Span && c.PDB < t.Longest.PDB {
+			t.Longest = *c
 		}
 	}
 	return t
@@ -190,6 +222,11 @@ func (t evictionTimes) summary() string {
 		}
 		return fmt.Sprintf("%s / %s / %s (n %d)", bench.Seconds(bench.Percentile(ds, 50)), bench.Seconds(bench.Percentile(ds, 90)), bench.Seconds(bench.Percentile(ds, 100)), len(ds))
 	}
-	return fmt.Sprintf("eviction round trips, last request sent until granted (p50 / p90 / max): bare pods %s, pods under PDBs %s; pods under PDBs first sent after their node's first eviction: %s",
+	s := fmt.Sprintf("eviction round trips, last request sent until granted (p50 / p90 / max): bare pods %s, pods under PDBs %s; pods under PDBs first sent after their node's first eviction: %s",
 		q(t.BareRoundTrips), q(t.PDBRoundTrips), q(t.PDBSentAfterFirst))
+	if c := t.Longest; c.Granted > 0 {
+		s += fmt.Sprintf("; the longest PDB chain, %s: %d evictions granted in %s from its first sent to its last granted, their round trips %s in all",
+			c.PDB, c.Granted, bench.Seconds(c.Span), bench.Seconds(c.RoundTrips))
+	}
+	return s
 }

@@ -70,7 +70,8 @@ func TestPhasesOf(t *testing.T) {
 // TestEvictionTimesOf: a round trip runs from an eviction's last request
 // (after a 429) to its grant, bare pods and pods under PDBs apart; a pod
 // under a PDB also counts how long after its node's first eviction it was
-// first sent.
+// first sent; the longest PDB chain is the PDB whose evictions spanned the
+// longest, from its first request to its last grant.
 func TestEvictionTimesOf(t *testing.T) {
 	start := time.Now()
 	at := func(s float64) time.Time { return start.Add(time.Duration(s * float64(time.Second))) }
@@ -83,13 +84,26 @@ func TestEvictionTimesOf(t *testing.T) {
 		{at(5), markEvicted, "ns/unsent"}, // a grant without its request: not counted
 	}
 	podNode := map[string]string{"ns/bare": "a", "ns/web": "a", "ns/unsent": "a"}
-	got := evictionTimesOf(start, marks, podNode, map[string]bool{"ns/web": true, "ns/unsent": true}, []nodePhases{{Node: "a", FirstEviction: time.Second}})
+	got := evictionTimesOf(start, marks, podNode, map[string]string{"ns/web": "web", "ns/unsent": "web"}, []nodePhases{{Node: "a", FirstEviction: time.Second}})
 	if !slices.Equal(got.BareRoundTrips, []time.Duration{250 * time.Millisecond}) ||
 		!slices.Equal(got.PDBRoundTrips, []time.Duration{500 * time.Millisecond}) ||
 		!slices.Equal(got.PDBSentAfterFirst, []time.Duration{500 * time.Millisecond}) {
 		t.Errorf("times %+v; want bare 250ms, under PDBs 500ms (from the request after the 429), sent 500ms after the node's first", got)
 	}
-	if s := got.summary(); !strings.Contains(s, "bare pods 0.250 s / 0.250 s / 0.250 s (n 1)") {
+	// web's chain runs from its first request (the refused one) to its grant.
+	if want := (pdbChain{PDB: "web", Granted: 1, Span: 3 * time.Second, RoundTrips: 500 * time.Millisecond}); got.Longest != want {
+		t.Errorf("longest chain %+v, want %+v", got.Longest, want)
+	}
+	// api's two evictions, one after the other, span longer than web's one.
+	marks = append(marks, requestMark{at(2), markEvict, "ns/api-1"}, requestMark{at(3), markEvicted, "ns/api-1"},
+		requestMark{at(3.5), markEvict, "ns/api-2"}, requestMark{at(7), markEvicted, "ns/api-2"})
+	podNode["ns/api-1"], podNode["ns/api-2"] = "a", "a"
+	both := evictionTimesOf(start, marks, podNode, map[string]string{"ns/web": "web", "ns/api-1": "api", "ns/api-2": "api"}, nil)
+	if want := (pdbChain{PDB: "api", Granted: 2, Span: 5 * time.Second, RoundTrips: 4500 * time.Millisecond}); both.Longest != want {
+		t.Errorf("longest of two chains %+v, want %+v", both.Longest, want)
+	}
+	if s := got.summary(); !strings.Contains(s, "bare pods 0.250 s / 0.250 s / 0.250 s (n 1)") ||
+		!strings.Contains(s, "the longest PDB chain, web: 1 evictions granted in 3.00 s") {
 		t.Errorf("summary %q", s)
 	}
 }

@@ -826,7 +826,7 @@ func (f *fleetDeletion) writesPerNode() nodeWrites {
 // deletion's marks, given when each node went.
 func (f *fleetDeletion) readSteps(start time.Time, marks []requestMark, gone map[string]time.Duration) {
 	f.Phases = phasesOf(start, marks, f.podNode, gone)
-	f.Evictions = evictionTimesOf(start, marks, f.podNode, f.underPDB, f.Phases)
+	f.Evictions = evictionTimesOf(start, marks, f.podNode, f.pdbOf, f.Phases)
 }
 
 func (f *fleetDeletion) perPod() float64 { return float64(f.API.total()) / float64(max(f.Total, 1)) }
@@ -954,10 +954,10 @@ type setPods struct {
 	MostOfOne int `json:"mostPodsOfOneDeployment"`
 	// PerApp counts the pods of each Deployment.
 	PerApp map[string]int `json:"perDeployment,omitempty"`
-	// podNode is the node of each pod (namespace/name); underPDB the pods
-	// of Deployments.
-	podNode  map[string]string
-	underPDB map[string]bool
+	// podNode is the node of each pod (namespace/name); pdbOf the
+	// Deployment (and so the PDB) of each pod of one.
+	podNode map[string]string
+	pdbOf   map[string]string
 }
 
 // podMetaOn lists the metadata of the pods on the node.
@@ -971,7 +971,7 @@ func podMetaOn(ctx context.Context, cl client.Client, node string) ([]metav1.Par
 // podsOn counts the pods on the nodes.
 func podsOn(ctx context.Context, cl client.Client, nodes []string) (setPods, error) {
 	var mu sync.Mutex
-	sp := setPods{PerApp: map[string]int{}, podNode: map[string]string{}, underPDB: map[string]bool{}}
+	sp := setPods{PerApp: map[string]int{}, podNode: map[string]string{}, pdbOf: map[string]string{}}
 	perApp := sp.PerApp
 	err := forEach(ctx, nodes, 8, func(ctx context.Context, n string) error {
 		pods, err := podMetaOn(ctx, cl, n)
@@ -984,7 +984,7 @@ func podsOn(ctx context.Context, cl client.Client, nodes []string) (setPods, err
 		for _, p := range pods {
 			sp.podNode[p.Namespace+"/"+p.Name] = n
 			if app := p.Labels["app"]; app != barePodApp {
-				sp.underPDB[p.Namespace+"/"+p.Name] = true
+				sp.pdbOf[p.Namespace+"/"+p.Name] = app
 				sp.UnderPDBs++
 				perApp[app]++
 				sp.MostOfOne = max(sp.MostOfOne, perApp[app])
