@@ -62,7 +62,8 @@ func (r *Reconciler) drain(ctx context.Context, node *corev1.Node) (reconcile.Re
 	}
 	// A node with pods to evict needs a slot; one that holds its slot while
 	// its pods terminate says so, so that the slot does not expire.
-	if sendable(plan) || r.slots.holds(node.UID) {
+	send := r.sendable(plan)
+	if send || r.slots.holds(node.UID) {
 		if ok, _ := r.takeSlot(node); !ok {
 			r.waitFor(node.UID, "waiting for a drain slot to evict again (--max-concurrent-drains): %s", waitingMessage(plan, drain.Outcome{}))
 			return reconcile.Result{RequeueAfter: r.byDeadline(min(r.podsGoneWait(), slotWaitBackstop), deadline, hasDeadline)}, nil
@@ -70,12 +71,12 @@ func (r *Reconciler) drain(ctx context.Context, node *corev1.Node) (reconcile.Re
 	} else {
 		r.wakeInLine(ctx, r.slots.leaveLine(r.Opts.MaxConcurrentNodes, node.UID))
 	}
-	if sendable(plan) {
+	if send {
 		r.observeHandoff(node.UID)
 	}
 	r.noteLosses(node, plan)
 	out := r.Evictor.Evict(ctx, node.Name, plan)
-	if waitsOnlyOnBudgets(plan, out) {
+	if waitsOnlyOnPDBs(plan, out) {
 		r.stepAside(ctx, node.UID)
 	}
 

@@ -273,13 +273,20 @@ func (r *Reconciler) giveDrainSlot(ctx context.Context, uid types.UID) {
 // other queued passes): in a fleet's deletion the queue holds the passes of
 // nodes waiting for a slot, and an emptied node waited up to 6 s behind
 // them for its release.
+//
+// A node that stepped aside (its last pods went by its PDB queues, without
+// a slot) has no slot to give, and its release goes first all the same.
 func (r *Reconciler) podsGone(ctx context.Context, name string) {
 	for _, uid := range r.phases.uids(name) {
-		if r.slots.holds(uid) {
-			r.Evictor.Forget(name) // its parked pods are gone
-			r.wakeInLine(ctx, r.slots.emptied(r.Opts.MaxConcurrentNodes, uid, r.Clock.Now()))
-			wakeNode(ctx, r.releaseWakeups, name)
+		held := r.slots.holds(uid)
+		if !held && !r.slots.hasBegun(uid) {
+			continue
 		}
+		r.Evictor.Forget(name) // its parked pods are gone
+		if held {
+			r.wakeInLine(ctx, r.slots.emptied(r.Opts.MaxConcurrentNodes, uid, r.Clock.Now()))
+		}
+		wakeNode(ctx, r.releaseWakeups, name)
 	}
 }
 
@@ -291,7 +298,7 @@ func (r *Reconciler) observeHandoff(uid types.UID) {
 	}
 }
 
-// stepAside frees the slot of a node whose drain waits only on budgets; the
+// stepAside frees the slot of a node whose drain waits only on its PDBs; the
 // node keeps its place in line for its next evictions.
 func (r *Reconciler) stepAside(ctx context.Context, uid types.UID) {
 	r.wakeInLine(ctx, r.slots.give(r.Opts.MaxConcurrentNodes, uid, false))
@@ -312,22 +319,26 @@ func (r *Reconciler) wakeInLine(ctx context.Context, names []string) {
 }
 
 // sendable reports whether a drain pass has pods it would evict now: pods
-// under no PDB, or a PDB queue whose PDB's status allows a disruption.
-func sendable(plan *drain.Plan) bool {
+// under no PDB, or a PDB queue whose PDB's status allows a disruption and
+// under which no other queue is evicting (it would go after that one).
+func (r *Reconciler) sendable(plan *drain.Plan) bool {
 	if len(plan.Unprotected) > 0 {
 		return true
 	}
 	for _, g := range plan.Groups {
-		if !g.Blocked && len(g.Pods) > 0 {
+		if !g.Blocked && len(g.Pods) > 0 && !r.Evictor.Busy(g.UID) {
 			return true
 		}
 	}
 	return false
 }
 
-// waitsOnlyOnBudgets reports whether, after a pass, the node's drain waits on
-// nothing of its own: no eviction went out, none failed, none waits for
-// another queue under its PDB, none of its pods is terminating.
-func waitsOnlyOnBudgets(plan *drain.Plan, out drain.Outcome) bool {
-	return out.Evicted == 0 && out.Deferred == 0 && len(out.Errs) == 0 && len(plan.Terminating) == 0
+// waitsOnlyOnPDBs reports whether, after a pass, the node's drain waits on
+// nothing of its own: no eviction went out, none failed, none of its pods is
+// terminating. Its PDB queues wait on their budgets, or behind another
+// node's eviction under the same PDB (deferred): those go one at a time per
+// PDB across the fleet, with or without a slot, and a node holding its slot
+// for its turn would hold the next node's drain for the PDB's whole queue.
+func waitsOnlyOnPDBs(plan *drain.Plan, out drain.Outcome) bool {
+	return out.Evicted == 0 && len(out.Errs) == 0 && len(plan.Terminating) == 0
 }

@@ -313,6 +313,59 @@ func TestNodeWaitingOnlyOnABudgetStepsAside(t *testing.T) {
 	}
 }
 
+// TestNodeQueuedBehindItsPDBStepsAside: with two drain slots, nodes a and b
+// each have a pod under PDB web (which allows 2), node c one under none.
+// web-a's eviction is held in flight; node b's queue goes after it (one
+// eviction at a time per PDB), so node b gives its slot to node c, which
+// evicts free-c while web-a's eviction is still in flight, instead of
+// holding it for its PDB's turn. Once web-a's is answered, web-b's goes
+// without b's slot, and every node is released.
+func TestNodeQueuedBehindItsPDBStepsAside(t *testing.T) {
+	f := newFixture(t, "pdbturn")
+	a, b, c := f.ns+"-a", f.ns+"-b", f.ns+"-c"
+	web := func(p *corev1.Pod) { p.Labels = map[string]string{"app": "web"} }
+	for _, n := range []string{a, b, c} {
+		f.node(t, n)
+	}
+	readyPod(t, f.pod(t, "web-a", a, web))
+	readyPod(t, f.pod(t, "web-b", b, web))
+	f.pod(t, "free-c", c)
+	f.pdb(t, "web", builder.MaxUnavailable("2"), 2, 2, 0, 2)
+	log := f.startController(t, Options{MaxConcurrentNodes: 2})
+	release := log.hold("evict " + f.ns + "/web-a")
+	defer release()
+
+	f.deleteNode(t, a)
+	harness.Eventually(t, time.Minute, func(context.Context) (bool, error) {
+		return log.count("evict "+f.ns+"/web-a") > 0, nil
+	}, "node a sends web-a's eviction, which the API server holds")
+	f.deleteNode(t, b)
+	harness.Eventually(t, time.Minute, func(context.Context) (bool, error) {
+		cond := condition(getNode(t, b), ngv1alpha1.TerminatingCondition)
+		return cond != nil && cond.Reason == "Draining", nil
+	}, "node b takes the second slot and drains")
+	f.deleteNode(t, c)
+	harness.Eventually(t, time.Minute, func(context.Context) (bool, error) {
+		return f.podState(t, "free-c") == "terminating", nil
+	}, "node b, whose only pod waits behind web-a's eviction under PDB web, gives its slot to node c, which evicts")
+	if n := log.count("evict " + f.ns + "/web-b"); n != 0 {
+		t.Fatalf("web-b's eviction was sent %d times while web-a's was in flight under the same PDB, want none", n)
+	}
+
+	release()
+	harness.Eventually(t, time.Minute, func(context.Context) (bool, error) {
+		return f.podState(t, "web-a") == "terminating" && f.podState(t, "web-b") == "terminating", nil
+	}, "web-a's eviction answered, web-b's goes after it")
+	for _, p := range []string{"web-a", "web-b", "free-c"} {
+		f.finish(t, p)
+	}
+	for _, n := range []string{a, b, c} {
+		harness.Eventually(t, time.Minute, func(ctx context.Context) (bool, error) {
+			return harness.NodeGone(ctx, env.Client, n)
+		}, "node %s is released", n)
+	}
+}
+
 // TestHandedOffSlotCarriesItsStamp: a slot freed by an emptied node while
 // others wait carries when it was freed to the node that takes it, until
 // that node's first eviction; a slot freed with nobody waiting carries none;

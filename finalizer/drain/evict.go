@@ -263,6 +263,17 @@ func (e *Evictor) lockFor(uid types.UID) *sync.Mutex {
 	return l
 }
 
+// Busy reports whether a queue under the PDB is evicting now (its lock is
+// held): another queue under it would go after that one, not now.
+func (e *Evictor) Busy(pdb types.UID) bool {
+	lock := e.lockFor(pdb)
+	if lock.TryLock() {
+		lock.Unlock()
+		return false
+	}
+	return true
+}
+
 // Delete deletes pods outright, bypassing PDBs: the drain deadline's policy.
 func (e *Evictor) Delete(ctx context.Context, pods []*corev1.Pod) error {
 	var errs []error

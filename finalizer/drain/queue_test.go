@@ -242,7 +242,8 @@ func TestEvictedControllersAreThoseOfGrantedEvictions(t *testing.T) {
 // TestPassDoesNotWaitForAnotherQueueUnderItsPDB: node a's pass evicts web-a
 // under PDB web, and the API server holds that eviction. Node b's pass, whose
 // pod is under the same PDB, returns at once with its queue deferred, and
-// sends nothing while the PDB's other eviction is in flight: a pass that
+// sends nothing while the PDB's other eviction is in flight (the PDB is
+// Busy: node b's passes take no drain slot to wait for it): a pass that
 // waited would hold node b's next pass, its release included. Once web-a's
 // eviction is answered, web-b goes (the PDB allowed two).
 func TestPassDoesNotWaitForAnotherQueueUnderItsPDB(t *testing.T) {
@@ -291,6 +292,9 @@ func TestPassDoesNotWaitForAnotherQueueUnderItsPDB(t *testing.T) {
 	if got := sentNow(); len(got) != 0 {
 		t.Errorf("evictions answered %v while web-a's was in flight, want none: one at a time per PDB", got)
 	}
+	if !e.Busy(pdb.UID) {
+		t.Error("PDB web is not busy while web-a's eviction is in flight: node b's pass would take a drain slot to wait")
+	}
 
 	close(answer)
 	if out := <-doneA; out.Evicted != 1 {
@@ -300,6 +304,12 @@ func TestPassDoesNotWaitForAnotherQueueUnderItsPDB(t *testing.T) {
 	for !slices.Equal(sentNow(), []string{"web-a", "web-b"}) {
 		if time.Now().After(deadline) {
 			t.Fatalf("evictions %v, want web-b after web-a: its deferred queue goes once web-a's is answered", sentNow())
+		}
+		time.Sleep(time.Millisecond)
+	}
+	for e.Busy(pdb.UID) { // web-b's queue lets go of the lock once its eviction is answered
+		if time.Now().After(deadline) {
+			t.Fatal("PDB web is still busy once both evictions were answered")
 		}
 		time.Sleep(time.Millisecond)
 	}
