@@ -53,8 +53,21 @@ type Evictor struct {
 	// grants are, per PDB and pod name, the evictions nodeguard was granted
 	// and the statuses that showed them (charge, remember, Seen).
 	grants map[types.UID]map[string]grant
-	// forgotten counts each node's Forget calls (forgets).
-	forgotten map[string]uint64
+	// deferred are the queues waiting for their PDB's lock (Evict), one per
+	// node and PDB, whatever passes come meanwhile.
+	deferred map[deferredKey]deferredQueue
+}
+
+type deferredKey struct {
+	node string
+	pdb  types.UID
+}
+
+// deferredQueue is a node's queue under a PDB another queue evicts under, as
+// the node's latest pass planned it.
+type deferredQueue struct {
+	group    Group
+	wakeMark uint64
 }
 
 // Outcome is what one pass of evictions did.
@@ -134,16 +147,9 @@ func (e *Evictor) Evict(ctx context.Context, node string, plan *Plan) Outcome {
 				mu.Lock()
 				out.Deferred++
 				mu.Unlock()
-				forgets := e.forgets(node)
-				go func() {
-					ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), wakeTimeout)
-					defer cancel()
-					lock.Lock()
-					defer lock.Unlock()
-					if e.forgets(node) == forgets {
-						e.evictQueue(ctx, node, g, plan.WakeMark, stopsQueue)
-					}
-				}()
+				if e.deferQueue(node, g, plan.WakeMark) {
+					go e.runDeferred(ctx, node, g.UID, lock)
+				}
 				return
 			}
 			defer lock.Unlock()
@@ -168,6 +174,42 @@ func (e *Evictor) Evict(ctx context.Context, node string, plan *Plan) Outcome {
 	}
 	wg.Wait()
 	return out
+}
+
+// deferQueue leaves the node's queue for its PDB's lock, and reports whether
+// none was waiting: one goroutine per node and PDB waits, and takes the
+// latest pass's plan of the queue. A PDB with a long queue wakes every node
+// with a pod under it at each status, and a goroutine per pass would pile up.
+func (e *Evictor) deferQueue(node string, g Group, wakeMark uint64) (first bool) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.deferred == nil {
+		e.deferred = map[deferredKey]deferredQueue{}
+	}
+	key := deferredKey{node, g.UID}
+	_, waiting := e.deferred[key]
+	e.deferred[key] = deferredQueue{group: g, wakeMark: wakeMark}
+	return !waiting
+}
+
+// runDeferred waits for the PDB's lock, then evicts the node's deferred
+// queue, unless its node was forgotten meanwhile (Forget drops it: its pods
+// are gone, or a new pass plans anew).
+func (e *Evictor) runDeferred(ctx context.Context, node string, pdb types.UID, lock *sync.Mutex) {
+	lock.Lock()
+	defer lock.Unlock()
+	e.mu.Lock()
+	key := deferredKey{node, pdb}
+	q, ok := e.deferred[key]
+	delete(e.deferred, key)
+	e.mu.Unlock()
+	if !ok {
+		return
+	}
+	// The time bound starts with the lock: the wait for it may be long.
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), wakeTimeout)
+	defer cancel()
+	e.evictQueue(ctx, node, q.group, q.wakeMark, stopsQueue)
 }
 
 // evictQueue evicts the queue's pods one at a time, under its PDB's lock,

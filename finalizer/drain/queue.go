@@ -76,26 +76,19 @@ func (e *Evictor) Waiting(pdb types.UID) bool {
 	return len(e.waiting[pdb]) > 0
 }
 
-// Forget drops what the Evictor keeps for the node's pods: its parked queues
-// and the pods it evicted. It keeps the controllers it evicted from, which
+// Forget drops what the Evictor keeps for the node's pods: its parked and
+// deferred queues and the pods it evicted. It keeps the controllers it evicted from, which
 // tell their replacements from originals until the node is gone (ForgetNode).
 func (e *Evictor) Forget(node string) {
 	e.unparkOthers(node, nil)
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	delete(e.evicted, node)
-	if e.forgotten == nil {
-		e.forgotten = map[string]uint64{}
+	for key := range e.deferred {
+		if key.node == node {
+			delete(e.deferred, key) // its pods are gone, or a new pass plans anew
+		}
 	}
-	e.forgotten[node]++
-}
-
-// forgets counts the node's Forget calls: a deferred queue whose node was
-// forgotten since does not run (its pods are gone, or a new pass plans anew).
-func (e *Evictor) forgets(node string) uint64 {
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	return e.forgotten[node]
 }
 
 // ForgetNode drops everything the Evictor keeps for a node that is gone.
