@@ -8,7 +8,6 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
-	policyv1 "k8s.io/api/policy/v1"
 )
 
 // TestDeferredQueueTakesTheLatestPlan: while another queue evicts under PDB
@@ -19,13 +18,9 @@ import (
 func TestDeferredQueueTakesTheLatestPlan(t *testing.T) {
 	api := &evictionAPI{}
 	e := &Evictor{Client: api.client()}
-	pdb := &policyv1.PodDisruptionBudget{}
-	pdb.UID, pdb.Generation = "pdb-web", 1
-	pdb.Status = policyv1.PodDisruptionBudgetStatus{ObservedGeneration: 1, DisruptionsAllowed: 2}
+	pdb := webPDB(2)
 	b1, b2 := pod("web-b1", "web", ready), pod("web-b2", "web", ready)
-	planOf := func(pods ...*corev1.Pod) *Plan {
-		return &Plan{Groups: []Group{{UID: pdb.UID, Pods: pods, Allowed: 2, Budget: pdb}}}
-	}
+	planOf := func(pods ...*corev1.Pod) *Plan { return queuePlan(pdb, pods...) }
 
 	lock := e.lockFor(pdb.UID) // another queue evicts under the PDB
 	lock.Lock()

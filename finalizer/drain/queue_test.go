@@ -48,6 +48,21 @@ func (a *evictionAPI) log() []string {
 	return slices.Clone(a.sent)
 }
 
+// webPDB is PDB web, generation 1, its status for that generation allowing
+// allowed disruptions.
+func webPDB(allowed int32) *policyv1.PodDisruptionBudget {
+	pdb := &policyv1.PodDisruptionBudget{}
+	pdb.UID, pdb.Generation = "pdb-web", 1
+	pdb.Status = policyv1.PodDisruptionBudgetStatus{ObservedGeneration: 1, DisruptionsAllowed: allowed}
+	return pdb
+}
+
+// queuePlan is a plan of one queue, the pods under the PDB, as its status
+// allows.
+func queuePlan(pdb *policyv1.PodDisruptionBudget, pods ...*corev1.Pod) *Plan {
+	return &Plan{Groups: []Group{{UID: pdb.UID, Pods: pods, Allowed: pdb.Status.DisruptionsAllowed, Budget: pdb}}}
+}
+
 // waitFor polls until the log has n requests.
 func (a *evictionAPI) waitFor(t *testing.T, n int) []string {
 	t.Helper()
@@ -74,10 +89,8 @@ func TestParkedQueueGoesOnWithEachStatus(t *testing.T) {
 		p := pod(name, "web", ready)
 		pods = append(pods, &p)
 	}
-	pdb := &policyv1.PodDisruptionBudget{}
-	pdb.UID, pdb.Generation = "pdb-web", 1
-	pdb.Status = policyv1.PodDisruptionBudgetStatus{ObservedGeneration: 1, DisruptionsAllowed: 1}
-	plan := &Plan{Groups: []Group{{UID: pdb.UID, Pods: pods, Allowed: 1, Budget: pdb}}}
+	pdb := webPDB(1)
+	plan := queuePlan(pdb, pods...)
 
 	out := e.Evict(context.Background(), "node", plan)
 	if got := api.log(); out.Evicted != 1 || !slices.Equal(got, []string{"web-1 200"}) {
@@ -138,12 +151,11 @@ func statusOf(pdb *policyv1.PodDisruptionBudget, version string, allowed int32, 
 func TestGrantedEvictionsCountUntilAStatusShowsThem(t *testing.T) {
 	api := &evictionAPI{}
 	e := &Evictor{Client: api.client()}
-	pdb := &policyv1.PodDisruptionBudget{}
-	pdb.UID, pdb.Generation, pdb.ResourceVersion = "pdb-web", 1, "1"
-	pdb.Status = policyv1.PodDisruptionBudgetStatus{ObservedGeneration: 1, DisruptionsAllowed: 1}
+	pdb := webPDB(1)
+	pdb.ResourceVersion = "1"
 	planOf := func(pdb *policyv1.PodDisruptionBudget, name string) *Plan {
 		p := pod(name, "web", ready)
-		return &Plan{Groups: []Group{{UID: pdb.UID, Pods: []*corev1.Pod{&p}, Allowed: pdb.Status.DisruptionsAllowed, Budget: pdb}}}
+		return queuePlan(pdb, &p)
 	}
 
 	e.Evict(context.Background(), "node-a", planOf(pdb, "web-a"))
@@ -267,12 +279,10 @@ func TestPassDoesNotWaitForAnotherQueueUnderItsPDB(t *testing.T) {
 		defer mu.Unlock()
 		return slices.Clone(sent)
 	}
-	pdb := &policyv1.PodDisruptionBudget{}
-	pdb.UID, pdb.Generation = "pdb-web", 1
-	pdb.Status = policyv1.PodDisruptionBudgetStatus{ObservedGeneration: 1, DisruptionsAllowed: 2}
+	pdb := webPDB(2)
 	planOf := func(name string) *Plan {
 		p := pod(name, "web", ready)
-		return &Plan{Groups: []Group{{UID: pdb.UID, Pods: []*corev1.Pod{&p}, Allowed: 2, Budget: pdb}}}
+		return queuePlan(pdb, &p)
 	}
 
 	doneA := make(chan Outcome)
@@ -322,11 +332,9 @@ func TestPassDoesNotWaitForAnotherQueueUnderItsPDB(t *testing.T) {
 func TestDeferredQueueOfAForgottenNodeSendsNothing(t *testing.T) {
 	api := &evictionAPI{}
 	e := &Evictor{Client: api.client()}
-	pdb := &policyv1.PodDisruptionBudget{}
-	pdb.UID, pdb.Generation = "pdb-web", 1
-	pdb.Status = policyv1.PodDisruptionBudgetStatus{ObservedGeneration: 1, DisruptionsAllowed: 2}
+	pdb := webPDB(2)
 	p := pod("web-c", "web", ready)
-	plan := &Plan{Groups: []Group{{UID: pdb.UID, Pods: []*corev1.Pod{&p}, Allowed: 2, Budget: pdb}}}
+	plan := queuePlan(pdb, &p)
 
 	lock := e.lockFor(pdb.UID) // another queue evicts under the PDB
 	lock.Lock()
