@@ -494,7 +494,8 @@ func TestSlotWakeGoesAheadOfQueuedPasses(t *testing.T) {
 // TestEmptiedNodeIsWokenFirstForItsRelease: the pod watch telling that a
 // slot holder's last pod went wakes that node's own pass, which releases it,
 // through the release wake-ups (ahead of queued passes), besides handing
-// the slot on.
+// the slot on; so does a node that stepped aside, and not one that never
+// drained.
 func TestEmptiedNodeIsWokenFirstForItsRelease(t *testing.T) {
 	r := &Reconciler{Evictor: &drain.Evictor{}, Clock: clock.RealClock{}, Opts: Options{MaxConcurrentNodes: 1}}
 	r.releaseWakeups = make(chan event.GenericEvent, 4)
@@ -510,5 +511,23 @@ func TestEmptiedNodeIsWokenFirstForItsRelease(t *testing.T) {
 		}
 	default:
 		t.Error("node-a's last pod went, and its release pass was not woken ahead of queued passes")
+	}
+
+	// node-b stepped aside (its last pod went by its PDB queue, with no
+	// slot): its release goes first all the same. node-c never drained.
+	r.phases.set("uid-b", "node-b", phaseDrain)
+	r.phases.set("uid-c", "node-c", phaseDrainSlot)
+	if ok, _ := r.slots.take(1, "uid-b", slotHolder{name: "node-b", since: time.Now(), asked: time.Now()}); !ok {
+		t.Fatal("node-b did not take the only slot")
+	}
+	r.stepAside(context.Background(), "uid-b")
+	r.podsGone(context.Background(), "node-b")
+	r.podsGone(context.Background(), "node-c")
+	var woken []string
+	for len(r.releaseWakeups) > 0 {
+		woken = append(woken, (<-r.releaseWakeups).Object.GetName())
+	}
+	if !slices.Equal(woken, []string{"node-b"}) {
+		t.Errorf("release wake-ups %v, want node-b's alone (it stepped aside; node-c never drained)", woken)
 	}
 }
