@@ -125,22 +125,37 @@ func (c *claimReview) readFresh(ctx context.Context, claims map[string]metav1.Ti
 	return nil
 }
 
-// listFresh answers the reads of names with one List of the nodes the
-// budget selects: a node not in it is gone or no longer selected, which
-// judge treats alike.
+// listFreshPage is the most nodes one page of listFresh asks for. At fleet
+// size a budget selects thousands of nodes of 10 to 20 KB each: a list read
+// whole is tens of MB live at once, and the garbage collector's next goal
+// doubles that. A page at a time, only the claimed nodes outlive their page.
+const listFreshPage = 250
+
+// listFresh answers the reads of names with a List of the nodes the budget
+// selects, a page at a time (one snapshot: the pages continue the first
+// one's): a node not in it is gone or no longer selected, which judge treats
+// alike.
 func (c *claimReview) listFresh(ctx context.Context, names []string) error {
-	var list corev1.NodeList
-	if err := c.r.Reader.List(ctx, &list, client.MatchingLabelsSelector{Selector: c.sel}); err != nil {
-		return fmt.Errorf("listing the budget's nodes to confirm %d claims: %w", len(names), err)
-	}
-	listed := make(map[string]*corev1.Node, len(list.Items))
-	for i := range list.Items {
-		listed[list.Items[i].Name] = &list.Items[i]
-	}
+	wanted := make(map[string]bool, len(names))
 	for _, name := range names {
-		c.fresh[name] = listed[name]
+		wanted[name] = true
+		c.fresh[name] = nil // until a page lists it
 	}
-	return nil
+	for next := ""; ; {
+		var page corev1.NodeList
+		if err := c.r.Reader.List(ctx, &page, client.MatchingLabelsSelector{Selector: c.sel},
+			client.Limit(listFreshPage), client.Continue(next)); err != nil {
+			return fmt.Errorf("listing the budget's nodes to confirm %d claims: %w", len(names), err)
+		}
+		for i := range page.Items {
+			if node := page.Items[i]; wanted[node.Name] {
+				c.fresh[node.Name] = &node // a copy: the page itself goes
+			}
+		}
+		if next = page.Continue; next == "" {
+			return nil
+		}
+	}
 }
 
 // prune returns the claims kept at now, with when one must be looked at

@@ -3,6 +3,8 @@ package budget
 import (
 	"context"
 	"fmt"
+	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -58,5 +60,68 @@ func TestReadFreshListsOnceForManyClaims(t *testing.T) {
 				t.Errorf("kept claims %v, want only the one of node late (still there, not yet cached)", kept)
 			}
 		})
+	}
+}
+
+// TestListFreshReadsTheBudgetsNodesAPageAtATime: at fleet size a budget
+// selects thousands of nodes, and the List that confirms many claims reads
+// them a page at a time. A claimed node on any page is found, a node on none
+// is gone, and no page asks for more than listFreshPage nodes.
+func TestListFreshReadsTheBudgetsNodesAPageAtATime(t *testing.T) {
+	const selected = 2*listFreshPage + 100
+	var objs []client.Object
+	for i := range selected {
+		objs = append(objs, node(fmt.Sprintf("n-%04d", i)))
+	}
+	var pages []int64
+	reader := fake.NewClientBuilder().WithObjects(objs...).WithInterceptorFuncs(interceptor.Funcs{
+		// The fake client ignores Limit and Continue: page as kube-apiserver does.
+		List: func(ctx context.Context, c client.WithWatch, list client.ObjectList, opts ...client.ListOption) error {
+			o := (&client.ListOptions{}).ApplyOptions(opts)
+			pages = append(pages, o.Limit)
+			if err := c.List(ctx, list, opts...); err != nil {
+				return err
+			}
+			nodes := list.(*corev1.NodeList)
+			slices.SortFunc(nodes.Items, func(a, b corev1.Node) int { return strings.Compare(a.Name, b.Name) })
+			from, _ := slices.BinarySearchFunc(nodes.Items, o.Continue, func(n corev1.Node, after string) int {
+				if n.Name <= after {
+					return -1
+				}
+				return 1
+			})
+			nodes.Items, nodes.Continue = nodes.Items[from:], ""
+			if o.Limit > 0 && int64(len(nodes.Items)) > o.Limit {
+				nodes.Items = nodes.Items[:o.Limit]
+				nodes.Continue = nodes.Items[o.Limit-1].Name
+			}
+			return nil
+		},
+	}).Build()
+	r := &StatusReconciler{Reader: reader, ClaimTimeout: 2 * time.Minute, UnconfirmedTimeout: 15 * time.Second}
+	claimed := map[string]metav1.Time{}
+	present := []string{"n-0000", fmt.Sprintf("n-%04d", listFreshPage), fmt.Sprintf("n-%04d", selected-1)}
+	for _, name := range present {
+		claimed[name] = metav1.NewTime(now.Add(-time.Second))
+	}
+	for i := range listFreshAbove {
+		claimed[fmt.Sprintf("gone-%d", i)] = metav1.NewTime(now.Add(-time.Second))
+	}
+	// The cache has not seen the claimed nodes yet: each needs a fresh read.
+	review := r.newClaimReview(ndb(maxUnavailable("10%")), []*corev1.Node{node("cached")})
+	if err := review.readFresh(context.Background(), claimed, now); err != nil {
+		t.Fatal(err)
+	}
+	if want := []int64{listFreshPage, listFreshPage, listFreshPage}; !slices.Equal(pages, want) {
+		t.Errorf("listed pages of %v nodes, want %v", pages, want)
+	}
+	kept, _ := review.prune(claimed, now)
+	if len(kept) != len(present) {
+		t.Errorf("kept claims %v, want those of %v (listed on pages 1 to 3); the others' nodes are gone", kept, present)
+	}
+	for _, name := range present {
+		if _, ok := kept[name]; !ok || review.fresh[name] == nil || review.fresh[name].Name != name {
+			t.Errorf("node %s: claim kept %v, read %v", name, ok, review.fresh[name])
+		}
 	}
 }
