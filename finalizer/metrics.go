@@ -66,6 +66,10 @@ var (
 		Help:    "Time from a draining node's last pod gone, as nodeguard's watch of its pods delivers it, to the first eviction request of the node waiting in line that takes its drain slot (--max-concurrent-drains).",
 		Buckets: prometheus.ExponentialBuckets(0.0005, 2, 14),
 	})
+	slotsHeld = prometheus.NewGauge(prometheus.GaugeOpts{
+		Name: "nodeguard_drain_slots_held",
+		Help: "Draining nodes that hold one of the --max-concurrent-drains slots. The other draining nodes (nodeguard_termination_nodes{phase=\"drain\"} less these) stepped aside: each waits for its PodDisruptionBudgets to allow its next eviction, or for another node's eviction under the same PDB.",
+	})
 	trafficCuts = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "nodeguard_traffic_cuts_total",
 		Help: "Load-balancer traffic cuts of terminating nodes by outcome, once per node and outcome: confirmed (AdminState Down on every backend entry), failed (a pool's write failed for good: traffic NOT cut there) timed_out (not confirmed within --admin-state-timeout) or no_backend_pool (the node is in no backend pool of the managed load balancers: nothing was cut). With --traffic-cut-failure=drain the drain goes on after failed and timed_out; it always goes on after no_backend_pool.",
@@ -78,7 +82,7 @@ var (
 )
 
 func init() {
-	metrics.Registry.MustRegister(nodesInPhase, evictions, podsGivenUp, replacementRestarts, drainDuration, wakeupDelay, slotHandoff, trafficCuts, terminationDuration)
+	metrics.Registry.MustRegister(nodesInPhase, evictions, podsGivenUp, replacementRestarts, drainDuration, wakeupDelay, slotHandoff, slotsHeld, trafficCuts, terminationDuration)
 	for _, c := range []string{drain.GiveUpStuck, drain.GiveUpUnreachable, drain.GiveUpDeadline} {
 		podsGivenUp.WithLabelValues(c)
 	}

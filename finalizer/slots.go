@@ -69,6 +69,7 @@ func (h slotHolder) compare(o slotHolder) int {
 func (s *drainSlots) take(limit int, uid types.UID, h slotHolder) (ok bool, ahead int) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	defer s.report()
 	if s.held == nil {
 		s.held, s.waiting, s.begun = map[types.UID]slotHolder{}, map[types.UID]slotHolder{}, map[types.UID]bool{}
 		s.handoff = map[types.UID]time.Time{}
@@ -114,6 +115,7 @@ func (s *drainSlots) emptied(limit int, uid types.UID, at time.Time) (next []str
 func (s *drainSlots) free(limit int, uid types.UID, done bool, at time.Time) (next []string) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	defer s.report()
 	_, held := s.held[uid]
 	delete(s.held, uid)
 	if done {
@@ -136,6 +138,9 @@ func (s *drainSlots) free(limit int, uid types.UID, done bool, at time.Time) (ne
 	}
 	return next
 }
+
+// report sets the gauge of slots held (s.mu held).
+func (s *drainSlots) report() { slotsHeld.Set(float64(len(s.held))) }
 
 // handedOff returns, once, when the slot the node holds was handed off to
 // it: its first eviction ends the handoff.

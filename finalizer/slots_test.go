@@ -351,6 +351,9 @@ func TestNodeQueuedBehindItsPDBStepsAside(t *testing.T) {
 	if n := log.count("evict " + f.ns + "/web-b"); n != 0 {
 		t.Fatalf("web-b's eviction was sent %d times while web-a's was in flight under the same PDB, want none", n)
 	}
+	if held := testutil.ToFloat64(slotsHeld); held != 2 {
+		t.Errorf("nodeguard_drain_slots_held is %v, want 2 (a and c; b drains aside)", held)
+	}
 
 	release()
 	harness.Eventually(t, time.Minute, func(context.Context) (bool, error) {
@@ -363,6 +366,9 @@ func TestNodeQueuedBehindItsPDBStepsAside(t *testing.T) {
 		harness.Eventually(t, time.Minute, func(ctx context.Context) (bool, error) {
 			return harness.NodeGone(ctx, env.Client, n)
 		}, "node %s is released", n)
+	}
+	if held := testutil.ToFloat64(slotsHeld); held != 0 {
+		t.Errorf("nodeguard_drain_slots_held is %v once every node is released, want 0", held)
 	}
 }
 
