@@ -3,7 +3,12 @@ package harness
 import (
 	"bytes"
 	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/base64"
 	"encoding/json"
+	"encoding/pem"
 	"io"
 	"net"
 	"net/http"
@@ -164,17 +169,53 @@ func ServeAPIProxy(cfg *rest.Config, kubeconfigPath string, handler func(rp *htt
 	rp := httputil.NewSingleHostReverseProxy(target)
 	rp.Transport = transport
 	rp.FlushInterval = -1 // stream watches
+	direct := rp.Director
+	rp.Director = func(r *http.Request) {
+		direct(r)
+		r.Header.Del("Authorization") // the kubeconfig's placeholder: cfg's credentials go instead
+	}
+	tlsConfig, caPEM, err := proxyTLS()
+	if err != nil {
+		return nil, err
+	}
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		return nil, err
 	}
-	srv := &http.Server{Handler: handler(rp)}
-	go func() { _ = srv.Serve(l) }()
-	if err := writeProxyKubeconfig(kubeconfigPath, l.Addr().String()); err != nil {
+	srv := &http.Server{Handler: handler(rp), TLSConfig: tlsConfig,
+		HTTP2: &http.HTTP2Config{MaxConcurrentStreams: apiServerStreams}}
+	go func() { _ = srv.ServeTLS(l, "", "") }()
+	if err := writeProxyKubeconfig(kubeconfigPath, l.Addr().String(), caPEM); err != nil {
 		_ = srv.Close()
 		return nil, err
 	}
 	return srv, nil
+}
+
+// apiServerStreams is kube-apiserver's default
+// --http2-max-streams-per-connection.
+const apiServerStreams = 1000
+
+// proxyTLS is the proxy's TLS configuration, with a self-signed certificate
+// for 127.0.0.1, and that certificate in PEM for its kubeconfig. Over TLS its
+// clients speak HTTP/2, as they do to kube-apiserver: all their requests and
+// watches share one connection. Over plain HTTP each request in flight took
+// a connection of its own, whose buffers and goroutines counted in the
+// memory of the drainer measured.
+func proxyTLS() (*tls.Config, []byte, error) {
+	key, cert, err := NewCertificate(&x509.Certificate{
+		Subject:     pkix.Name{CommonName: "nodeguard test API proxy"},
+		IPAddresses: []net.IP{net.IPv4(127, 0, 0, 1)},
+		KeyUsage:    x509.KeyUsageDigitalSignature | x509.KeyUsageCertSign,
+		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
+		IsCA:        true, BasicConstraintsValid: true,
+	}, nil, nil)
+	if err != nil {
+		return nil, nil, err
+	}
+	pair := tls.Certificate{Certificate: [][]byte{cert.Raw}, PrivateKey: key, Leaf: cert}
+	caPEM := pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: cert.Raw})
+	return &tls.Config{Certificates: []tls.Certificate{pair}, MinVersion: tls.VersionTLS12}, caPEM, nil
 }
 
 // OnFirstEviction sets a function that runs before the first eviction is
@@ -304,9 +345,12 @@ func (a *answerStart) Flush() {
 }
 
 // writeProxyKubeconfig writes a kubeconfig that reaches the API server through
-// a plain-HTTP proxy listening on addr (the proxy holds the credentials).
-func writeProxyKubeconfig(path, addr string) error {
-	kc := "apiVersion: v1\nkind: Config\nclusters:\n- name: proxy\n  cluster:\n    server: http://" + addr +
-		"\ncontexts:\n- name: proxy\n  context:\n    cluster: proxy\n    user: proxy\ncurrent-context: proxy\nusers:\n- name: proxy\n  user: {}\n"
+// the proxy listening on addr, over TLS with the proxy's own certificate. The
+// proxy holds the credentials: kubectl asks for a password against an HTTPS
+// server with none, so the user has a placeholder token, which the proxy drops.
+func writeProxyKubeconfig(path, addr string, caPEM []byte) error {
+	kc := "apiVersion: v1\nkind: Config\nclusters:\n- name: proxy\n  cluster:\n    server: https://" + addr +
+		"\n    certificate-authority-data: " + base64.StdEncoding.EncodeToString(caPEM) +
+		"\ncontexts:\n- name: proxy\n  context:\n    cluster: proxy\n    user: proxy\ncurrent-context: proxy\nusers:\n- name: proxy\n  user:\n    token: proxy\n"
 	return os.WriteFile(path, []byte(kc), 0o600)
 }
