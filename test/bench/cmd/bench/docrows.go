@@ -240,7 +240,7 @@ func scaleRows(r *scaleResult) []docRow {
 		ofKCM := func(p *scalePhase) float64 {
 			return float64(p.RSS["nodeguard"]) / float64(max(p.RSS["kube-controller-manager"], 1))
 		}
-		result := fmt.Sprintf("%s idle (%.2f× of KCM); at most %s (%.2f×) while it deletes %d nodes, %d draining at a time",
+		result := fmt.Sprintf("%s idle (%.2f× of KCM); at most %s (%.2f×) while it deletes %d nodes (--max-concurrent-drains=%d)",
 			mib(idle.RSS["nodeguard"]), ofKCM(idle), mib(deleting.RSS["nodeguard"]), ofKCM(deleting), r.Deleted, r.Parallel)
 		if slope, ok := r.rssPerThousandNodes(); ok && r.Nodes >= minSlopeNodes {
 			at, _ := r.extrapolatedRSS(rssTargetNodes)
