@@ -89,8 +89,8 @@ func WaitForCRDEstablished(ctx context.Context, c client.Client, name string) er
 
 // StartKarpenter runs Karpenter's controller (kwok cloud provider) against
 // the cluster of kubeconfig until the test ends, with Karpenter's own
-// settings (environment variables) plus env. If the test failed, the tail of
-// its log is logged.
+// settings (environment variables) plus env. If the test failed, its whole
+// log is kept (keptLogsDir) and its tail logged.
 func StartKarpenter(t testing.TB, kubeconfig string, env ...string) *Nodeguard {
 	t.Helper()
 	p, err := StartKarpenterProcess(kubeconfig, filepath.Join(t.TempDir(), "karpenter.log"), env...)
@@ -102,7 +102,7 @@ func StartKarpenter(t testing.TB, kubeconfig string, env ...string) *Nodeguard {
 			t.Logf("Karpenter: %v", err)
 		}
 		if t.Failed() {
-			t.Logf("Karpenter log (tail):\n%s", p.LogTail(80))
+			t.Logf("Karpenter log (tail; whole log in %s):\n%s", keepLog(t.Name()+"-karpenter", p.Log()), p.LogTail(30))
 		}
 	})
 	return p
