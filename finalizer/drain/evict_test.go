@@ -6,8 +6,6 @@ import (
 	"slices"
 	"testing"
 	"time"
-
-	corev1 "k8s.io/api/core/v1"
 )
 
 // TestDeferredQueueTakesTheLatestPlan: while another queue evicts under PDB
@@ -20,25 +18,25 @@ func TestDeferredQueueTakesTheLatestPlan(t *testing.T) {
 	e := &Evictor{Client: api.client()}
 	pdb := webPDB(2)
 	b1, b2 := pod("web-b1", "web", ready), pod("web-b2", "web", ready)
-	planOf := func(pods ...*corev1.Pod) *Plan { return queuePlan(pdb, pods...) }
 
 	lock := e.lockFor(pdb.UID) // another queue evicts under the PDB
 	lock.Lock()
 	before := runtime.NumGoroutine()
 	for range 50 {
-		if out := e.Evict(context.Background(), "b", planOf(&b1, &b2)); out.Deferred != 1 {
+		if out := e.Evict(context.Background(), "b", queuePlan(pdb, &b1, &b2)); out.Deferred != 1 {
 			lock.Unlock()
 			t.Fatalf("pass %+v, want its queue deferred", out)
 		}
 	}
-	e.Evict(context.Background(), "b", planOf(&b2)) // web-b1 went
+	e.Evict(context.Background(), "b", queuePlan(pdb, &b2)) // web-b1 went
 	// A goroutine started by go is counted at once, running or not.
 	if extra := runtime.NumGoroutine() - before; extra > 2 {
 		t.Errorf("51 passes deferred behind the PDB left %d more goroutines, want the one queue waiting", extra)
 	}
 	lock.Unlock()
+	api.waitFor(t, 1)
 	deadline := time.Now().Add(10 * time.Second)
-	for len(api.log()) == 0 || e.Busy(pdb.UID) {
+	for e.Busy(pdb.UID) { // the queue lets go of the lock at its end
 		if time.Now().After(deadline) {
 			t.Fatalf("evictions %v: the deferred queue did not run to its end once the PDB's lock was free", api.log())
 		}
