@@ -83,8 +83,8 @@ func (r *Reconciler) drain(ctx context.Context, node *corev1.Node) (reconcile.Re
 	for _, err := range out.Errs {
 		logf.FromContext(ctx).Error(err, "Eviction failed; retrying", "node", node.Name)
 	}
-	r.reportBlockers(node, plan, out)
-	r.reportLosses(node, false)
+	stalled := r.reportBlockers(node, plan, out)
+	r.reportLosses(node, stalled)
 	if !hasDeadline {
 		deadline = time.Time{}
 	}
@@ -277,19 +277,22 @@ func (r *Reconciler) podsGoneWait() time.Duration {
 	return DefaultDrainBackstop
 }
 
-// Pacing of the DrainWaiting events: the first once the drain has lasted
-// drainWaitingAfter, the next when what it waits for changed, at most every
-// drainWaitingInterval. A drain that ends sooner says it all in NodeReleased;
-// the Terminating condition says what the drain waits for now.
+// Pacing of the DrainWaiting events: one once what the drain waits for has
+// stayed the same for drainWaitingAfter (the drain made no progress), the
+// next for another wait that lasts as long, at most every
+// drainWaitingInterval. A drain that keeps going, however long, says it all
+// in NodeReleased; the Terminating condition says what it waits for now. A
+// fleet's drains go on for minutes, and an event a node every 30 s of them
+// would outnumber every other write.
 const (
 	drainWaitingAfter    = 30 * time.Second
 	drainWaitingInterval = time.Minute
 )
 
 // reportBlockers emits, once each, an event per pod the drain cannot evict,
-// and a DrainWaiting event when the drain lasts, so that kubectl describe
-// node tells the story.
-func (r *Reconciler) reportBlockers(node *corev1.Node, plan *drain.Plan, out drain.Outcome) {
+// and a DrainWaiting event when the drain stalls, so that kubectl describe
+// node tells the story. It reports whether the drain has stalled.
+func (r *Reconciler) reportBlockers(node *corev1.Node, plan *drain.Plan, out drain.Outcome) (stalled bool) {
 	for _, pod := range append(plan.MultiplePDBs, out.MultiplePDBs...) {
 		if r.once(node.UID, "multi/"+string(pod.UID)) {
 			r.event(node, corev1.EventTypeWarning, ReasonPodUnderMultiplePDBs,
@@ -304,13 +307,15 @@ func (r *Reconciler) reportBlockers(node *corev1.Node, plan *drain.Plan, out dra
 	}
 	msg := waitingMessage(plan, out)
 	now := r.Clock.Now()
-	lasted := now.Sub(r.drainStarted(node))
 	r.mu.Lock()
 	m := r.remember(node.UID)
+	if m.wait.message != msg {
+		m.wait = writtenMessage{message: msg, at: now}
+	}
+	stalled = now.Sub(m.wait.at) >= drainWaitingAfter
 	last := m.waiting
 	// A drain pass runs on every change: events must not follow each one.
-	due := last.message != msg && lasted >= drainWaitingAfter &&
-		(last.at.IsZero() || now.Sub(last.at) >= drainWaitingInterval)
+	due := stalled && last.message != msg && (last.at.IsZero() || now.Sub(last.at) >= drainWaitingInterval)
 	if due {
 		m.waiting = writtenMessage{message: msg, at: now}
 	}
@@ -318,6 +323,7 @@ func (r *Reconciler) reportBlockers(node *corev1.Node, plan *drain.Plan, out dra
 	if due {
 		r.event(node, corev1.EventTypeNormal, ReasonDrainWaiting, "%s", msg)
 	}
+	return stalled
 }
 
 // waitingMessage says what the drain waits for, e.g. "waiting for 5 pods: 3

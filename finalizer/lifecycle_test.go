@@ -2,6 +2,7 @@ package finalizer
 
 import (
 	"context"
+	"fmt"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -167,6 +168,32 @@ func TestStatusSettlesLongerWhileNodesWaitForASlot(t *testing.T) {
 	f.pass(t, second)
 	if c := condition(getNode(t, second), ngv1alpha1.TerminatingCondition); c == nil || c.Reason != "Draining" {
 		t.Errorf("%s after the slot was taken and no node waits, the node carries %+v, want Draining", DefaultStatusSettle, c)
+	}
+}
+
+// TestStatusSettlesLongerFromAFleetsFirstPass: a fleet's deletion settles
+// its status writes for fleetStatusSettle from the first pass of its nodes,
+// while they all cordon and cut traffic and none waits for a slot yet:
+// more nodes terminate than --max-concurrent-drains. A deletion within the
+// slots, or with no limit, settles for StatusSettle.
+func TestStatusSettlesLongerFromAFleetsFirstPass(t *testing.T) {
+	r := &Reconciler{Opts: Options{StatusSettle: DefaultStatusSettle, MaxConcurrentNodes: 2}}
+	for i := range 3 {
+		uid := types.UID(fmt.Sprintf("fleet-%d", i))
+		r.phases.set(uid, string(uid), phaseTraffic)
+		t.Cleanup(func() { r.phases.forget(uid) })
+	}
+	if got := r.statusSettle(); got != fleetStatusSettle {
+		t.Errorf("3 nodes cutting traffic under 2 slots settle for %s, want %s", got, fleetStatusSettle)
+	}
+	r.phases.forget("fleet-2")
+	if got := r.statusSettle(); got != DefaultStatusSettle {
+		t.Errorf("2 nodes under 2 slots settle for %s, want %s", got, DefaultStatusSettle)
+	}
+	r.Opts.MaxConcurrentNodes = 0
+	r.phases.set("fleet-2", "fleet-2", phaseTraffic)
+	if got := r.statusSettle(); got != DefaultStatusSettle {
+		t.Errorf("3 nodes with no slot limit settle for %s, want %s", got, DefaultStatusSettle)
 	}
 }
 

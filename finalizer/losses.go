@@ -3,6 +3,7 @@ package finalizer
 import (
 	"fmt"
 	"strings"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -14,10 +15,14 @@ import (
 // A drain's evictions a user may regret are of pods no controller recreates
 // and of pods whose emptyDir data goes with them. Each is said once: in the
 // Warning events EvictingPodWithoutController and EvictingPodWithLocalData
-// once the drain has lasted drainWaitingAfter, or, when the drain ends
-// sooner, in the NodeReleased event, which is then a Warning. A fleet's
-// nodes that carry such pods would otherwise pay an event more each for what
-// their release says seconds later.
+// once the drain stalls (drainWaitingAfter without progress) or has lasted
+// lossesAfter, or, when the drain ends sooner, in the NodeReleased event,
+// which is then a Warning. A fleet's nodes that carry such pods would
+// otherwise pay an event more each for what their release says soon after.
+
+// lossesAfter is how long a drain that keeps going may hold its losses for
+// NodeReleased: a fleet's drains take a minute or two each.
+const lossesAfter = 2 * time.Minute
 
 // podLosses are the evicted pods not said yet, as namespace/name.
 type podLosses struct {
@@ -61,10 +66,10 @@ func (r *Reconciler) takeLosses(uid types.UID) podLosses {
 }
 
 // reportLosses says the losses not said yet in their Warning events, once
-// the drain has lasted drainWaitingAfter (or at once when now is set: the
-// node goes without a NodeReleased event).
+// the drain has lasted lossesAfter, or at once when now is set: the drain
+// stalled, or the node goes without a NodeReleased event.
 func (r *Reconciler) reportLosses(node *corev1.Node, now bool) {
-	if !now && r.Clock.Since(r.drainStarted(node)) < drainWaitingAfter {
+	if !now && r.Clock.Since(r.drainStarted(node)) < lossesAfter {
 		return
 	}
 	l := r.takeLosses(node.UID)

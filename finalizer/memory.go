@@ -15,8 +15,10 @@ import (
 type nodeMemory struct {
 	// reported are the keys said once (once): events per pod or holder.
 	reported map[string]bool
-	// waiting is the last DrainWaiting event; backoff the drain's backstop
-	// while every queue is blocked (without a pod watch).
+	// wait is what the drain waits for and since when, waiting the last
+	// DrainWaiting event; backoff the drain's backstop while every queue is
+	// blocked (without a pod watch).
+	wait    writtenMessage
 	waiting writtenMessage
 	backoff time.Duration
 	// queues are the PDBs the node's eviction queues wait on, so that a PDB

@@ -129,6 +129,13 @@ func (p *phases) nodes() map[types.UID]string {
 	return maps.Clone(p.names)
 }
 
+// count is how many nodes are in a phase.
+func (p *phases) count() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return len(p.byNode)
+}
+
 // uids are the terminating nodes of the name (one, unless a node of that
 // name was recreated).
 func (p *phases) uids(name string) []types.UID {

@@ -262,7 +262,9 @@ func TestStuckPodNoLongerHoldsTheNode(t *testing.T) {
 	}
 
 	// Within grace (30s) plus margin (1m) the pod holds the node, and the
-	// condition says so.
+	// condition says so. (A pass at once sees the pod terminating, as the
+	// pod watch's would.)
+	f.pass(t, node)
 	f.clock.Step(80 * time.Second)
 	if res := f.pass(t, node); res.IsZero() {
 		t.Fatal("the node was released while its pod was terminating within grace and margin")
@@ -278,7 +280,11 @@ func TestStuckPodNoLongerHoldsTheNode(t *testing.T) {
 	if len(f.events.with(ReasonPodGivenUp)) != 0 {
 		t.Errorf("gave up on a pod within its grace period and margin: %v", f.events.with(ReasonPodGivenUp))
 	}
-	// The drain lasts: the losses are said in their own Warnings.
+	// The drain has waited on the same pod for 80s: it says so, and says the
+	// losses in their own Warnings.
+	if got := f.events.with(ReasonDrainWaiting); len(got) != 1 || !strings.Contains(got[0], "waiting for 1 pod") {
+		t.Errorf("%s events %q, want one saying what the stalled drain waits for", ReasonDrainWaiting, got)
+	}
 	bare, local := f.events.with(ReasonEvictingBarePod), f.events.with(ReasonEvictingLocalData)
 	if len(bare) != 1 || !strings.Contains(bare[0], "evicted pod "+f.ns+"/bare, which no controller manages: nothing will recreate it") || !f.events.warning(bare[0]) {
 		t.Errorf("%s events %q, want one Warning naming the pod", ReasonEvictingBarePod, bare)
@@ -352,6 +358,42 @@ func TestBarePodsAreAnnouncedInTheRelease(t *testing.T) {
 	}
 	if !f.events.warning(rel[0]) {
 		t.Errorf("%s event %q is not a Warning, though it names lost pods", ReasonReleased, rel[0])
+	}
+}
+
+// TestDrainThatKeepsGoingHoldsItsEventsForTheRelease: a drain that lasts
+// past drainWaitingAfter but never waits on the same thing that long (a
+// fleet's node, its pods going one at a time) writes no DrainWaiting event
+// and no Warning of its own for its bare pod: its NodeReleased, a Warning,
+// names the pod.
+func TestDrainThatKeepsGoingHoldsItsEventsForTheRelease(t *testing.T) {
+	f := newFixture(t, "going")
+	node := f.ns + "-node"
+	f.node(t, node)
+	f.pod(t, "bare", node)
+	for i := range 3 {
+		f.pod(t, fmt.Sprintf("web-%d", i), node, controlledBy("ReplicaSet"))
+	}
+	f.deleteNode(t, node)
+
+	f.pass(t, node)
+	for i := range 3 { // a pod goes every 20 s: 60 s of drain in all
+		f.clock.Step(20 * time.Second)
+		f.finish(t, fmt.Sprintf("web-%d", i))
+		if res := f.pass(t, node); res.IsZero() {
+			t.Fatalf("released with the bare pod still terminating")
+		}
+	}
+	if got := f.events.with(ReasonDrainWaiting); len(got) != 0 {
+		t.Errorf("%s events %q from a drain whose pods kept going", ReasonDrainWaiting, got)
+	}
+	if got := f.events.with(ReasonEvictingBarePod); len(got) != 0 {
+		t.Errorf("%s events %q before the release of a drain that kept going", ReasonEvictingBarePod, got)
+	}
+	f.finish(t, "bare")
+	f.passUntil(t, node, func() bool { return len(f.events.with(ReasonReleased)) > 0 }, "the node is released")
+	if rel := f.events.with(ReasonReleased)[0]; !strings.Contains(rel, "evicted pod "+f.ns+"/bare, which no controller manages") || !f.events.warning(rel) {
+		t.Errorf("%s event %q, want a Warning naming the bare pod", ReasonReleased, rel)
 	}
 }
 

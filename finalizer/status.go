@@ -15,8 +15,8 @@ import (
 )
 
 // A terminating node's conditions are staged by its passes and written
-// once the oldest change has waited Options.StatusSettle (longer while nodes
-// wait for a drain slot: statusSettle), with whatever
+// once the oldest change has waited Options.StatusSettle (longer in a
+// fleet's deletion: statusSettle), with whatever
 // changed meanwhile: a wait that ends sooner (Azure confirming within a
 // second, a drain that empties the node at once) is never written, and a
 // node that goes with nodeguard's finalizer is not written at its release.
@@ -139,23 +139,35 @@ func (r *Reconciler) statusDue(uid types.UID) time.Duration {
 	return 0
 }
 
-// fleetStatusSettle is how long a change waits while nodes wait for a drain
-// slot: a fleet's deletion, whose nodes each wait and drain for many seconds,
-// and whose every status write goes to every watcher of nodes. It is the
-// kubelet's own pace of node status (--node-status-update-frequency).
+// fleetStatusSettle is how long a change waits in a fleet's deletion: more
+// nodes terminate than drain at once, so nodes wait and drain for many
+// seconds each, and every status write goes to every watcher of nodes. It
+// is the kubelet's own pace of node status (--node-status-update-frequency).
 const fleetStatusSettle = 10 * time.Second
 
 // statusSettle is how long a change waits before it is written: StatusSettle,
-// or fleetStatusSettle while nodes wait for a drain slot (unless no settle
-// is asked for: 0 writes at the end of each pass).
+// or fleetStatusSettle in a fleet's deletion (unless no settle is asked
+// for: 0 writes at the end of each pass).
 func (r *Reconciler) statusSettle() time.Duration {
 	if r.Opts.StatusSettle <= 0 {
 		return 0
 	}
-	if _, waiting := r.slots.count(); waiting > 0 {
+	if r.fleetDeleting() {
 		return max(r.Opts.StatusSettle, fleetStatusSettle)
 	}
 	return r.Opts.StatusSettle
+}
+
+// fleetDeleting reports a fleet's deletion: nodes wait for a drain slot, or
+// more nodes terminate than --max-concurrent-drains. The second holds from
+// the first pass of each node, while all of them still cordon and cut
+// traffic, before any has come to wait for a slot.
+func (r *Reconciler) fleetDeleting() bool {
+	if _, waiting := r.slots.count(); waiting > 0 {
+		return true
+	}
+	limit := r.Opts.MaxConcurrentNodes
+	return limit > 0 && r.phases.count() > limit // 0: no limit, no wait
 }
 
 // flushLater arms the node's timer, unless it is armed.
