@@ -322,8 +322,9 @@ func tolerates(pod *corev1.Pod, taint *corev1.Taint) bool {
 
 func (p *Plan) group(pods []*corev1.Pod, pdbs []policyv1.PodDisruptionBudget) error {
 	groups := map[types.UID]*Group{}
+	selectors := make([]labels.Selector, len(pdbs))
 	for _, pod := range pods {
-		matching, err := matchingPDBs(pod, pdbs)
+		matching, err := matchingPDBs(pod, pdbs, selectors)
 		if err != nil {
 			return err
 		}
@@ -360,19 +361,23 @@ func (p *Plan) group(pods []*corev1.Pod, pdbs []policyv1.PodDisruptionBudget) er
 
 // matchingPDBs returns the PDBs of the pod's namespace whose selector matches
 // it. As in the Eviction API, a nil selector matches nothing and an empty one
-// every pod.
-func matchingPDBs(pod *corev1.Pod, pdbs []policyv1.PodDisruptionBudget) ([]*policyv1.PodDisruptionBudget, error) {
+// every pod. selectors[i] keeps pdbs[i]'s selector, converted on first use:
+// a plan matches every pod of the node against the same PDBs.
+func matchingPDBs(pod *corev1.Pod, pdbs []policyv1.PodDisruptionBudget, selectors []labels.Selector) ([]*policyv1.PodDisruptionBudget, error) {
 	var out []*policyv1.PodDisruptionBudget
 	for i := range pdbs {
 		pdb := &pdbs[i]
 		if pdb.Namespace != pod.Namespace || pdb.Spec.Selector == nil {
 			continue
 		}
-		sel, err := metav1.LabelSelectorAsSelector(pdb.Spec.Selector)
-		if err != nil {
-			return nil, fmt.Errorf("PodDisruptionBudget %s/%s has an invalid selector: %w", pdb.Namespace, pdb.Name, err)
+		if selectors[i] == nil {
+			sel, err := metav1.LabelSelectorAsSelector(pdb.Spec.Selector)
+			if err != nil {
+				return nil, fmt.Errorf("PodDisruptionBudget %s/%s has an invalid selector: %w", pdb.Namespace, pdb.Name, err)
+			}
+			selectors[i] = sel
 		}
-		if sel.Matches(labels.Set(pod.Labels)) {
+		if selectors[i].Matches(labels.Set(pod.Labels)) {
 			out = append(out, pdb)
 		}
 	}
