@@ -129,9 +129,10 @@ func TestStatusWrittenOnlyWhenAWaitLasts(t *testing.T) {
 }
 
 // TestStatusSettlesLongerWhileNodesWaitForASlot: while a node waits for a
-// drain slot (a fleet's deletion), a change is written once it has waited
-// fleetStatusSettle, not StatusSettle: the waiting node's condition is not
-// written at 3s, and is at 10s; once no node waits, 3s again.
+// drain slot (a fleet's deletion), the waiting node's change is written once
+// it has waited fleetLineSettle, not StatusSettle nor fleetStatusSettle: its
+// condition is not written at 3s nor at 10s, and is at 30s. Once no node
+// waits, 3s again.
 func TestStatusSettlesLongerWhileNodesWaitForASlot(t *testing.T) {
 	f := newFixture(t, "fleetsettle")
 	f.r.Opts.StatusSettle = DefaultStatusSettle
@@ -155,8 +156,13 @@ func TestStatusSettlesLongerWhileNodesWaitForASlot(t *testing.T) {
 	}
 	f.clock.Step(fleetStatusSettle - DefaultStatusSettle)
 	f.pass(t, second)
+	if c := condition(getNode(t, second), ngv1alpha1.TerminatingCondition); c != nil {
+		t.Fatalf("the waiting node's condition was written after %s in line: %+v", fleetStatusSettle, c)
+	}
+	f.clock.Step(fleetLineSettle - fleetStatusSettle)
+	f.pass(t, second)
 	if c := condition(getNode(t, second), ngv1alpha1.TerminatingCondition); c == nil || c.Reason != "WaitingForDrainSlot" {
-		t.Fatalf("after %s the waiting node carries %+v, want WaitingForDrainSlot", fleetStatusSettle, c)
+		t.Fatalf("after %s the waiting node carries %+v, want WaitingForDrainSlot", fleetLineSettle, c)
 	}
 
 	// The first node's pod goes: the second takes the slot, and no node
@@ -172,10 +178,11 @@ func TestStatusSettlesLongerWhileNodesWaitForASlot(t *testing.T) {
 }
 
 // TestStatusSettlesLongerFromAFleetsFirstPass: a fleet's deletion settles
-// its status writes for fleetStatusSettle from the first pass of its nodes,
-// while they all cordon and cut traffic and none waits for a slot yet:
-// more nodes terminate than --max-concurrent-drains. A deletion within the
-// slots, or with no limit, settles for StatusSettle.
+// its status writes from the first pass of its nodes, while they all cordon
+// and cut traffic and none waits for a slot yet (more nodes terminate than
+// --max-concurrent-drains): fleetLineSettle for a node in line,
+// fleetStatusSettle once it began to drain. A deletion within the slots, or
+// with no limit, settles for StatusSettle.
 func TestStatusSettlesLongerFromAFleetsFirstPass(t *testing.T) {
 	r := &Reconciler{Opts: Options{StatusSettle: DefaultStatusSettle, MaxConcurrentNodes: 2}}
 	for i := range 3 {
@@ -183,18 +190,40 @@ func TestStatusSettlesLongerFromAFleetsFirstPass(t *testing.T) {
 		r.phases.set(uid, string(uid), phaseTraffic)
 		t.Cleanup(func() { r.phases.forget(uid) })
 	}
-	if got := r.statusSettle(); got != fleetStatusSettle {
-		t.Errorf("3 nodes cutting traffic under 2 slots settle for %s, want %s", got, fleetStatusSettle)
+	if got := r.statusSettle("fleet-0"); got != fleetLineSettle {
+		t.Errorf("3 nodes cutting traffic under 2 slots settle for %s, want %s", got, fleetLineSettle)
+	}
+	if ok, _ := r.slots.take(2, "fleet-0", slotHolder{name: "fleet-0"}); !ok {
+		t.Fatal("no slot for the first node")
+	}
+	t.Cleanup(func() { r.slots.give(2, "fleet-0", true) })
+	if got := r.statusSettle("fleet-0"); got != fleetStatusSettle {
+		t.Errorf("a draining node of the fleet settles for %s, want %s", got, fleetStatusSettle)
 	}
 	r.phases.forget("fleet-2")
-	if got := r.statusSettle(); got != DefaultStatusSettle {
+	if got := r.statusSettle("fleet-1"); got != DefaultStatusSettle {
 		t.Errorf("2 nodes under 2 slots settle for %s, want %s", got, DefaultStatusSettle)
 	}
 	r.Opts.MaxConcurrentNodes = 0
 	r.phases.set("fleet-2", "fleet-2", phaseTraffic)
-	if got := r.statusSettle(); got != DefaultStatusSettle {
+	if got := r.statusSettle("fleet-1"); got != DefaultStatusSettle {
 		t.Errorf("3 nodes with no slot limit settle for %s, want %s", got, DefaultStatusSettle)
 	}
+}
+
+// TestStatusTimerFiresAsSoonAsTheShorterSettle: a node in line armed its
+// timer for fleetLineSettle; once it drains, fleetStatusSettle is due sooner,
+// and the timer fires then, not at the line's settle.
+func TestStatusTimerFiresAsSoonAsTheShorterSettle(t *testing.T) {
+	r := &Reconciler{Clock: clocktesting.NewFakeClock(time.Now())}
+	node := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "in-line", UID: "in-line"}}
+	r.flushLater(node, time.Hour)
+	r.flushLater(node, time.Millisecond)
+	harness.Eventually(t, 5*time.Second, func(context.Context) (bool, error) {
+		r.mu.Lock()
+		defer r.mu.Unlock()
+		return r.memory[node.UID].status.timer == nil, nil // flushTimed clears it
+	}, "the timer fires after the shorter wait")
 }
 
 // TestDrainEndedCountsOnlyADrainSinceTheDeletion: after a restart the drain's

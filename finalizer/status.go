@@ -37,6 +37,7 @@ type stagedConditions struct {
 type statusWriter struct {
 	writing chan struct{} // a lock that a timer's write and a pass share
 	timer   *time.Timer
+	due     time.Time // when the timer fires
 }
 
 // stageCondition sets one of nodeguard's node conditions in the node's next
@@ -130,7 +131,7 @@ func (r *Reconciler) flushConditions(ctx context.Context, node *corev1.Node) err
 // statusDue is how long until the node's staged changes are due (0: now, or
 // nothing staged).
 func (r *Reconciler) statusDue(uid types.UID) time.Duration {
-	settle := r.statusSettle()
+	settle := r.statusSettle(uid)
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if m := r.memory[uid]; m != nil && m.staged != nil {
@@ -139,23 +140,35 @@ func (r *Reconciler) statusDue(uid types.UID) time.Duration {
 	return 0
 }
 
-// fleetStatusSettle is how long a change waits in a fleet's deletion: more
-// nodes terminate than drain at once, so nodes wait and drain for many
-// seconds each, and every status write goes to every watcher of nodes. It
-// is the kubelet's own pace of node status (--node-status-update-frequency).
+// fleetStatusSettle is how long a draining node's change waits in a fleet's
+// deletion: more nodes terminate than drain at once, so nodes wait and drain
+// for many seconds each, and every status write goes to every watcher of
+// nodes. It is the kubelet's own pace of node status
+// (--node-status-update-frequency).
 const fleetStatusSettle = 10 * time.Second
 
-// statusSettle is how long a change waits before it is written: StatusSettle,
-// or fleetStatusSettle in a fleet's deletion (unless no settle is asked
+// fleetLineSettle is how long a change waits in a fleet's deletion for a
+// node that has not begun to drain: its steps before the drain (the Lease,
+// the cordon, the traffic cut, the wait for a slot) are written once, when
+// they have lasted that long together. A fleet's traffic cuts take seconds
+// each (one ETag per load balancer), and its nodes wait in line for
+// minutes; nodeguard_termination_nodes counts them by phase meanwhile.
+const fleetLineSettle = 30 * time.Second
+
+// statusSettle is how long a change of the node waits before it is written:
+// StatusSettle, or in a fleet's deletion fleetLineSettle until the node
+// begins to drain and fleetStatusSettle after (unless no settle is asked
 // for: 0 writes at the end of each pass).
-func (r *Reconciler) statusSettle() time.Duration {
-	if r.Opts.StatusSettle <= 0 {
+func (r *Reconciler) statusSettle(uid types.UID) time.Duration {
+	switch {
+	case r.Opts.StatusSettle <= 0:
 		return 0
-	}
-	if r.fleetDeleting() {
+	case !r.fleetDeleting():
+		return r.Opts.StatusSettle
+	case r.slots.hasBegun(uid):
 		return max(r.Opts.StatusSettle, fleetStatusSettle)
 	}
-	return r.Opts.StatusSettle
+	return max(r.Opts.StatusSettle, fleetLineSettle)
 }
 
 // fleetDeleting reports a fleet's deletion: nodes wait for a drain slot, or
@@ -170,14 +183,22 @@ func (r *Reconciler) fleetDeleting() bool {
 	return limit > 0 && r.phases.count() > limit // 0: no limit, no wait
 }
 
-// flushLater arms the node's timer, unless it is armed.
+// flushLater arms the node's timer, unless it is armed to fire as soon: a
+// node that begins to drain in a fleet's deletion settles sooner than it did
+// in line.
 func (r *Reconciler) flushLater(node *corev1.Node, wait time.Duration) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	if w := r.statusWriter(r.remember(node.UID)); w.timer == nil {
-		key := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: node.Name, UID: node.UID}}
-		w.timer = time.AfterFunc(wait, func() { r.flushTimed(key) })
+	w := r.statusWriter(r.remember(node.UID))
+	due := r.Clock.Now().Add(wait)
+	if w.timer != nil {
+		if !due.Before(w.due) {
+			return
+		}
+		w.timer.Stop()
 	}
+	key := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: node.Name, UID: node.UID}}
+	w.timer, w.due = time.AfterFunc(wait, func() { r.flushTimed(key) }), due
 }
 
 // flushTimed writes what is due when the timer fires. A failed write wakes
