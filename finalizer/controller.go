@@ -116,6 +116,8 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reco
 		return reconcile.Result{}, nil
 	}
 	r.overlayStaged(node)
+	r.markPassing(node.UID, true)
+	defer r.markPassing(node.UID, false)
 	if r.instanceGone(ctx, node) {
 		_, err := r.releaseGone(ctx, node)
 		r.forget(ctx, node.UID)

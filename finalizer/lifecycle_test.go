@@ -226,6 +226,29 @@ func TestStatusTimerFiresAsSoonAsTheShorterSettle(t *testing.T) {
 	}, "the timer fires after the shorter wait")
 }
 
+// TestStatusTimerLeavesTheWriteToAPassInFlight: a timer that fires while a
+// pass of the node is in flight (a drain pass waiting for its evictions)
+// writes nothing: the pass writes at its end, with what it staged meanwhile.
+// Once no pass is in flight, the timer writes.
+func TestStatusTimerLeavesTheWriteToAPassInFlight(t *testing.T) {
+	f := newFixture(t, "inpass")
+	name := f.ns + "-node"
+	f.node(t, name, builder.Ready())
+	node := getNode(t, name)
+	f.r.stageCondition(node, corev1.NodeCondition{Type: corev1.NodeDrainInProgress, Status: corev1.ConditionTrue, Reason: LifecycleReasonAdminRequested})
+
+	f.r.markPassing(node.UID, true)
+	f.r.flushTimed(node)
+	if c := condition(getNode(t, name), corev1.NodeDrainInProgress); c != nil {
+		t.Fatalf("the timer wrote %+v amid the node's pass", c)
+	}
+	f.r.markPassing(node.UID, false)
+	f.r.flushTimed(node)
+	if c := condition(getNode(t, name), corev1.NodeDrainInProgress); c == nil || c.Status != corev1.ConditionTrue {
+		t.Fatalf("after the pass the timer wrote %+v, want DrainInProgress=True", c)
+	}
+}
+
 // TestDrainEndedCountsOnlyADrainSinceTheDeletion: after a restart the drain's
 // end is read from the Drained condition, but only one written since the
 // deletion: a node drained by kubectl drain, then deleted, still drains

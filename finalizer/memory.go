@@ -48,6 +48,9 @@ type nodeMemory struct {
 	done []string
 	// losses are the evicted pods a user may regret, not said yet (losses.go).
 	losses podLosses
+	// passing: a termination pass of the node is in flight, and writes what
+	// is due at its end; its timer leaves the write to it.
+	passing bool
 }
 
 // remember returns the node's memory, made on first use. Call with r.mu held.

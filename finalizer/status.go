@@ -201,14 +201,23 @@ func (r *Reconciler) flushLater(node *corev1.Node, wait time.Duration) {
 	w.timer, w.due = time.AfterFunc(wait, func() { r.flushTimed(key) }), due
 }
 
-// flushTimed writes what is due when the timer fires. A failed write wakes
-// the node: its pass stages the changes again.
+// flushTimed writes what is due when the timer fires, unless a pass of the
+// node is in flight: a drain pass waits for its evictions, seconds under a
+// fleet's load, and a write amid it would carry the drain's start
+// (DrainInProgress) without the Draining condition the pass stages at its
+// end, which then takes a write of its own. A failed write wakes the node:
+// its pass stages the changes again.
 func (r *Reconciler) flushTimed(node *corev1.Node) {
 	r.mu.Lock()
-	if m := r.memory[node.UID]; m != nil && m.status != nil {
+	m := r.memory[node.UID]
+	if m != nil && m.status != nil {
 		m.status.timer = nil
 	}
+	inPass := m != nil && m.passing
 	r.mu.Unlock()
+	if inPass {
+		return // the pass writes what is due at its end (flushConditions)
+	}
 	if wait := r.statusDue(node.UID); wait > 0 {
 		r.flushLater(node, wait)
 		return
@@ -218,6 +227,17 @@ func (r *Reconciler) flushTimed(node *corev1.Node) {
 	if err := r.flushConditionsNow(ctx, node); err != nil {
 		logf.Log.WithName("termination").Error(err, "Writing the conditions of a terminating node", "node", node.Name)
 		wakeNode(ctx, r.wakeups, node.Name)
+	}
+}
+
+// markPassing marks a termination pass of the node in flight, or over.
+func (r *Reconciler) markPassing(uid types.UID, on bool) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if on {
+		r.remember(uid).passing = true
+	} else if m := r.memory[uid]; m != nil {
+		m.passing = false // a node released in the pass is forgotten
 	}
 }
 
