@@ -19,26 +19,30 @@ import (
 
 // Kinds of requestMark.
 const (
-	markNodeWrite = "node"
-	markEvict     = "evict"
-	markEvicted   = "evicted"
+	markNodeWrite   = "node"
+	markStatusWrite = "status"
+	markEvict       = "evict"
+	markEvicted     = "evicted"
 )
 
-// requestMark is one request of a timed deletion: a write of a node (Name is
-// the node's), or an eviction sent or granted (the pod's namespace/name).
+// requestMark is one request of a timed deletion: a write of a node or its
+// status (Name is the node's), or an eviction sent or granted (the pod's
+// namespace/name).
 type requestMark struct {
 	At   time.Time
 	Kind string
 	Name string
 }
 
-// markOf is the mark a request makes, if any: a write of a node (not its
-// status) or an eviction sent.
+// markOf is the mark a request makes, if any: a write of a node, of its
+// status, or an eviction sent.
 func markOf(r *http.Request, verb, resource string) (kind, name string) {
 	parts := strings.Split(strings.Trim(r.URL.Path, "/"), "/")
 	switch {
 	case resource == "nodes" && (verb == "PATCH" || verb == "UPDATE") && len(parts) == 4:
 		return markNodeWrite, parts[3] // api/v1/nodes/NAME
+	case resource == "nodes/status" && (verb == "PATCH" || verb == "UPDATE") && len(parts) == 5:
+		return markStatusWrite, parts[3] // api/v1/nodes/NAME/status
 	case resource == "pods/eviction" && verb == "CREATE" && len(parts) == 7:
 		return markEvict, parts[3] + "/" + parts[5] // api/v1/namespaces/NS/pods/NAME/eviction
 	}
@@ -65,7 +69,10 @@ func phasesOf(start time.Time, marks []requestMark, podNode map[string]string, g
 	}
 	for _, m := range marks {
 		node := m.Name
-		if m.Kind != markNodeWrite {
+		switch m.Kind {
+		case markStatusWrite:
+			continue // not a step (statusWritesElsewhere counts them)
+		case markEvict, markEvicted:
 			node = podNode[m.Name]
 		}
 		p := byNode[node]
@@ -229,4 +236,17 @@ func (t evictionTimes) summary() string {
 			c.PDB, c.Granted, bench.Seconds(c.Span), bench.Seconds(c.RoundTrips))
 	}
 	return s
+}
+
+// statusWritesElsewhere counts the status writes of nodes outside the
+// deleted set (gone names the set): drains the drainer follows on other
+// nodes, which a count per deleted node would otherwise charge to the set.
+func statusWritesElsewhere(marks []requestMark, set map[string]time.Duration) int {
+	n := 0
+	for _, m := range marks {
+		if _, in := set[m.Name]; m.Kind == markStatusWrite && !in {
+			n++
+		}
+	}
+	return n
 }

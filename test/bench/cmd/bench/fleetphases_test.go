@@ -14,7 +14,8 @@ func TestMarkOf(t *testing.T) {
 	}{
 		{"PATCH", "/api/v1/nodes/n1", markNodeWrite, "n1"},
 		{"PUT", "/api/v1/nodes/n1", markNodeWrite, "n1"},
-		{"PATCH", "/api/v1/nodes/n1/status", "", ""},
+		{"PATCH", "/api/v1/nodes/n1/status", markStatusWrite, "n1"},
+		{"GET", "/api/v1/nodes/n1/status", "", ""},
 		{"DELETE", "/api/v1/nodes/n1", "", ""},
 		{"POST", "/api/v1/namespaces/web/pods/web-1/eviction", markEvict, "web/web-1"},
 		{"GET", "/api/v1/namespaces/web/pods/web-1", "", ""},
@@ -105,5 +106,20 @@ func TestEvictionTimesOf(t *testing.T) {
 	if s := got.summary(); !strings.Contains(s, "bare pods 0.250 s / 0.250 s / 0.250 s (n 1)") ||
 		!strings.Contains(s, "the longest PDB chain, web: 1 evictions granted in 3.00 s") {
 		t.Errorf("summary %q", s)
+	}
+}
+
+// TestStatusWritesElsewhere: status writes of nodes outside the deleted set
+// are counted apart; those of the set's nodes, and node writes, are not.
+func TestStatusWritesElsewhere(t *testing.T) {
+	now := time.Now()
+	marks := []requestMark{
+		{now, markStatusWrite, "a"},
+		{now, markStatusWrite, "outside"},
+		{now, markStatusWrite, "outside"},
+		{now, markNodeWrite, "other"},
+	}
+	if got := statusWritesElsewhere(marks, map[string]time.Duration{"a": time.Second}); got != 2 {
+		t.Errorf("%d status writes outside the set, want 2", got)
 	}
 }

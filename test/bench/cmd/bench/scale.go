@@ -717,6 +717,8 @@ type fleetDeletion struct {
 	Gone []time.Duration `json:"gone,omitempty"`
 	// Phases are each node's steps, in the order the nodes went.
 	Phases []nodePhases `json:"phases,omitempty"`
+	// StatusElsewhere counts status writes of nodes outside the set.
+	StatusElsewhere int `json:"statusWritesElsewhere,omitempty"`
 	// Evictions split the nodes' eviction time.
 	Evictions evictionTimes `json:"evictionTimes"`
 	// Retries are the deletes the deleter had to send again.
@@ -826,6 +828,7 @@ func (f *fleetDeletion) writesPerNode() nodeWrites {
 // deletion's marks, given when each node went.
 func (f *fleetDeletion) readSteps(start time.Time, marks []requestMark, gone map[string]time.Duration) {
 	f.Phases = phasesOf(start, marks, f.podNode, gone)
+	f.StatusElsewhere = statusWritesElsewhere(marks, gone)
 	f.Evictions = evictionTimesOf(start, marks, f.podNode, f.pdbOf, f.Phases)
 }
 
@@ -1070,8 +1073,8 @@ func fleetTable(r *scaleResult) *bench.Table {
 	t.Note("nodeguard's own view (its metrics over the deletion, bucket bounds): drain slot handoff, from a node's last pod gone to the first eviction of the node that takes its slot (%s): %s; PDB wake-up, from a status that allows a disruption again to the eviction sent for it (%s): %s.",
 		handoffMetric, r.Nodeguard.Handoff.summary(), wakeupMetric, r.Nodeguard.Wakeup.summary())
 	if w := r.Nodeguard.writesPerNode(); r.Nodeguard.Nodes > 0 {
-		t.Note("nodeguard's writes per deleted node (evictions, Leases and the deletes apart): %.1f of nodes, %.1f of node status and %.1f of events, **%.1f in all** (≤ 6 wanted); events recorded but not written (%s): %d. The status and event writes per deleted node by what they say (a status write by the phase its Terminating condition names): %s.",
-			w.node, w.status, w.events, w.total(), droppedEventsMetric, r.Nodeguard.EventsDropped, r.Nodeguard.API.writesByReason(r.Nodeguard.Nodes))
+		t.Note("nodeguard's writes per deleted node (evictions, Leases and the deletes apart): %.1f of nodes, %.1f of node status and %.1f of events, **%.1f in all** (≤ 6 wanted); events recorded but not written (%s): %d. The status and event writes per deleted node by what they say (a status write by the phase its Terminating condition names): %s; of the status writes, %d were of nodes outside the set (drains nodeguard follows).",
+			w.node, w.status, w.events, w.total(), droppedEventsMetric, r.Nodeguard.EventsDropped, r.Nodeguard.API.writesByReason(r.Nodeguard.Nodes), r.Nodeguard.StatusElsewhere)
 	}
 	if note := boundNote(r); note != "" {
 		t.Note("%s", note)
