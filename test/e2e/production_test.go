@@ -180,15 +180,18 @@ func TestProductionNodeDrainsInTiersAndIsReleased(t *testing.T) {
 
 // passesAfterLastWorkload bounds the passes of a node, each woken by a
 // change, between its last workload pod going and its release: the pass that
-// evicts the DaemonSet tier, two as those pods terminate and go (the last
-// finds the node empty and marks it drained), the one the drained mark wakes
-// (it waits for the volume) and the one the VolumeAttachment's going wakes;
-// and, as the test waits for the volume wait's condition (written by the
-// node's timer once the wait has lasted 3 s, not by a pass), at most one
-// backstop a drain pass asked for before the drain ended.
-// A drain that polled would add passes; the node's heartbeats and nodeguard's
-// own condition writes wake none.
-const passesAfterLastWorkload = 6
+// evicts the DaemonSet tier, one for each of the two pods' changes as they
+// terminate and go (four; a loaded machine delivers them apart, an idle one
+// often two at once: 2026-11-29's CI counted 7 passes, runs alone 4 and 5;
+// the last finds the node empty and marks it drained), the one the drained
+// mark wakes (it waits for the volume) and the one the VolumeAttachment's
+// going wakes; and, as the test waits for the volume wait's condition
+// (written by the node's timer once the wait has lasted 3 s, not by a pass),
+// at most one backstop a drain pass asked for before the drain ended.
+// A drain that polled every second would add a pass a second of the several
+// this takes; the node's heartbeats and nodeguard's own condition writes
+// wake none.
+const passesAfterLastWorkload = 8
 
 // aksTier is the eviction tier of a pod of the production topology: ordinary
 // workloads, then system-critical ones, then DaemonSet pods.
