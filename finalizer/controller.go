@@ -116,8 +116,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reco
 		return reconcile.Result{}, nil
 	}
 	r.overlayStaged(node)
-	r.markPassing(node.UID, true)
-	defer r.markPassing(node.UID, false)
+	r.markPassing(node.UID, true) // until its phases are done (the release forgets the node)
 	if r.instanceGone(ctx, node) {
 		_, err := r.releaseGone(ctx, node)
 		r.forget(ctx, node.UID)
@@ -139,6 +138,9 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reco
 		}
 	}
 	result, err := r.runPhases(ctx, node, phases)
+	// The pass's phases are done: a timer from now on writes what is due,
+	// beside this flush (one write at a time), and none is left unwritten.
+	r.markPassing(node.UID, false)
 	if ferr := r.flushConditions(ctx, node); ferr != nil && err == nil {
 		return reconcile.Result{}, fmt.Errorf("node %s: %w", node.Name, ferr)
 	}
