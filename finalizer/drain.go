@@ -434,7 +434,8 @@ func roughly(d time.Duration) string {
 	return d.Round(time.Second).String()
 }
 
-// writtenMessage is the last DrainWaiting event of a node.
+// writtenMessage is a message and when: a node's last DrainWaiting event,
+// or what its drain waits for and since when.
 type writtenMessage struct {
 	message string
 	at      time.Time

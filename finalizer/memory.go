@@ -15,9 +15,9 @@ import (
 type nodeMemory struct {
 	// reported are the keys said once (once): events per pod or holder.
 	reported map[string]bool
-	// wait is what the drain waits for and since when, waiting the last
-	// DrainWaiting event; backoff the drain's backstop while every queue is
-	// blocked (without a pod watch).
+	// wait is what the drain waits for and since when (a stall), waiting
+	// the last DrainWaiting event, and backoff the drain's backstop while
+	// every queue is blocked (without a pod watch).
 	wait    writtenMessage
 	waiting writtenMessage
 	backoff time.Duration

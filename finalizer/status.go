@@ -171,14 +171,12 @@ func (r *Reconciler) statusSettle(uid types.UID) time.Duration {
 	return max(r.Opts.StatusSettle, fleetLineSettle)
 }
 
-// fleetDeleting reports a fleet's deletion: nodes wait for a drain slot, or
-// more nodes terminate than --max-concurrent-drains. The second holds from
-// the first pass of each node, while all of them still cordon and cut
-// traffic, before any has come to wait for a slot.
+// fleetDeleting reports a fleet's deletion: more nodes terminate than
+// --max-concurrent-drains. It holds from the first pass of each node, while
+// all of them still cordon and cut traffic, before any has come to wait for
+// a slot; a node that waits implies it (the slots' holders and the line are
+// all terminating nodes).
 func (r *Reconciler) fleetDeleting() bool {
-	if _, waiting := r.slots.count(); waiting > 0 {
-		return true
-	}
 	limit := r.Opts.MaxConcurrentNodes
 	return limit > 0 && r.phases.count() > limit // 0: no limit, no wait
 }
