@@ -38,8 +38,10 @@ func VMResourceID(providerID string) (string, error) {
 
 // VMExists asks ARM whether the VM with this resource ID exists. It answers
 // false only on a 404 whose error code says the VM itself is not found:
-// ResourceNotFound (a standalone VM, or a VMSS instance whose scale set is
-// gone) or NotFound (a VMSS instance, as Compute answers). Any other 404 is
+// ResourceNotFound (a standalone VM), NotFound (a VMSS instance, as Compute
+// answers) or ParentResourceNotFound (a VMSS instance whose scale set is gone:
+// a deleted node pool; cloud-provider-azure skips such instances by this
+// code). Any other 404 is
 // returned as a *VMUnknownError: ResourceGroupNotFound and
 // SubscriptionNotFound (a wrong resource group or subscription in the
 // providerID or the credentials' reach), InvalidResourceType, or a 404 with
@@ -66,7 +68,7 @@ func (c *sdkClient) VMExists(ctx context.Context, id string) (bool, error) {
 
 // vmNotFoundCodes are the ARM error codes of a 404 that mean the VM itself
 // does not exist.
-var vmNotFoundCodes = map[string]bool{"ResourceNotFound": true, "NotFound": true}
+var vmNotFoundCodes = map[string]bool{"ResourceNotFound": true, "NotFound": true, "ParentResourceNotFound": true}
 
 // VMUnknownError is a 404 for a VM GET that does not say the VM is gone: the
 // resource group, the subscription, the resource type or the endpoint was not

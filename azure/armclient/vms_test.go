@@ -45,6 +45,22 @@ func TestVMExists(t *testing.T) {
 // resource group or subscription in the providerID, an unknown resource type
 // or an endpoint that is not ARM (a 404 with no ARM error body) is an error,
 // whose code says which.
+// An instance of a deleted scale set (a node pool deleted, `az vmss delete`)
+// answers 404 ParentResourceNotFound: gone too, so that the cloud node
+// lifecycle controller's deletes of its nodes are never refused.
+func TestVMExistsAfterItsScaleSetIsDeleted(t *testing.T) {
+	set := "/subscriptions/sub/resourceGroups/rg/providers/Microsoft.Compute/virtualMachineScaleSets/pool2"
+	c, emu := newClientWithVMs(t, set+"/virtualMachines/0", set+"/virtualMachines/1")
+	if !emu.DeleteScaleSet(set) {
+		t.Fatal("the emulator did not hold the scale set")
+	}
+	for _, id := range []string{set + "/virtualMachines/0", set + "/virtualMachines/1"} {
+		if ok, err := c.VMExists(context.Background(), id); err != nil || ok {
+			t.Errorf("after the scale set's delete, VMExists(%s) = %v, %v; want false, no error", id, ok, err)
+		}
+	}
+}
+
 func TestVMExistsOtherNotFounds(t *testing.T) {
 	vm := "/subscriptions/sub/resourceGroups/rg/providers/Microsoft.Compute/virtualMachines/vm-1"
 	c, _ := newClientWithVMs(t, vm)

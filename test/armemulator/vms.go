@@ -32,13 +32,34 @@ func (s *Server) VMExists(id string) bool {
 	return s.vms[vmKey(id)]
 }
 
+// DeleteScaleSet removes a scale set (by resource ID) and every instance of
+// it, as deleting a node pool does; later GETs of its instances answer 404
+// ParentResourceNotFound. It reports whether the scale set existed.
+func (s *Server) DeleteScaleSet(id string) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	set := vmKey(id)
+	if !s.scaleSets[set] {
+		return false
+	}
+	delete(s.scaleSets, set)
+	for k := range s.vms {
+		if scaleSetOf(k) == set {
+			delete(s.vms, k)
+		}
+	}
+	return true
+}
+
 // getVM serves GET .../providers/Microsoft.Compute/virtualMachines/{vm} and
 // .../virtualMachineScaleSets/{set}/virtualMachines/{instance} with ARM's 404s,
 // checked in ARM's order: SubscriptionNotFound for an unknown subscription,
 // ResourceGroupNotFound for an unknown resource group (the seed's, or one that
-// holds a VM), then for the VM itself ResourceNotFound (a standalone VM, or a
-// scale set that holds no instance) or NotFound (a missing instance of a
-// known scale set, as Compute answers).
+// holds a VM), then for the VM itself ResourceNotFound (a standalone VM),
+// ParentResourceNotFound (an instance of a scale set that does not exist: ARM
+// answers so for a nested resource whose parent is gone, and
+// cloud-provider-azure names the code for a deleted scale set) or NotFound (a
+// missing instance of a known scale set, as Compute answers).
 func (s *Server) getVM(w http.ResponseWriter, path string) {
 	parts := strings.Split(strings.Trim(path, "/"), "/")
 	sub, rg, name := parts[1], parts[3], parts[len(parts)-1]
@@ -54,6 +75,9 @@ func (s *Server) getVM(w http.ResponseWriter, path string) {
 		writeError(w, http.StatusNotFound, "ResourceGroupNotFound", "Resource group '"+rg+"' could not be found.")
 	case !exists && setKnown:
 		writeError(w, http.StatusNotFound, "NotFound", "The entity was not found in this Azure location.")
+	case !exists && scaleSetOf(vmKey(path)) != "":
+		writeError(w, http.StatusNotFound, "ParentResourceNotFound", "Can not perform requested operation on nested resource. Parent resource '"+
+			parts[7]+"' not found.")
 	case !exists:
 		writeError(w, http.StatusNotFound, "ResourceNotFound", "The Resource '"+strings.Join(parts[4:8], "/")+"' under resource group '"+rg+
 			"' was not found. For more details please go to https://aka.ms/ARMResourceNotFoundFix")
