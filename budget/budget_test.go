@@ -162,6 +162,12 @@ func TestWindowEndsAndNextChange(t *testing.T) {
 	if got, want := NextWindowChange(b.Spec.Windows, evening), time.Date(2026, 11, 24, 9, 0, 0, 0, time.UTC); !got.Equal(want) {
 		t.Errorf("next change = %v, want the window opening at %v", got, want)
 	}
+	// A process whose clock is in another zone (TZ in the image) recomputes
+	// at the same UTC hours.
+	eveningEast := evening.In(time.FixedZone("UTC+2", 2*60*60))
+	if got, want := NextWindowChange(b.Spec.Windows, eveningEast), time.Date(2026, 11, 24, 9, 0, 0, 0, time.UTC); !got.Equal(want) {
+		t.Errorf("next change from a UTC+2 clock = %v, want the window opening at %v", got.UTC(), want)
+	}
 }
 
 func TestComputeStatusPrunesClaims(t *testing.T) {

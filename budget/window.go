@@ -94,7 +94,10 @@ func windowEnd(w ngv1alpha1.DisruptionWindow, now time.Time) (time.Time, bool, e
 
 // NextWindowChange is the next time after now at which a window of the budget
 // opens or closes, so the status controller can recompute then. Zero if none.
+// Schedules are in UTC, as activeWindow reads them: cron reads a schedule in
+// the zone of the time it is given, and the process's clock may be local.
 func NextWindowChange(windows []ngv1alpha1.DisruptionWindow, now time.Time) time.Time {
+	now = now.UTC()
 	var next time.Time
 	earliest := func(t time.Time) {
 		if !t.IsZero() && t.After(now) && (next.IsZero() || t.Before(next)) {
