@@ -38,7 +38,7 @@ func (c *Claimer) apply(base *ngv1alpha1.NodeDisruptionBudget, changes []change,
 			// back by the request that made it; stamping the entry anew
 			// makes it this request's too, so that release misses it.
 			if now.Sub(at.Time) < claimInFlight {
-				ndb.Status.DisruptedNodes[ch.node] = restamp(at, now)
+				ndb.Status.DisruptedNodes[ch.node] = restamp(at)
 				changed = true
 			}
 		default:
@@ -64,14 +64,14 @@ func (c *Claimer) apply(base *ngv1alpha1.NodeDisruptionBudget, changes []change,
 	return ndb, vs, changed
 }
 
-// restamp is a new stamp for a claim's entry, later than at: the API keeps
-// stamps to the second, so a second claim within at's second stamps the next.
-func restamp(at metav1.Time, now time.Time) metav1.Time {
-	next := now.Truncate(time.Second)
-	if !next.After(at.Time) {
-		next = at.Add(time.Second)
-	}
-	return metav1.NewTime(next)
+// restamp is a new stamp for a claim's entry: one second after at, the
+// API's grain, so that a stamped give-back misses it. It does not move to now:
+// the stamp is also the claim's age, which the status controller's timeouts
+// count, and retries that are all refused elsewhere (a full budget beside
+// this one, a maintenance hold) would otherwise keep an orphaned claim alive
+// as long as they come.
+func restamp(at metav1.Time) metav1.Time {
+	return metav1.NewTime(at.Add(time.Second))
 }
 
 // setAllowedCondition brings the DisruptionAllowed condition up to the

@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/util/intstr"
 	utilruntime "k8s.io/apimachinery/pkg/util/runtime"
@@ -207,5 +208,39 @@ func waitFor(t *testing.T, cond func() bool) {
 		}
 		goruntime.Gosched()
 		time.Sleep(time.Millisecond)
+	}
+}
+
+// TestRetriedClaimStillTimesOut: a claim whose own request lost it (a give
+// back that missed, or failed) and that every retry finds charged, each retry
+// refused by another budget, must not live as long as the retries do. A
+// re-claim moves the stamp (so that the first request's give-back misses it)
+// but not the claim's age, and the status controller then drops it once no
+// disruption shows.
+func TestRetriedClaimStillTimesOut(t *testing.T) {
+	c := &Claimer{}
+	b, vs, _ := c.apply(counted(4, 4, maxUnavailable("2")), claimOf("x"), now)
+	if !vs[0].charged {
+		t.Fatalf("first claim: %+v, want charged", vs[0])
+	}
+	first := b.Status.DisruptedNodes["x"]
+	at := now
+	for range 12 { // kubectl drain retries every 5 s for a minute
+		at = at.Add(5 * time.Second)
+		b, vs, _ = c.apply(b, claimOf("x"), at)
+		if vs[0].charged || vs[0].err != nil {
+			t.Fatalf("re-claim at %v: %+v, want already charged", at, vs[0])
+		}
+	}
+	if stamp := b.Status.DisruptedNodes["x"]; stamp.Equal(&first) {
+		t.Fatalf("re-claims kept the first stamp %v: the first request's give-back would take the charge they rely on", stamp)
+	}
+	r := &StatusReconciler{ClaimTimeout: 2 * time.Minute, UnconfirmedTimeout: 15 * time.Second}
+	selected := []*corev1.Node{node("x"), node("y"), node("z"), node("w")}
+	claims := r.newClaimReview(b, selected)
+	claims.fresh = map[string]*corev1.Node{"x": node("x")} // schedulable, not deleting: no disruption
+	status, _ := r.computeStatus(b, selected, claims, at)
+	if _, kept := status.DisruptedNodes["x"]; kept {
+		t.Errorf("a minute of refused retries kept x charged (stamp %v at %v): the budget counts a disruption that never happened", b.Status.DisruptedNodes["x"], at)
 	}
 }
