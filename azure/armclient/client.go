@@ -142,11 +142,14 @@ func (c *sdkClient) UpdatePool(ctx context.Context, resourceGroup, loadBalancer 
 	if pool.Name == nil {
 		return nil, errors.New("backend pool has no name")
 	}
+	putCtx := ctx
 	if pool.Etag != nil && *pool.Etag != "" {
-		// armnetwork has no If-Match option: send the header through the context.
-		ctx = policy.WithHTTPHeader(ctx, http.Header{"If-Match": []string{*pool.Etag}})
+		// armnetwork has no If-Match option: send the header through the
+		// context, the PUT's alone. The polls and the final GET come after
+		// the PUT moved the ETag; on them a stale If-Match asks for a 412.
+		putCtx = policy.WithHTTPHeader(ctx, http.Header{"If-Match": []string{*pool.Etag}})
 	}
-	poller, err := c.pools.BeginCreateOrUpdate(ctx, resourceGroup, loadBalancer, *pool.Name, *pool, nil)
+	poller, err := c.pools.BeginCreateOrUpdate(putCtx, resourceGroup, loadBalancer, *pool.Name, *pool, nil)
 	if err != nil {
 		return nil, err
 	}

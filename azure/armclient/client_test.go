@@ -137,6 +137,15 @@ func TestUpdatePoolIfMatchAndAsync(t *testing.T) {
 		if got := emu.AdminStates()["kubernetes/kubernetes/n0"]; got != "Down" {
 			t.Errorf("async=%v: admin state %s after the write completed", async, got)
 		}
+		// If-Match is the PUT's alone, as cloud-provider-azure's ETag policy
+		// sends it: the operation's polls and the final GET of the pool come
+		// after the PUT moved the ETag, and a stale If-Match on them asks ARM
+		// for a 412.
+		for _, r := range emu.Requests() {
+			if r.Method == http.MethodGet && r.IfMatch != "" {
+				t.Errorf("async=%v: GET %s carried If-Match %s", async, r.Path, r.IfMatch)
+			}
+		}
 		// The ETag moved: a write with the old one is refused.
 		p.Etag = &stale
 		_, err = c.UpdatePool(ctx, "rg", "kubernetes", p)
