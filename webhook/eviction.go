@@ -103,6 +103,8 @@ type eviction struct {
 // Reasons of eviction decisions (metric label values) beyond the rule's.
 const (
 	reasonSchedulable = "schedulable"
+	// reasonUnconfirmed: schedulable in the cache, the fresh read failed.
+	reasonUnconfirmed = "schedulable_unconfirmed"
 	reasonNoNode      = "no_node"
 	reasonUnmanaged   = "unmanaged"
 	reasonDisrupted   = "disrupted"
@@ -178,7 +180,13 @@ func (h *EvictionHandler) decide(ctx context.Context, req admission.Request, dry
 		// A drainer cordons, then evicts at once: the cache may not show
 		// the cordon yet, and only a read from the API server can.
 		if err := h.Reader.Get(ctx, client.ObjectKey{Name: nodeName}, &node); err != nil {
-			return decision{}, fmt.Errorf("reading node %s: %w", nodeName, err)
+			// Refusing here would stop evictions cluster-wide whenever the
+			// API server is slow to nodeguard (throttled, timed out): the
+			// cache says schedulable, so admit, as failurePolicy Ignore does
+			// when nodeguard is unreachable.
+			logf.FromContext(ctx).Info("Admitting an eviction from a node the cache shows schedulable; its fresh read failed",
+				"pod", req.Namespace+"/"+req.Name, "node", nodeName, "error", err.Error())
+			return allow(reasonUnconfirmed, "node %s is schedulable in nodeguard's cache (its fresh read failed: %v)", nodeName, err)
 		}
 		if !drains(&node) {
 			return allow(reasonSchedulable, "node %s is schedulable", node.Name)

@@ -19,6 +19,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/utils/clock"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/client/interceptor"
 	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
 
 	ngv1alpha1 "github.com/nodeguard/nodeguard/api/v1alpha1"
@@ -202,6 +203,40 @@ func TestEvictionBadInputChargesNothing(t *testing.T) {
 	}
 	if ndb := getBudget(t, "badevict"); len(ndb.Status.DisruptedNodes) != 0 {
 		t.Errorf("bad input charged the budget: %v", ndb.Status.DisruptedNodes)
+	}
+}
+
+// TestEvictionFromASchedulableNodeOutlivesAFailedRead: the fresh read of a
+// node the cache shows schedulable is only a look for a cordon the cache may
+// lag. When it fails (kube-apiserver throttling nodeguard, a timeout), the
+// eviction is admitted: a refusal there would stop every eviction in the
+// cluster (descheduler, Karpenter consolidation, a rollout's), which
+// failurePolicy Ignore avoids when nodeguard is down.
+func TestEvictionFromASchedulableNodeOutlivesAFailedRead(t *testing.T) {
+	harness.SkipWithoutEnv(t, env)
+	useGuards(t, startGuard(t, false))
+	createReadyNodes(t, "failread", 1)
+	createBudget(t, "failread", 1, builder.NDBMaxUnavailable("1"))
+	pod := createPod(t, "failread-pod", "failread-0")
+	h := evictionHandler(t, ngwebhook.TrafficGate{})
+	direct, err := client.NewWithWatch(env.Config, client.Options{Scheme: env.Scheme})
+	if err != nil {
+		t.Fatal(err)
+	}
+	h.Reader = interceptor.NewClient(direct, interceptor.Funcs{
+		Get: func(context.Context, client.WithWatch, client.ObjectKey, client.Object, ...client.GetOption) error {
+			return apierrors.NewTooManyRequests("throttled by API Priority and Fairness", 1)
+		},
+	})
+	harness.Eventually(t, 30*time.Second, func(ctx context.Context) (bool, error) {
+		var n corev1.Node
+		return h.Nodes.Get(ctx, client.ObjectKey{Name: "failread-0"}, &n) == nil, nil
+	}, "the cache shows the node")
+	if resp := h.Handle(context.Background(), evictionReview(pod.Namespace, pod.Name, nil)); !resp.Allowed {
+		t.Fatalf("eviction from a schedulable node refused when the fresh read failed: %+v", resp.Result)
+	}
+	if ndb := getBudget(t, "failread"); len(ndb.Status.DisruptedNodes) != 0 {
+		t.Errorf("the admitted eviction charged the budget: %v", ndb.Status.DisruptedNodes)
 	}
 }
 
