@@ -5,12 +5,17 @@ package main
 
 import (
 	"context"
+	"errors"
 	"flag"
 	"fmt"
+	"net/http"
 	"os"
+	"sync/atomic"
+	"time"
 
 	"k8s.io/utils/clock"
 	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/healthz"
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
 
@@ -117,6 +122,12 @@ func run(opts options) error {
 	if err := mgr.AddReadyzCheck("webhook", readyz); err != nil {
 		return err
 	}
+	// The webhook server starts before the caches; until they sync, every
+	// decision read from them waits out its time budget and answers
+	// "retry", so a replica is not Ready (no Service traffic) before then.
+	if err := mgr.AddReadyzCheck("caches", cachesSynced(mgr.GetCache())); err != nil {
+		return err
+	}
 	err = mgr.Start(ctrl.SetupSignalHandler())
 	// Events recorded just before the stop are still written.
 	flushCtx, cancel := context.WithTimeout(context.Background(), opts.gracefulShutdown)
@@ -125,4 +136,22 @@ func run(opts options) error {
 		ctrl.Log.Error(ferr, "Some events were not written before nodeguard stopped")
 	}
 	return err
+}
+
+// cachesSynced is a readiness check that passes once the manager's informer
+// caches have synced, and from then on without asking again.
+func cachesSynced(c cache.Cache) healthz.Checker {
+	var synced atomic.Bool
+	return func(req *http.Request) error {
+		if synced.Load() {
+			return nil
+		}
+		ctx, cancel := context.WithTimeout(req.Context(), 100*time.Millisecond)
+		defer cancel()
+		if !c.WaitForCacheSync(ctx) {
+			return errors.New("informer caches not synced yet")
+		}
+		synced.Store(true)
+		return nil
+	}
 }
