@@ -45,6 +45,10 @@ const DefaultUnconfirmedClaimTimeout = 15 * time.Second
 // API server disagree about its node (the cache lags behind).
 const confirmRetry = time.Second
 
+// pendingRetry is how soon an expired claim whose disruption is still on its
+// way is asked about again: a node's change (its deletion) wakes it sooner.
+const pendingRetry = 10 * time.Second
+
 // claimFate is what becomes of one claim in a status pass.
 type claimFate int
 
@@ -79,6 +83,9 @@ type claimReview struct {
 	// uncached are the nodes of the claims the last prune kept that the cache
 	// does not have: as the API server returned them, or a stub.
 	uncached []*corev1.Node
+	// pending are the expired claims whose disruption is still on its way
+	// (StatusReconciler.DisruptionPending).
+	pending map[string]bool
 }
 
 func (r *StatusReconciler) newClaimReview(ndb *ngv1alpha1.NodeDisruptionBudget, selected []*corev1.Node) *claimReview {
@@ -90,7 +97,7 @@ func (r *StatusReconciler) newClaimReview(ndb *ngv1alpha1.NodeDisruptionBudget, 
 	for _, n := range selected {
 		cached[n.Name] = n
 	}
-	return &claimReview{r: r, sel: sel, cached: cached, fresh: map[string]*corev1.Node{}}
+	return &claimReview{r: r, sel: sel, cached: cached, fresh: map[string]*corev1.Node{}, pending: map[string]bool{}}
 }
 
 // listFreshAbove is how many nodes readFresh reads one by one; for more (the
@@ -108,7 +115,10 @@ func (c *claimReview) readFresh(ctx context.Context, claims map[string]metav1.Ti
 		}
 	}
 	if len(names) > listFreshAbove {
-		return c.listFresh(ctx, names)
+		if err := c.listFresh(ctx, names); err != nil {
+			return err
+		}
+		return c.readPending(ctx, claims, now)
 	}
 	for _, name := range names {
 		var node corev1.Node
@@ -121,6 +131,26 @@ func (c *claimReview) readFresh(ctx context.Context, claims map[string]metav1.Ti
 		default:
 			c.fresh[name] = &node
 		}
+	}
+	return c.readPending(ctx, claims, now)
+}
+
+// readPending asks, for each expired claim whose node the API server shows
+// present and not deleting, whether its disruption is still on its way.
+func (c *claimReview) readPending(ctx context.Context, claims map[string]metav1.Time, now time.Time) error {
+	if c.r.DisruptionPending == nil {
+		return nil
+	}
+	for name, at := range claims {
+		fresh := c.fresh[name]
+		if fresh == nil || fresh.DeletionTimestamp != nil || c.cached[name] == nil || at.Add(c.r.ClaimTimeout).After(now) {
+			continue
+		}
+		pending, err := c.r.DisruptionPending(ctx, fresh)
+		if err != nil {
+			return fmt.Errorf("asking whether the disruption of claimed node %s is on its way: %w", name, err)
+		}
+		c.pending[name] = pending
 	}
 	return nil
 }
@@ -236,6 +266,8 @@ func (c *claimReview) judge(name string, at, now time.Time) (fate claimFate, nex
 		switch {
 		case !read:
 			return claimKept, time.Time{}, true
+		case fresh != nil && fresh.DeletionTimestamp == nil && c.pending[name]:
+			return claimKept, now.Add(pendingRetry), false // on its way: its node's delete is to come
 		case fresh == nil || fresh.DeletionTimestamp == nil:
 			return claimDropped, time.Time{}, false // the admitted delete never happened
 		}

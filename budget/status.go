@@ -52,6 +52,13 @@ type StatusReconciler struct {
 	Claimer *Claimer
 	// Signals are the configured signal taints (nil: the defaults).
 	Signals *ngv1alpha1.Signals
+	// DisruptionPending, if set, says whether the admitted disruption of a
+	// node that does not show it yet is still on its way: Karpenter deletes
+	// the Node of a NodeClaim whose deletion was charged only once the
+	// NodeClaim's finalizer ran, which can take longer than ClaimTimeout
+	// (internal/karpenter.NodeClaimDeleting). A claim past ClaimTimeout is
+	// kept while it answers true, as a node seen deleting keeps its claim.
+	DisruptionPending func(ctx context.Context, node *corev1.Node) (bool, error)
 
 	nodes *NodeLister
 }

@@ -22,6 +22,7 @@ import (
 
 	ngv1alpha1 "github.com/nodeguard/nodeguard/api/v1alpha1"
 	"github.com/nodeguard/nodeguard/budget"
+	"github.com/nodeguard/nodeguard/internal/karpenter"
 	"github.com/nodeguard/nodeguard/test/builder"
 	"github.com/nodeguard/nodeguard/test/harness"
 	ngwebhook "github.com/nodeguard/nodeguard/webhook"
@@ -207,6 +208,92 @@ func TestKarpenterNodeDeleteIsAdmittedOnlyWhileItsNodeClaimIsDeleting(t *testing
 	}
 	wantDeleting(t, node)
 	harness.WaitForEvent(t, env.Client, node, ngwebhook.ReasonDeletionAdmitted)
+}
+
+// ownNodeClaim makes the node owned by the NodeClaim, as Karpenter registers
+// its nodes, and with finalized puts Karpenter's termination finalizer on the
+// NodeClaim, so that its delete leaves it deleting until the finalizer goes.
+func ownNodeClaim(t *testing.T, name, node string, finalized bool) *unstructured.Unstructured {
+	t.Helper()
+	ctx := context.Background()
+	claim := &unstructured.Unstructured{}
+	claim.SetGroupVersionKind(nodeClaimKind)
+	if err := env.Client.Get(ctx, client.ObjectKey{Name: name}, claim); err != nil {
+		t.Fatal(err)
+	}
+	if finalized {
+		claim.SetFinalizers([]string{ngv1alpha1.KarpenterTerminationFinalizer})
+		if err := env.Client.Update(ctx, claim); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { unfinalize(t, claim) })
+	}
+	n := getNode(t, node)
+	patch := client.MergeFrom(n.DeepCopy())
+	n.OwnerReferences = []metav1.OwnerReference{{APIVersion: "karpenter.sh/v1", Kind: "NodeClaim", Name: claim.GetName(), UID: claim.GetUID()}}
+	if err := env.Client.Patch(ctx, n, patch); err != nil {
+		t.Fatal(err)
+	}
+	return claim
+}
+
+// unfinalize removes the NodeClaim's finalizers: Karpenter's termination ran.
+func unfinalize(t *testing.T, claim *unstructured.Unstructured) {
+	t.Helper()
+	err := env.Client.Patch(context.Background(), claim, client.RawPatch(types.MergePatchType, []byte(`{"metadata":{"finalizers":null}}`)))
+	if client.IgnoreNotFound(err) != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestChargedNodeClaimDeletionOutlastsTheClaimTimeout: Karpenter's NodeClaim
+// finalizer deletes the Node, and a backlog or a restart of Karpenter can
+// hold it past --disruption-claim-timeout. The node shows no deletion until
+// then, and its Node DELETE will be admitted on the charge the NodeClaim
+// delete made (karpenter.Terminates), so the budget must keep that charge
+// while the NodeClaim is deleting: dropping it let another door take the
+// disruption (maxUnavailable exceeded once Karpenter came back). A NodeClaim
+// that is gone (removed by force) is the control: its claim goes at the
+// timeout, as does the slow one's once its NodeClaim goes.
+func TestChargedNodeClaimDeletionOutlastsTheClaimTimeout(t *testing.T) {
+	harness.SkipWithoutEnv(t, env)
+	const claimTimeout = 4 * time.Second
+	mgr, addr, answers := newManager(t)
+	setupGuard(t, mgr, true, false, func(r *budget.StatusReconciler) {
+		r.ClaimTimeout, r.UnconfirmedTimeout = claimTimeout, testUnconfirmedTimeout
+		r.DisruptionPending = karpenter.NodeClaimDeleting(mgr.GetAPIReader())
+	})
+	useGuards(t, run(t, mgr, addr, answers))
+	installNodeClaimCRD(t)
+	pool := uniqueName("slow-karp")
+	nodes := createReadyNodes(t, pool, 4)
+	releaseOnCleanup(t, nodes...)
+	createBudget(t, pool, 2, builder.NDBMaxUnavailable("2"))
+	createNodeClaim(t, pool+"-slow", nodes[0])
+	createNodeClaim(t, pool+"-forced", nodes[1])
+	slow := ownNodeClaim(t, pool+"-slow", nodes[0], true)
+	ownNodeClaim(t, pool+"-forced", nodes[1], false)
+
+	for _, claim := range []string{pool + "-slow", pool + "-forced"} {
+		if out, err := deleteNodeClaim(claim); err != nil {
+			t.Fatalf("NodeClaim %s delete refused: %v\n%s", claim, err, out)
+		}
+	}
+	harness.Eventually(t, claimTimeout+15*time.Second, func(context.Context) (bool, error) {
+		_, control := getBudget(t, pool).Status.DisruptedNodes[nodes[1]]
+		return !control, nil
+	}, "the claim of %s, whose NodeClaim is gone, goes at the claim timeout", nodes[1])
+	ndb := getBudget(t, pool)
+	if _, kept := ndb.Status.DisruptedNodes[nodes[0]]; !kept || ndb.Status.DisruptionsAllowed != 1 {
+		t.Fatalf("past the claim timeout, with its NodeClaim still deleting, the claim of %s: kept %v, the budget allows %d (want kept, 1): disruptedNodes %v",
+			nodes[0], kept, ndb.Status.DisruptionsAllowed, ndb.Status.DisruptedNodes)
+	}
+
+	unfinalize(t, slow)
+	harness.Eventually(t, 30*time.Second, func(context.Context) (bool, error) {
+		_, kept := getBudget(t, pool).Status.DisruptedNodes[nodes[0]]
+		return !kept, nil
+	}, "the claim of %s goes once its NodeClaim is gone", nodes[0])
 }
 
 // TestChargedNodeClaimDeletionKeepsItsClaimUntilItsNodeGoes: Karpenter

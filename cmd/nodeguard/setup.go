@@ -121,7 +121,8 @@ func setupGuard(mgr ctrl.Manager, opts options, adminState *azure.Manager, drain
 	}
 	return (&budget.StatusReconciler{Client: mgr.GetClient(), Reader: mgr.GetAPIReader(), Clock: clock.RealClock{},
 		ClaimTimeout: opts.claimTimeout, UnconfirmedTimeout: opts.unconfirmedClaimTimeout,
-		Recorder: mgr.GetEventRecorder("nodeguard-budget"), Claimer: claimer, Signals: opts.signals.Table}).SetupWithManager(mgr)
+		Recorder: mgr.GetEventRecorder("nodeguard-budget"), Claimer: claimer, Signals: opts.signals.Table,
+		DisruptionPending: karpenter.NodeClaimDeleting(mgr.GetAPIReader())}).SetupWithManager(mgr)
 }
 
 // The secure metrics endpoint authenticates scrapers with TokenReviews and

@@ -52,3 +52,23 @@ func MarkCharged(ctx context.Context, c client.Client, node *corev1.Node, now ti
 		logf.FromContext(ctx).Error(err, "Marking the NodeClaim deletion charged", "node", node.Name)
 	}
 }
+
+// NodeClaimDeleting returns the budget status controller's
+// DisruptionPending: a node whose NodeClaim's deletion was charged (the mark)
+// is still on its way out while that NodeClaim is being deleted, however long
+// Karpenter's finalizer takes (a backlog, a restart); its Node DELETE, which
+// the budgets admit on this charge (Terminates), is yet to come. A NodeClaim
+// that is gone, or not deleting (a later admission step refused its delete),
+// leaves nothing on its way. reader reads NodeClaims fresh.
+func NodeClaimDeleting(reader client.Reader) func(context.Context, *corev1.Node) (bool, error) {
+	return func(ctx context.Context, node *corev1.Node) (bool, error) {
+		if _, charged := node.Annotations[ngv1alpha1.NodeClaimDeleteChargedAtAnnotation]; !charged {
+			return false, nil
+		}
+		claim, err := OwningNodeClaim(ctx, reader, node)
+		if err != nil {
+			return false, err
+		}
+		return claim != nil && claim.DeletionTimestamp != nil, nil
+	}
+}
