@@ -122,7 +122,19 @@ func registerEviction(mgr ctrl.Manager, opts Options, claimer *budget.Claimer, r
 		Pods: pods, Nodes: mgr.GetClient(), Reader: mgr.GetAPIReader(), Client: mgr.GetClient(),
 		Rule:    rule,
 		Managed: opts.Managed, Signals: opts.Signals, Traffic: opts.Traffic,
-		Recorder: recorder, Clock: clock.RealClock{}, Timeout: DefaultEvictionTimeout,
+		Recorder: recorder, Clock: clock.RealClock{}, Timeout: evictionTimeout(opts.DeleteTimeout),
 	}})
 	return nil
+}
+
+// evictionTimeout is the eviction decision's time budget: the admission
+// decisions' (--delete-admission-timeout, which the Helm chart sets 1 s below
+// the webhooks' timeoutSeconds, the eviction webhook's included), so that
+// nodeguard answers before kube-apiserver gives up and its failurePolicy
+// Ignore admits an eviction nodeguard would refuse.
+func evictionTimeout(decision time.Duration) time.Duration {
+	if decision > 0 {
+		return decision
+	}
+	return DefaultEvictionTimeout
 }

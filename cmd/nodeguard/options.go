@@ -77,7 +77,7 @@ func (o *options) bind(fs *flag.FlagSet) {
 	fs.StringVar(&o.nodeSelector, "node-selector", "",
 		"Label selector of the nodes nodeguard manages (finalizer, budgets, drain), e.g. 'kubernetes.azure.com/mode=user'. Empty manages every node.")
 	fs.DurationVar(&o.deleteTimeout, "delete-admission-timeout", webhook.DefaultDeleteTimeout,
-		"Time budget of one node DELETE decision, including retries of conflicting budget claims; past it the delete is denied with 429 'retry'. Keep it below the DELETE webhooks' timeoutSeconds (5 in the shipped manifests; the Helm chart derives both from webhook.timeoutSeconds), or the API server gives up first.")
+		"Time budget of one node DELETE, NodeClaim DELETE or eviction decision, including retries of conflicting budget claims; past it the request is denied with 429 'retry'. Keep it below those webhooks' timeoutSeconds (5 in the shipped manifests; the Helm chart derives both from webhook.timeoutSeconds), or the API server gives up first (and admits an eviction: its failurePolicy is Ignore).")
 	fs.DurationVar(&o.warningsWait, "delete-warnings-wait", webhook.DefaultWarningsWait,
 		"How long an admitted node DELETE's answer waits, past its decision, for the warnings of what the node's drain will meet (kubectl prints them: blocked PDBs, do-not-evict pods, pods under several PDBs, pods without a controller or with emptyDir data, the drain deadline). They are computed while the delete is decided; those not ready in time are left out (nodeguard_delete_warnings_left_out_total). 0 turns them off.")
 	fs.DurationVar(&o.claimTimeout, "disruption-claim-timeout", budget.DefaultClaimTimeout,

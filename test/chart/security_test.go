@@ -115,7 +115,8 @@ func TestDeploymentPatchOnlyWithBlockedPDBReplace(t *testing.T) {
 }
 
 // deleteTimeouts returns the timeoutSeconds of every webhook that sees a
-// DELETE, and nodeguard's --delete-admission-timeout.
+// DELETE or an eviction (each decided within --delete-admission-timeout), and
+// nodeguard's --delete-admission-timeout.
 func deleteTimeouts(t *testing.T, objs map[string]object) (webhooks map[string]time.Duration, flag time.Duration) {
 	t.Helper()
 	webhooks = map[string]time.Duration{}
@@ -125,7 +126,7 @@ func deleteTimeouts(t *testing.T, objs map[string]object) (webhooks map[string]t
 		}
 		for _, wh := range dig(o, "webhooks").([]any) {
 			for _, r := range dig(wh, "rules").([]any) {
-				if slices.Contains(dig(r, "operations").([]any), any("DELETE")) {
+				if slices.Contains(dig(r, "operations").([]any), any("DELETE")) || slices.Contains(dig(r, "resources").([]any), any("pods/eviction")) {
 					secs, _ := dig(wh, "timeoutSeconds").(float64)
 					webhooks[dig(wh, "name").(string)] = time.Duration(secs) * time.Second
 				}
@@ -145,9 +146,10 @@ func deleteTimeouts(t *testing.T, objs map[string]object) (webhooks map[string]t
 }
 
 // One value, webhook.timeoutSeconds, sets the timeoutSeconds of every DELETE
-// webhook and nodeguard's --delete-admission-timeout 1s below it, so the API
-// server never gives up before nodeguard answers; kustomize ships the same
-// pair for the default of 5.
+// webhook and of the eviction webhook, and nodeguard's
+// --delete-admission-timeout 1s below it, so the API server never gives up
+// before nodeguard answers (for an eviction, failurePolicy Ignore would admit
+// what nodeguard refuses); kustomize ships the same pair for the default of 5.
 func TestOneValueSetsBothDeleteTimeouts(t *testing.T) {
 	for what, tc := range map[string]struct {
 		objs    map[string]object

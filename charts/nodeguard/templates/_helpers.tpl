@@ -75,7 +75,7 @@ objectSelector:
 
 {{/*
 nodeguard's --delete-admission-timeout: 1s below webhook.timeoutSeconds, the
-timeoutSeconds of its DELETE webhooks, so that nodeguard always answers (at
+timeoutSeconds of its DELETE and eviction webhooks, so that nodeguard always answers (at
 worst "retry") before the API server gives up on it.
 */}}
 {{- define "nodeguard.deleteAdmissionTimeout" -}}
