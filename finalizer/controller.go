@@ -45,6 +45,11 @@ const (
 	trafficWakeBackstop = 5 * time.Second
 	// holdPoll paces a node whose maintenance Lease someone else holds.
 	holdPoll = 15 * time.Second
+	// pickUpPoll paces the look for a drain of a cordoned node nobody has
+	// charged: evictions that passed nodeguard by (its webhook unreachable)
+	// show only on their pods while they terminate, and no pod of an
+	// unfollowed node is watched.
+	pickUpPoll = 30 * time.Second
 )
 
 // AdminState is what the controller needs of the Azure admin-state manager.

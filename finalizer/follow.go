@@ -201,8 +201,11 @@ func (r *Reconciler) pickUp(ctx context.Context, node *corev1.Node) (reconcile.R
 		return reconcile.Result{}, nil
 	}
 	by, found, err := r.drainUnderWay(ctx, node)
-	if err != nil || !found {
+	switch {
+	case err != nil:
 		return reconcile.Result{}, err
+	case !found:
+		return reconcile.Result{RequeueAfter: pickUpPoll}, nil // a drainer cordons, then evicts
 	}
 	v, err := r.Outside.Rule.Decide(ctx, node, false)
 	if err != nil {
