@@ -24,7 +24,7 @@ declare -A seconds=(
 	[TestCutHoldsThroughAnotherWritersLongOperations]=167 [TestChaosSoak]=127
 	[TestKarpenterConsolidationFollowsTheBudget]=110 [TestKarpenterStrandedCandidatesServeAgain]=79
 	[TestDeadNodeOutOfServiceIsReleasedSooner]=57 [TestKubectlDrainOfABlockedPDBIsReplacedFirst]=55
-	[TestClusterAutoscalerDeniedScaleDown]=54 [TestClusterAutoscalerScaleDownFollowsTheBudget]=46
+	[TestClusterAutoscalerDeniedScaleDown]=54 [TestClusterAutoscalerRefusedScaleDownKeepsItsPods]=30 [TestClusterAutoscalerScaleDownFollowsTheBudget]=46
 	[TestKarpenterNodeDeleteFollowsTheBudget]=29 [TestBlockedPDBPolicyWaitNeverTouchesTheDeployment]=28
 	[TestUpgradeActorStaysWithinTheBudget]=28 [TestKubectlDrainsAreCutAndTakeTurns]=25
 	[TestUnreachableARMAndAPodUnderTwoPDBs]=23 [TestHungARMCall]=18 [TestTrafficCutHoldsWhileCloudProviderReconciles]=17

@@ -110,7 +110,10 @@ const (
 	reasonDisrupted   = "disrupted"
 	reasonCharged     = "charged"
 	reasonTrafficCut  = "traffic_cut"
-	reasonOff         = "off"
+	// reasonScaleDownUnclaimed: a cluster-autoscaler scale-down whose budget
+	// claim nodeguard has not made yet.
+	reasonScaleDownUnclaimed = "scale_down_unclaimed"
+	reasonOff                = "off"
 )
 
 // Handle implements admission.Handler.
@@ -176,9 +179,10 @@ func (h *EvictionHandler) decide(ctx context.Context, req admission.Request, dry
 	if !h.Managed.Matches(labels.Set(node.Labels)) {
 		return allow(reasonUnmanaged, "node %s is not managed by nodeguard", node.Name)
 	}
-	if !drains(&node) {
-		// A drainer cordons, then evicts at once: the cache may not show
-		// the cordon yet, and only a read from the API server can.
+	if !drains(&node) && !h.scaleDownUnclaimed(&node) {
+		// A drainer cordons (or cluster-autoscaler taints), then evicts at
+		// once: the cache may not show it yet, and only a read from the API
+		// server can.
 		if err := h.Reader.Get(ctx, client.ObjectKey{Name: nodeName}, &node); err != nil {
 			// Refusing here would stop evictions cluster-wide whenever the
 			// API server is slow to nodeguard (throttled, timed out): the
@@ -188,12 +192,17 @@ func (h *EvictionHandler) decide(ctx context.Context, req admission.Request, dry
 				"pod", req.Namespace+"/"+req.Name, "node", nodeName, "error", err.Error())
 			return allow(reasonUnconfirmed, "node %s is schedulable in nodeguard's cache (its fresh read failed: %v)", nodeName, err)
 		}
-		if !drains(&node) {
+		if !drains(&node) && !h.scaleDownUnclaimed(&node) {
 			return allow(reasonSchedulable, "node %s is schedulable", node.Name)
 		}
 	}
 	if why := disruptedBy(&node, h.Signals); why != "" {
 		return allow(reasonDisrupted, "node %s is already being disrupted (%s): its evictions charge nothing more", node.Name, why)
+	}
+	if h.scaleDownUnclaimed(&node) {
+		return decision{code: http.StatusTooManyRequests, reason: reasonScaleDownUnclaimed, message: fmt.Sprintf(
+			"cluster-autoscaler's scale-down of node %s is not admitted by its NodeDisruptionBudgets yet (nodeguard claims it when the node is tainted %s); retry: "+
+				"a scale-down the budgets keep refusing fails its drain, and cluster-autoscaler keeps the node", node.Name, ngv1alpha1.ClusterAutoscalerTaintKey)}, nil
 	}
 	pod := req.Namespace + "/" + req.Name
 	h.withRecentMark(&node)
@@ -205,6 +214,23 @@ func (h *EvictionHandler) decide(ctx context.Context, req admission.Request, dry
 		node = *marked
 	}
 	return h.awaitTrafficCut(&node, pod), nil
+}
+
+// scaleDownUnclaimed reports whether the node carries cluster-autoscaler's
+// scale-down taint and nodeguard charges scale-downs
+// (--cluster-autoscaler-scale-down-hold) but has not charged this one yet.
+// cluster-autoscaler does not cordon by default: it taints and evicts at once,
+// and its evictions must wait for the claim, or a scale-down the budgets
+// refuse would drain the node all the same. cluster-autoscaler retries a
+// refused eviction every 10 s for --max-pod-eviction-time (2 min), then
+// abandons the scale-down and removes its taint.
+func (h *EvictionHandler) scaleDownUnclaimed(node *corev1.Node) bool {
+	for _, t := range node.Spec.Taints {
+		if t.Key == ngv1alpha1.ClusterAutoscalerTaintKey {
+			return h.Signals.AwaitsDisruptionClaim(node, t)
+		}
+	}
+	return false
 }
 
 // withRecentMark puts the drain mark this replica wrote on a node the cache

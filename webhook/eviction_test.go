@@ -240,6 +240,55 @@ func TestEvictionFromASchedulableNodeOutlivesAFailedRead(t *testing.T) {
 	}
 }
 
+// TestScaleDownEvictionsWaitForTheBudgetClaim: cluster-autoscaler taints a
+// node ToBeDeletedByClusterAutoscaler and evicts its pods at once, without a
+// cordon. Until nodeguard's hold has charged the scale-down to the node's
+// budgets, those evictions are refused with 429 (cluster-autoscaler retries
+// for 2 minutes, then abandons the scale-down and keeps the node): admitted,
+// a scale-down the budgets refuse drained the node all the same. Once
+// charged they are admitted; with the hold off
+// (--cluster-autoscaler-scale-down-hold=false) nothing waits for a claim.
+func TestScaleDownEvictionsWaitForTheBudgetClaim(t *testing.T) {
+	harness.SkipWithoutEnv(t, env)
+	useGuards(t, startGuard(t, false))
+	ctx := context.Background()
+	node := createReadyNodes(t, "scaledown", 2)[0]
+	createBudget(t, "scaledown", 1, builder.NDBMaxUnavailable("1"))
+	pod := createPod(t, "scaledown-pod", node)
+	n := getNode(t, node)
+	patch := client.MergeFrom(n.DeepCopy())
+	n.Spec.Taints = append(n.Spec.Taints, corev1.Taint{Key: ngv1alpha1.ClusterAutoscalerTaintKey, Value: "1764633600", Effect: corev1.TaintEffectNoSchedule})
+	if err := env.Client.Patch(ctx, n, patch); err != nil {
+		t.Fatal(err)
+	}
+	h := evictionHandler(t, ngwebhook.TrafficGate{})
+	review := evictionReview(pod.Namespace, pod.Name, nil)
+
+	resp := h.Handle(ctx, review)
+	if resp.Allowed || resp.Result == nil || resp.Result.Code != http.StatusTooManyRequests || !strings.Contains(resp.Result.Message, "not admitted by its NodeDisruptionBudgets yet") {
+		t.Fatalf("eviction from a node whose scale-down is not charged yet: allowed %v, %+v; want 429", resp.Allowed, resp.Result)
+	}
+	if ndb := getBudget(t, "scaledown"); len(ndb.Status.DisruptedNodes) != 0 {
+		t.Errorf("the refused eviction charged the budget: %v (the scale-down is the hold's to charge)", ndb.Status.DisruptedNodes)
+	}
+
+	h.Signals = ngv1alpha1.NewSignals(ngv1alpha1.DefaultSignalTaints, false)
+	if resp := h.Handle(ctx, review); !resp.Allowed {
+		t.Errorf("with the scale-down hold off, the eviction was refused: %+v", resp.Result)
+	}
+	h.Signals = nil
+
+	n = getNode(t, node)
+	patch = client.MergeFrom(n.DeepCopy())
+	n.Annotations[ngv1alpha1.ScaleDownClaimedAnnotation] = ngv1alpha1.FormatTime(time.Now())
+	if err := env.Client.Patch(ctx, n, patch); err != nil {
+		t.Fatal(err)
+	}
+	if resp := h.Handle(ctx, review); !resp.Allowed {
+		t.Errorf("eviction from a node whose scale-down is charged: refused %+v", resp.Result)
+	}
+}
+
 // TestEvictionWaitsForTheTrafficCut: with Azure, evictions from a charged node
 // are refused with 429 until its traffic cut is recorded, then admitted; a
 // dry run is never held.

@@ -69,7 +69,7 @@ var (
 
 	evictionDecisions = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "nodeguard_eviction_admission_requests_total",
-		Help: "Eviction decisions by result (allowed, denied, error) and reason (schedulable: the common path; no_node, unmanaged; disrupted: a node another door charged; charged: a drain counted against its budgets; budget, traffic_cut: refused with 429 until there is room or the cut is confirmed; instance_gone, unavailable_node).",
+		Help: "Eviction decisions by result (allowed, denied, error) and reason (schedulable: the common path; no_node, unmanaged; disrupted: a node another door charged; charged: a drain counted against its budgets; budget, traffic_cut, scale_down_unclaimed: refused with 429 until there is room, the cut is confirmed or a cluster-autoscaler scale-down is charged; schedulable_unconfirmed: schedulable in the cache, its fresh read failed; instance_gone, unavailable_node).",
 	}, []string{labelResult, labelReason})
 	evictionLatency = prometheus.NewHistogramVec(prometheus.HistogramOpts{
 		Name:    "nodeguard_eviction_admission_duration_seconds",

@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"strconv"
@@ -41,12 +42,18 @@ import (
 //     actor plays the kubelet dying with its VM (kwok stops playing it, Ready
 //     turns Unknown).
 //
-// Shortened for a test: poll and delayTimeout are parameters, and the
-// eviction retry is 1 s (cluster-autoscaler's is 10 s).
+// A drain whose evictions are still refused after maxPodEvictionTime fails:
+// cluster-autoscaler then removes its taint and keeps the node (the
+// scale-down is abandoned, its VM stays).
+//
+// Shortened for a test: poll, delayTimeout and maxPodEvictionTime are
+// parameters, and the eviction retry is 1 s (cluster-autoscaler's is 10 s).
 type clusterAutoscaler struct {
 	f            *fleet
 	poll         time.Duration
 	delayTimeout time.Duration
+	// maxPodEvictionTime is --max-pod-eviction-time (2 min by default).
+	maxPodEvictionTime time.Duration
 
 	mu sync.Mutex
 	// vmDeleted: when each node's VM was deleted; nodeGone: when its Node was
@@ -60,6 +67,8 @@ type clusterAutoscaler struct {
 	// waits: per node, how long the delay-deletion wait took, how many polls,
 	// and whether it timed out.
 	waits map[string]delayWait
+	// abandoned: the nodes whose drain failed, kept by cluster-autoscaler.
+	abandoned map[string]bool
 }
 
 type delayWait struct {
@@ -69,8 +78,8 @@ type delayWait struct {
 }
 
 func newClusterAutoscaler(f *fleet, poll, delayTimeout time.Duration) *clusterAutoscaler {
-	return &clusterAutoscaler{f: f, poll: poll, delayTimeout: delayTimeout,
-		vmDeleted: map[string]time.Time{}, waits: map[string]delayWait{}}
+	return &clusterAutoscaler{f: f, poll: poll, delayTimeout: delayTimeout, maxPodEvictionTime: 2 * time.Minute,
+		vmDeleted: map[string]time.Time{}, waits: map[string]delayWait{}, abandoned: map[string]bool{}}
 }
 
 // scaleDown runs the scale-down of nodes and returns when every VM is
@@ -111,7 +120,17 @@ func (ca *clusterAutoscaler) scaleDown(t *testing.T, nodes ...string) {
 }
 
 func (ca *clusterAutoscaler) deleteNode(ctx context.Context, t *testing.T, picked *corev1.Node) error {
-	if err := ca.drain(ctx, picked.Name); err != nil {
+	if err := ca.drain(ctx, picked.Name); errors.Is(err, errDrainTimedOut) {
+		// cluster-autoscaler's failed drain: the taint goes, the node stays.
+		t.Logf("cluster-autoscaler: failed to drain %s (pods remaining after %s): scale-down abandoned", picked.Name, ca.maxPodEvictionTime)
+		patchTaints(t, picked.Name, func(ts []corev1.Taint) []corev1.Taint {
+			return slices.DeleteFunc(ts, func(x corev1.Taint) bool { return x.Key == ngv1alpha1.ClusterAutoscalerTaintKey })
+		})
+		ca.mu.Lock()
+		ca.abandoned[picked.Name] = true
+		ca.mu.Unlock()
+		return nil
+	} else if err != nil {
 		return err
 	}
 	ca.waitForDelayDeletion(ctx, t, picked)
@@ -119,10 +138,13 @@ func (ca *clusterAutoscaler) deleteNode(ctx context.Context, t *testing.T, picke
 	return ca.kubeletDies(ctx, picked.Name)
 }
 
+// errDrainTimedOut: pods remained after maxPodEvictionTime.
+var errDrainTimedOut = errors.New("pods remaining after the eviction timeout")
+
 // drain evicts every pod but mirror and DaemonSet pods, retrying refusals,
 // then waits until they are gone.
 func (ca *clusterAutoscaler) drain(ctx context.Context, node string) error {
-	ctx, cancel := context.WithTimeout(ctx, 2*time.Minute) // MaxPodEvictionTime
+	ctx, cancel := context.WithTimeoutCause(ctx, ca.maxPodEvictionTime, errDrainTimedOut)
 	defer cancel()
 	for {
 		pods, err := podsToEvict(ctx, node)
@@ -143,7 +165,7 @@ func (ca *clusterAutoscaler) drain(ctx context.Context, node string) error {
 		}
 		select {
 		case <-ctx.Done():
-			return fmt.Errorf("drain: %w", ctx.Err())
+			return fmt.Errorf("drain: %w", context.Cause(ctx))
 		case <-time.After(time.Second):
 		}
 	}
@@ -405,6 +427,59 @@ func TestClusterAutoscalerDeniedScaleDown(t *testing.T) {
 	harness.Eventually(t, 30*time.Second, func(ctx context.Context) (bool, error) {
 		return harness.NodeGone(ctx, env.Client, target)
 	}, "%s is gone (the cloud node controller's delete of a node whose VM is gone)", target)
+}
+
+// TestClusterAutoscalerRefusedScaleDownKeepsItsPods: the budget
+// (maxUnavailable 1) is used up by another node leaving, and
+// cluster-autoscaler scales down a node that runs a pod. Its evictions are
+// refused (429) while nodeguard cannot charge the scale-down, the drain fails
+// at --max-pod-eviction-time (shortened here), and cluster-autoscaler keeps
+// the node: its pod still runs and its VM stays. Without the refusal the
+// node was drained all the same and only its VM deletion was delayed.
+func TestClusterAutoscalerRefusedScaleDownKeepsItsPods(t *testing.T) {
+	harness.SkipWithoutEnv(t, env)
+	f := newFleet(t, "carefused", 3)
+	target, leaving := f.nodes[0], f.nodes[1]
+	harness.MustCreate(t, env.Client, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: f.pool}})
+	harness.MustCreate(t, env.Client, &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Namespace: f.pool, Name: "app"},
+		Spec:       corev1.PodSpec{NodeName: target, Containers: []corev1.Container{{Name: "app", Image: "registry.k8s.io/pause:3.10"}}},
+	})
+	harness.MustCreate(t, env.Client, builder.NDB(f.pool, builder.NDBSelecting("pool", f.pool), builder.NDBMaxUnavailable("1")))
+	metricsPort := harness.FreePort(t)
+	startNodeguard(t, env.Kubeconfig, f.emulator, fmt.Sprintf("--metrics-bind-address=127.0.0.1:%d", metricsPort), "--metrics-secure=false")
+	waitForHold(t, target)
+	patchTaints(t, leaving, func(ts []corev1.Taint) []corev1.Taint {
+		return append(ts, corev1.Taint{Key: ngv1alpha1.OutOfServiceTaintKey, Value: "nodeshutdown", Effect: corev1.TaintEffectNoExecute})
+	})
+	t.Cleanup(func() {
+		patchTaints(t, leaving, func(ts []corev1.Taint) []corev1.Taint {
+			return slices.DeleteFunc(ts, func(x corev1.Taint) bool { return x.Key == ngv1alpha1.OutOfServiceTaintKey })
+		})
+	})
+	harness.Eventually(t, 30*time.Second, func(ctx context.Context) (bool, error) {
+		var ndb ngv1alpha1.NodeDisruptionBudget
+		err := env.Client.Get(ctx, client.ObjectKey{Name: f.pool}, &ndb)
+		return err == nil && ndb.Status.ObservedGeneration == ndb.Generation && ndb.Status.DisruptionsAllowed == 0, err
+	}, "the budget allows no disruption")
+
+	ca := newClusterAutoscaler(f, time.Second, 15*time.Second)
+	ca.maxPodEvictionTime = 15 * time.Second
+	ca.scaleDown(t, target)
+	if !ca.abandoned[target] {
+		t.Fatalf("cluster-autoscaler's drain of %s succeeded under a budget that allows nothing", target)
+	}
+	var pod corev1.Pod
+	if err := env.Client.Get(context.Background(), client.ObjectKey{Namespace: f.pool, Name: "app"}, &pod); err != nil || pod.DeletionTimestamp != nil {
+		t.Errorf("the refused scale-down's pod: %v, deleting %v; want it running on", err, pod.DeletionTimestamp)
+	}
+	if _, deleted := ca.vmDeleted[target]; deleted {
+		t.Errorf("the VM of %s was deleted", target)
+	}
+	if refused := scrapeCounter(t, metricsPort, `nodeguard_eviction_admission_requests_total{reason="scale_down_unclaimed",result="denied"}`); refused < 1 {
+		t.Errorf("no eviction counted refused as scale_down_unclaimed")
+	}
+	harness.WaitForEvent(t, env.Client, target, "ScaleDownDenied")
 }
 
 // TestClusterAutoscalerCancelledScaleDown: cluster-autoscaler taints a node
