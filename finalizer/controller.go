@@ -117,6 +117,9 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reco
 		if r.followed(node) {
 			return r.follow(ctx, node)
 		}
+		if by, ended := r.unfollowedDrainEnded(node); ended {
+			return r.endDrain(ctx, node, by)
+		}
 		r.forget(ctx, node.UID)
 		return reconcile.Result{}, nil
 	}

@@ -79,6 +79,27 @@ func (r *Reconciler) followed(node *corev1.Node) bool {
 	return drainShown(node) && r.Outside.Managed.Matches(labels.Set(node.Labels))
 }
 
+// watchedOutside reports the nodes the controller watches beside those it
+// terminates: the ones it follows, and, while it follows none, those still
+// marked by a drain it charged before (unfollowedDrainEnded).
+func (r *Reconciler) watchedOutside(node *corev1.Node) bool {
+	if r.Outside == nil {
+		_, charged := ngv1alpha1.DrainCharged(node)
+		return charged
+	}
+	return r.followed(node)
+}
+
+// unfollowedDrainEnded reports a node whose drain was charged while outside
+// drains were followed, that is schedulable and Ready again now that they are
+// not (--outside-drains=false, set mid-drain to let an upgrade through): its
+// marks would otherwise keep it unavailable to its budgets, and its traffic
+// cut, for good.
+func (r *Reconciler) unfollowedDrainEnded(node *corev1.Node) (by string, ended bool) {
+	by, charged := ngv1alpha1.DrainCharged(node)
+	return by, r.Outside == nil && charged && node.DeletionTimestamp == nil && !node.Spec.Unschedulable && nodeReady(node)
+}
+
 // drainShown reports whether the node is cordoned or says it drains.
 func drainShown(node *corev1.Node) bool {
 	c := nodeCondition(node, corev1.NodeDrainInProgress)
@@ -176,18 +197,27 @@ func (r *Reconciler) endDrain(ctx context.Context, node *corev1.Node, by string)
 	}
 	// The claims go after the marks: a budget never counts the node out by
 	// its mark after giving its disruption to the next node. A failed
-	// give-back is the budget status controller's to prune (the node shows no
-	// disruption under way any more).
-	if err := r.Outside.Rule.Claimer.ReleaseAll(ctx, budgets, node.Name); err != nil {
-		return reconcile.Result{}, fmt.Errorf("giving back the drain of node %s: %w", node.Name, err)
+	// give-back, or none (outside drains no longer followed), is the budget
+	// status controller's to prune (the node shows no disruption under way
+	// any more).
+	if r.Outside != nil {
+		if err := r.Outside.Rule.Claimer.ReleaseAll(ctx, budgets, node.Name); err != nil {
+			return reconcile.Result{}, fmt.Errorf("giving back the drain of node %s: %w", node.Name, err)
+		}
 	}
 	names := make([]string, 0, len(budgets))
 	for _, b := range budgets {
 		names = append(names, b.Name)
 	}
-	r.event(node, corev1.EventTypeNormal, ReasonDrainEnded,
-		"schedulable and Ready again after the drain by %s: gave the disruption back to NodeDisruptionBudget(s) [%s] and restoring load-balancer traffic",
-		by, strings.Join(names, ", "))
+	if r.Outside == nil {
+		r.event(node, corev1.EventTypeNormal, ReasonDrainEnded,
+			"schedulable and Ready again after the drain by %s: removed nodeguard's drain marks (outside drains are no longer followed, --outside-drains=false); NodeDisruptionBudget(s) [%s] give the disruption back, and load-balancer traffic is restored",
+			by, strings.Join(names, ", "))
+	} else {
+		r.event(node, corev1.EventTypeNormal, ReasonDrainEnded,
+			"schedulable and Ready again after the drain by %s: gave the disruption back to NodeDisruptionBudget(s) [%s] and restoring load-balancer traffic",
+			by, strings.Join(names, ", "))
+	}
 	r.forget(ctx, node.UID)
 	return reconcile.Result{}, nil
 }

@@ -131,6 +131,41 @@ func TestFollowedDrainIsCutThenGivenBack(t *testing.T) {
 	}
 }
 
+// TestChargedDrainEndsWhenOutsideDrainsAreNoLongerFollowed: an operator sets
+// --outside-drains=false in the middle of an upgrade whose drains nodeguard
+// had charged. A node that comes back (uncordoned, Ready) loses nodeguard's
+// drain marks all the same, so that its budgets count it available again
+// (the status controller gives the claim back) and its traffic is restored;
+// a node still cordoned keeps them until it comes back.
+func TestChargedDrainEndsWhenOutsideDrainsAreNoLongerFollowed(t *testing.T) {
+	f := newFixture(t, "unfollowed")
+	f.followOutside()
+	for _, name := range []string{"unfollowed-back", "unfollowed-cordoned"} {
+		f.node(t, name, builder.Ready(), builder.WithLabels("pool", f.ns))
+		patchNode(t, name, func(n *corev1.Node) { n.Spec.Unschedulable = true })
+	}
+	countedBudget(t, f.ns, 2, 2)
+	f.markCharged(t, "unfollowed-back", "upgrader")
+	f.markCharged(t, "unfollowed-cordoned", "upgrader")
+	f.r.Outside = nil // restarted with --outside-drains=false
+
+	patchNode(t, "unfollowed-back", func(n *corev1.Node) { n.Spec.Unschedulable = false }) // the upgrade's uncordon
+	f.pass(t, "unfollowed-back")
+	f.pass(t, "unfollowed-cordoned")
+	if node := getNode(t, "unfollowed-back"); node.Annotations[ngv1alpha1.DrainChargedAtAnnotation] != "" {
+		t.Errorf("the node that came back keeps its drain mark: %v", node.Annotations)
+	}
+	if unavailable, why := budget.Unavailable(getNode(t, "unfollowed-back"), nil); unavailable {
+		t.Errorf("the node that came back still counts unavailable to its budgets (%s)", why)
+	}
+	if _, charged := ngv1alpha1.DrainCharged(getNode(t, "unfollowed-cordoned")); !charged {
+		t.Errorf("the node still cordoned lost its drain mark")
+	}
+	if len(f.events.with(ReasonDrainEnded)) != 1 {
+		t.Errorf("events %s: %v", ReasonDrainEnded, f.events.with(ReasonDrainEnded))
+	}
+}
+
 // TestDrainFoundUnderWayIsCharged: drains that began while nodeguard was not
 // answering evictions are charged when the controller sees them: a cordoned
 // node with a pod the Eviction API is deleting, within the budget; a second

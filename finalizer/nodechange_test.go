@@ -56,3 +56,27 @@ func TestTerminatingNodeChanged(t *testing.T) {
 		t.Error("a node being deleted ran no pass")
 	}
 }
+
+// TestChargedNodeIsWatchedWhileOutsideDrainsAreOff: with outside drains no
+// longer followed, a node still marked by a drain charged before runs a pass
+// when it is uncordoned (and at the initial list), so that its marks go; an
+// unmarked node's changes run none.
+func TestChargedNodeIsWatchedWhileOutsideDrainsAreOff(t *testing.T) {
+	r := &Reconciler{} // Outside nil: --outside-drains=false
+	p := nodeChanged(r.watchedOutside)
+	cordoned := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "n", ResourceVersion: "1",
+		Annotations: map[string]string{ngv1alpha1.DrainChargedAtAnnotation: "2026-12-01T10:00:00Z"}}, Spec: corev1.NodeSpec{Unschedulable: true}}
+	back := cordoned.DeepCopy()
+	back.ResourceVersion, back.Spec.Unschedulable = "2", false
+	if !p.Update(event.UpdateEvent{ObjectOld: cordoned, ObjectNew: back}) {
+		t.Error("the uncordon of a node marked by a charged drain ran no pass")
+	}
+	if !p.Create(event.CreateEvent{Object: cordoned}) {
+		t.Error("the initial list passed over a node marked by a charged drain")
+	}
+	plainOld, plainNew := cordoned.DeepCopy(), back.DeepCopy()
+	plainOld.Annotations, plainNew.Annotations = nil, nil
+	if p.Update(event.UpdateEvent{ObjectOld: plainOld, ObjectNew: plainNew}) {
+		t.Error("an unmarked node's uncordon ran a pass while outside drains are off")
+	}
+}

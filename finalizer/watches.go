@@ -55,7 +55,7 @@ func (r *Reconciler) SetupWithManager(mgr ctrl.Manager) error {
 	}
 	b := ctrl.NewControllerManagedBy(mgr).
 		Named("termination").
-		For(&corev1.Node{}, builder.WithPredicates(nodeChanged(r.followed))).
+		For(&corev1.Node{}, builder.WithPredicates(nodeChanged(r.watchedOutside))).
 		Watches(&policyv1.PodDisruptionBudget{}, r.pdbHandler()).
 		WatchesRawSource(source.Channel(r.wakeups, &handler.EnqueueRequestForObject{})).
 		WatchesRawSource(source.Channel(r.slotWakeups, enqueueAt(slotWakePriority))).
