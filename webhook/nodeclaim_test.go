@@ -160,7 +160,6 @@ func TestNodeClaimDeleteAppliesTheBudget(t *testing.T) {
 // charged, and the Node DELETE that follows is admitted.
 func TestKarpenterNodeDeleteIsAdmittedOnlyWhileItsNodeClaimIsDeleting(t *testing.T) {
 	harness.SkipWithoutEnv(t, env)
-	ctx := context.Background()
 	mgr, addr, answers := newManager(t)
 	if err := ngwebhook.Register(mgr, ngwebhook.Options{Managed: labels.Everything(), DeleteTimeout: ngwebhook.DefaultDeleteTimeout}); err != nil {
 		t.Fatal(err)
@@ -174,26 +173,9 @@ func TestKarpenterNodeDeleteIsAdmittedOnlyWhileItsNodeClaimIsDeleting(t *testing
 	// A NodeClaim without a node is not sent to nodeguard: it is deleted
 	// directly, and its finalizer keeps it deleting.
 	createNodeClaim(t, "karp-owner-claim", "")
-	claim := &unstructured.Unstructured{}
-	claim.SetGroupVersionKind(nodeClaimKind)
-	if err := env.Client.Get(ctx, client.ObjectKey{Name: "karp-owner-claim"}, claim); err != nil {
-		t.Fatal(err)
-	}
-	claim.SetFinalizers([]string{ngv1alpha1.KarpenterTerminationFinalizer})
-	if err := env.Client.Update(ctx, claim); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		_ = env.Client.Patch(ctx, claim, client.RawPatch(types.MergePatchType, []byte(`{"metadata":{"finalizers":null}}`)))
-	})
 	node := createReadyNodes(t, "karp-owner", 1, builder.WithFinalizers(ngv1alpha1.KarpenterTerminationFinalizer))[0]
 	releaseOnCleanup(t, node)
-	n := getNode(t, node)
-	patch := client.MergeFrom(n.DeepCopy())
-	n.OwnerReferences = []metav1.OwnerReference{{APIVersion: "karpenter.sh/v1", Kind: "NodeClaim", Name: claim.GetName(), UID: claim.GetUID()}}
-	if err := env.Client.Patch(ctx, n, patch); err != nil {
-		t.Fatal(err)
-	}
+	claim := ownNodeClaim(t, "karp-owner-claim", node, true)
 	createBudget(t, "karp-owner", 0, builder.NDBMaxUnavailable("0"))
 
 	if err := deleteNode(node); err == nil || !strings.Contains(err.Error(), `NodeDisruptionBudget "karp-owner" allows no`) {
