@@ -37,7 +37,7 @@ func (c *Claimer) apply(base *ngv1alpha1.NodeDisruptionBudget, changes []change,
 			// Claims are idempotent. A claim still in flight may be given
 			// back by the request that made it; stamping the entry anew
 			// makes it this request's too, so that release misses it.
-			if now.Sub(at.Time) < claimInFlight {
+			if now.Sub(at.Time) < claimInFlight && !at.After(now) {
 				ndb.Status.DisruptedNodes[ch.node] = restamp(at)
 				changed = true
 			}
@@ -69,7 +69,9 @@ func (c *Claimer) apply(base *ngv1alpha1.NodeDisruptionBudget, changes []change,
 // the stamp is also the claim's age, which the status controller's timeouts
 // count, and retries that are all refused elsewhere (a full budget beside
 // this one, a maintenance hold) would otherwise keep an orphaned claim alive
-// as long as they come.
+// as long as they come. An entry stamped ahead of now (restamped within its
+// second) is not restamped again: the stamp never runs ahead of the clock by
+// more than a second, however many re-claims come at once.
 func restamp(at metav1.Time) metav1.Time {
 	return metav1.NewTime(at.Add(time.Second))
 }

@@ -235,6 +235,15 @@ func TestRetriedClaimStillTimesOut(t *testing.T) {
 	if stamp := b.Status.DisruptedNodes["x"]; stamp.Equal(&first) {
 		t.Fatalf("re-claims kept the first stamp %v: the first request's give-back would take the charge they rely on", stamp)
 	}
+	// Many re-claims within one second (a drain's evictions at once, on
+	// several replicas) never move the stamp more than a second ahead of the
+	// clock.
+	for range 20 {
+		b, _, _ = c.apply(b, claimOf("x"), at)
+	}
+	if stamp := b.Status.DisruptedNodes["x"]; stamp.After(at.Add(time.Second)) {
+		t.Fatalf("20 re-claims at %v stamped x %v: ahead of the clock", at, stamp)
+	}
 	r := &StatusReconciler{ClaimTimeout: 2 * time.Minute, UnconfirmedTimeout: 15 * time.Second}
 	selected := []*corev1.Node{node("x"), node("y"), node("z"), node("w")}
 	claims := r.newClaimReview(b, selected)
