@@ -4,6 +4,7 @@ import (
 	"context"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
 	policyv1 "k8s.io/api/policy/v1"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/client-go/kubernetes"
@@ -11,6 +12,7 @@ import (
 	"k8s.io/utils/clock"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/webhook"
 
 	ngv1alpha1 "github.com/nodeguard/nodeguard/api/v1alpha1"
@@ -62,6 +64,15 @@ func Register(mgr ctrl.Manager, opts Options) error {
 	warnings, err := warningsFor(mgr, opts)
 	if err != nil {
 		return err
+	}
+	// The handlers read nodes and budgets from the cache: their informers
+	// start with the manager, on every replica (the controllers that would
+	// start them run on the leader only), so that a replica's readiness
+	// waits for them and its first admission does not.
+	for _, obj := range []client.Object{&corev1.Node{}, &ngv1alpha1.NodeDisruptionBudget{}} {
+		if _, err := mgr.GetCache().GetInformer(context.Background(), obj, cache.BlockUntilSynced(false)); err != nil {
+			return err
+		}
 	}
 	server.Register(FinalizerPath, &webhook.Admission{Handler: &FinalizerHandler{Managed: opts.Managed, Clock: clock.RealClock{}}})
 	server.Register(BudgetPath, &webhook.Admission{Handler: &BudgetValidator{}})
