@@ -179,11 +179,15 @@ func (h *EvictionHandler) decide(ctx context.Context, req admission.Request, dry
 	if !h.Managed.Matches(labels.Set(node.Labels)) {
 		return allow(reasonUnmanaged, "node %s is not managed by nodeguard", node.Name)
 	}
-	if !drains(&node) && !h.scaleDownUnclaimed(&node) {
+	if cached := node; !drains(&cached) || h.scaleDownUnclaimed(&cached) {
 		// A drainer cordons (or cluster-autoscaler taints), then evicts at
-		// once: the cache may not show it yet, and only a read from the API
-		// server can.
-		if err := h.Reader.Get(ctx, client.ObjectKey{Name: nodeName}, &node); err != nil {
+		// once, and a scale-down's claim is the leader's write: the cache
+		// may not show either yet, and only a read from the API server can.
+		var fresh corev1.Node
+		if err := h.Reader.Get(ctx, client.ObjectKey{Name: nodeName}, &fresh); err != nil {
+			if drains(&cached) || h.scaleDownUnclaimed(&cached) {
+				return decision{}, fmt.Errorf("reading node %s: %w", nodeName, err)
+			}
 			// Refusing here would stop evictions cluster-wide whenever the
 			// API server is slow to nodeguard (throttled, timed out): the
 			// cache says schedulable, so admit, as failurePolicy Ignore does
@@ -192,6 +196,7 @@ func (h *EvictionHandler) decide(ctx context.Context, req admission.Request, dry
 				"pod", req.Namespace+"/"+req.Name, "node", nodeName, "error", err.Error())
 			return allow(reasonUnconfirmed, "node %s is schedulable in nodeguard's cache (its fresh read failed: %v)", nodeName, err)
 		}
+		node = fresh
 		if !drains(&node) && !h.scaleDownUnclaimed(&node) {
 			return allow(reasonSchedulable, "node %s is schedulable", node.Name)
 		}

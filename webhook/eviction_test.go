@@ -277,6 +277,7 @@ func TestScaleDownEvictionsWaitForTheBudgetClaim(t *testing.T) {
 		t.Errorf("with the scale-down hold off, the eviction was refused: %+v", resp.Result)
 	}
 	h.Signals = nil
+	unclaimed := getNode(t, node) // what a replica's cache holds until the leader's claim reaches it
 
 	n = getNode(t, node)
 	patch = client.MergeFrom(n.DeepCopy())
@@ -286,6 +287,19 @@ func TestScaleDownEvictionsWaitForTheBudgetClaim(t *testing.T) {
 	}
 	if resp := h.Handle(ctx, review); !resp.Allowed {
 		t.Errorf("eviction from a node whose scale-down is charged: refused %+v", resp.Result)
+	}
+	direct, err := client.NewWithWatch(env.Config, client.Options{Scheme: env.Scheme})
+	if err != nil {
+		t.Fatal(err)
+	}
+	h.Nodes = interceptor.NewClient(direct, interceptor.Funcs{
+		Get: func(_ context.Context, _ client.WithWatch, _ client.ObjectKey, obj client.Object, _ ...client.GetOption) error {
+			unclaimed.DeepCopyInto(obj.(*corev1.Node))
+			return nil
+		},
+	})
+	if resp := h.Handle(ctx, review); !resp.Allowed {
+		t.Errorf("eviction refused from a cache that has not seen the scale-down's claim yet: %+v", resp.Result)
 	}
 }
 

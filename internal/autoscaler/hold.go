@@ -249,7 +249,7 @@ func (r *HoldReconciler) claim(ctx context.Context, node *corev1.Node) (reconcil
 	if !v.Allowed {
 		scaleDownClaims.WithLabelValues(resultDenied).Inc()
 		r.event(node, corev1.EventTypeWarning, ReasonScaleDownDenied,
-			"cluster-autoscaler's scale-down is held (%s stays on the node): %s; cluster-autoscaler deletes the VM anyway once its --node-deletion-delay-timeout passes",
+			"cluster-autoscaler's scale-down is held (%s stays on the node, and evictions from it are refused): %s; a drain refused for cluster-autoscaler's --max-pod-eviction-time fails and the node stays, but an empty node's VM is deleted anyway once its --node-deletion-delay-timeout passes",
 			ngv1alpha1.DelayDeletionAnnotation, v.Message)
 		return reconcile.Result{RequeueAfter: deniedRetry}, false, nil
 	}
