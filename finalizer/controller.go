@@ -46,10 +46,13 @@ const (
 	// holdPoll paces a node whose maintenance Lease someone else holds.
 	holdPoll = 15 * time.Second
 	// pickUpPoll paces the look for a drain of a cordoned node nobody has
-	// charged: evictions that passed nodeguard by (its webhook unreachable)
-	// show only on their pods while they terminate, and no pod of an
-	// unfollowed node is watched.
-	pickUpPoll = 30 * time.Second
+	// charged, for pickUpWindow after the cordon was first seen: evictions
+	// that passed nodeguard by (its webhook unreachable) show only on their
+	// pods while they terminate, and no pod of an unfollowed node is
+	// watched. A drain follows its cordon within moments; a node left
+	// cordoned for days is not read twice a minute.
+	pickUpPoll   = 30 * time.Second
+	pickUpWindow = 5 * time.Minute
 )
 
 // AdminState is what the controller needs of the Azure admin-state manager.

@@ -235,7 +235,12 @@ func (r *Reconciler) pickUp(ctx context.Context, node *corev1.Node) (reconcile.R
 	case err != nil:
 		return reconcile.Result{}, err
 	case !found:
-		return reconcile.Result{RequeueAfter: pickUpPoll}, nil // a drainer cordons, then evicts
+		// A drainer cordons, then evicts: look again for a while. Past
+		// the window a node left cordoned costs no more reads.
+		if seen := r.cordonSeenAt(node.UID, r.Clock.Now()); r.Clock.Since(seen) < pickUpWindow {
+			return reconcile.Result{RequeueAfter: pickUpPoll}, nil
+		}
+		return reconcile.Result{}, nil
 	}
 	v, err := r.Outside.Rule.Decide(ctx, node, false)
 	if err != nil {

@@ -194,6 +194,10 @@ func TestDrainFoundUnderWayIsCharged(t *testing.T) {
 		// first, and an eviction that passed the webhook by wakes nothing.
 		t.Errorf("a cordoned node that shows no drain yet is not looked at again (result %+v)", res)
 	}
+	f.clock.Step(pickUpWindow)
+	if res := f.pass(t, "found-c"); res.RequeueAfter > 0 {
+		t.Errorf("a node left cordoned %s with no drain is still looked at every %s", pickUpWindow, res.RequeueAfter)
+	}
 	f.pass(t, "found-a")
 	if by, charged := ngv1alpha1.DrainCharged(getNode(t, "found-a")); !charged || !strings.Contains(by, "evicted") {
 		t.Fatalf("the drain under way on found-a was not charged (by %q)", by)

@@ -51,6 +51,9 @@ type nodeMemory struct {
 	// passing: a termination pass of the node is in flight, and writes what
 	// is due at its end; its timer leaves the write to it.
 	passing bool
+	// cordonSeen is when a pass first found the node cordoned, no drain
+	// under way (pickUp).
+	cordonSeen time.Time
 }
 
 // remember returns the node's memory, made on first use. Call with r.mu held.
@@ -99,4 +102,16 @@ func (r *Reconciler) once(node types.UID, key string) bool {
 	}
 	m.reported[key] = true
 	return true
+}
+
+// cordonSeenAt returns when a pass first found the node cordoned with no drain
+// under way, remembering now if none did.
+func (r *Reconciler) cordonSeenAt(uid types.UID, now time.Time) time.Time {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	m := r.remember(uid)
+	if m.cordonSeen.IsZero() {
+		m.cordonSeen = now
+	}
+	return m.cordonSeen
 }
