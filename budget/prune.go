@@ -10,6 +10,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	logf "sigs.k8s.io/controller-runtime/pkg/log"
 
 	ngv1alpha1 "github.com/nodeguard/nodeguard/api/v1alpha1"
 )
@@ -118,7 +119,8 @@ func (c *claimReview) readFresh(ctx context.Context, claims map[string]metav1.Ti
 		if err := c.listFresh(ctx, names); err != nil {
 			return err
 		}
-		return c.readPending(ctx, claims, now)
+		c.readPending(ctx, claims, now)
+		return nil
 	}
 	for _, name := range names {
 		var node corev1.Node
@@ -132,14 +134,15 @@ func (c *claimReview) readFresh(ctx context.Context, claims map[string]metav1.Ti
 			c.fresh[name] = &node
 		}
 	}
-	return c.readPending(ctx, claims, now)
+	c.readPending(ctx, claims, now)
+	return nil
 }
 
 // readPending asks, for each expired claim whose node the API server shows
 // present and not deleting, whether its disruption is still on its way.
-func (c *claimReview) readPending(ctx context.Context, claims map[string]metav1.Time, now time.Time) error {
+func (c *claimReview) readPending(ctx context.Context, claims map[string]metav1.Time, now time.Time) {
 	if c.r.DisruptionPending == nil {
-		return nil
+		return
 	}
 	for name, at := range claims {
 		fresh := c.fresh[name]
@@ -147,12 +150,17 @@ func (c *claimReview) readPending(ctx context.Context, claims map[string]metav1.
 			continue
 		}
 		pending, err := c.r.DisruptionPending(ctx, fresh)
-		if err != nil {
-			return fmt.Errorf("asking whether the disruption of claimed node %s is on its way: %w", name, err)
+		switch {
+		case err != nil:
+			// Kept: dropping a claim whose disruption may still come
+			// over-admits; the budget's other claims and numbers go on.
+			logf.FromContext(ctx).Error(err, "Keeping an expired disruption claim: cannot tell whether its disruption is still on its way", "node", name, "claimedAt", at.Time)
+			pending = true
+		case pending:
+			logf.FromContext(ctx).Info("Keeping a disruption claim past --disruption-claim-timeout: its disruption is still on its way (a NodeClaim being deleted)", "node", name, "claimedAt", at.Time)
 		}
 		c.pending[name] = pending
 	}
-	return nil
 }
 
 // listFreshPage is the most nodes one page of listFresh asks for. At fleet
