@@ -46,7 +46,13 @@ type OutsideDrains struct {
 	Rule *budget.Rule
 	// Managed selects the nodes nodeguard manages.
 	Managed labels.Selector
+	// Off (--outside-drains=false) follows no drain: only the drains charged
+	// before end, with their charges given back through Rule.
+	Off bool
 }
+
+// followsOutside reports whether the controller follows outside drains.
+func (r *Reconciler) followsOutside() bool { return r.Outside != nil && !r.Outside.Off }
 
 // Event reasons of followed drains.
 const (
@@ -70,7 +76,7 @@ const LifecycleReasonUncordoned = "Uncordoned"
 // followed reports whether the controller follows the node: its drain was
 // charged, or it is cordoned and may show one.
 func (r *Reconciler) followed(node *corev1.Node) bool {
-	if r.Outside == nil || node.DeletionTimestamp != nil {
+	if !r.followsOutside() || node.DeletionTimestamp != nil {
 		return false
 	}
 	if _, charged := ngv1alpha1.DrainCharged(node); charged {
@@ -83,7 +89,7 @@ func (r *Reconciler) followed(node *corev1.Node) bool {
 // terminates: the ones it follows, and, while it follows none, those still
 // marked by a drain it charged before (unfollowedDrainEnded).
 func (r *Reconciler) watchedOutside(node *corev1.Node) bool {
-	if r.Outside == nil {
+	if !r.followsOutside() {
 		_, charged := ngv1alpha1.DrainCharged(node)
 		return charged
 	}
@@ -97,7 +103,7 @@ func (r *Reconciler) watchedOutside(node *corev1.Node) bool {
 // cut, for good.
 func (r *Reconciler) unfollowedDrainEnded(node *corev1.Node) (by string, ended bool) {
 	by, charged := ngv1alpha1.DrainCharged(node)
-	return by, r.Outside == nil && charged && node.DeletionTimestamp == nil && !node.Spec.Unschedulable && nodeReady(node)
+	return by, !r.followsOutside() && charged && node.DeletionTimestamp == nil && !node.Spec.Unschedulable && nodeReady(node)
 }
 
 // drainShown reports whether the node is cordoned or says it drains.
@@ -197,7 +203,7 @@ func (r *Reconciler) endDrain(ctx context.Context, node *corev1.Node, by string)
 	}
 	// The claims go after the marks: a budget never counts the node out by
 	// its mark after giving its disruption to the next node. A failed
-	// give-back, or none (outside drains no longer followed), is the budget
+	// give-back, or none (no rule to give it back with), is the budget
 	// status controller's to prune (the node shows no disruption under way
 	// any more).
 	if r.Outside != nil {
@@ -209,9 +215,9 @@ func (r *Reconciler) endDrain(ctx context.Context, node *corev1.Node, by string)
 	for _, b := range budgets {
 		names = append(names, b.Name)
 	}
-	if r.Outside == nil {
+	if !r.followsOutside() {
 		r.event(node, corev1.EventTypeNormal, ReasonDrainEnded,
-			"schedulable and Ready again after the drain by %s: removed nodeguard's drain marks (outside drains are no longer followed, --outside-drains=false); NodeDisruptionBudget(s) [%s] give the disruption back, and load-balancer traffic is restored",
+			"schedulable and Ready again after the drain by %s: removed nodeguard's drain marks and gave the disruption back to NodeDisruptionBudget(s) [%s] (outside drains are no longer followed, --outside-drains=false); load-balancer traffic is restored",
 			by, strings.Join(names, ", "))
 	} else {
 		r.event(node, corev1.EventTypeNormal, ReasonDrainEnded,

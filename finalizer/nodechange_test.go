@@ -62,7 +62,7 @@ func TestTerminatingNodeChanged(t *testing.T) {
 // when it is uncordoned (and at the initial list), so that its marks go; an
 // unmarked node's changes run none.
 func TestChargedNodeIsWatchedWhileOutsideDrainsAreOff(t *testing.T) {
-	r := &Reconciler{} // Outside nil: --outside-drains=false
+	r := &Reconciler{Outside: &OutsideDrains{Off: true}} // --outside-drains=false
 	p := nodeChanged(r.watchedOutside)
 	cordoned := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "n", ResourceVersion: "1",
 		Annotations: map[string]string{ngv1alpha1.DrainChargedAtAnnotation: "2026-12-01T10:00:00Z"}}, Spec: corev1.NodeSpec{Unschedulable: true}}

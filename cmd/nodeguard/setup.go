@@ -49,9 +49,8 @@ func setupTermination(mgr ctrl.Manager, opts options, adminState *azure.Manager,
 		Clock:    clock.RealClock{},
 		Opts:     opts.termination.Options,
 	}
-	if opts.outsideDrains {
-		r.Outside = &finalizer.OutsideDrains{Rule: drainRule, Managed: opts.managed}
-	}
+	// Off, the drains charged before still end, their charges given back.
+	r.Outside = &finalizer.OutsideDrains{Rule: drainRule, Managed: opts.managed, Off: !opts.outsideDrains}
 	if adminState == nil {
 		ctrl.Log.Info("Azure is not configured: load-balancer admin state is off; budgets and drains work as usual")
 	} else {
