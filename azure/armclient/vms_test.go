@@ -49,14 +49,18 @@ func TestVMExists(t *testing.T) {
 // answers 404 ParentResourceNotFound: gone too, so that the cloud node
 // lifecycle controller's deletes of its nodes are never refused.
 func TestVMExistsAfterItsScaleSetIsDeleted(t *testing.T) {
-	set := "/subscriptions/sub/resourceGroups/rg/providers/Microsoft.Compute/virtualMachineScaleSets/pool2"
-	c, emu := newClientWithVMs(t, set+"/virtualMachines/0", set+"/virtualMachines/1")
-	if !emu.DeleteScaleSet(set) {
-		t.Fatal("the emulator did not hold the scale set")
-	}
-	for _, id := range []string{set + "/virtualMachines/0", set + "/virtualMachines/1"} {
-		if ok, err := c.VMExists(context.Background(), id); err != nil || ok {
-			t.Errorf("after the scale set's delete, VMExists(%s) = %v, %v; want false, no error", id, ok, err)
+	// The node resource group of AKS (MC_...) is not the seed's: it holds
+	// nothing else here, and outlives the scale set all the same.
+	for _, rg := range []string{"rg", "MC_rg_cluster_westeurope"} {
+		set := "/subscriptions/sub/resourceGroups/" + rg + "/providers/Microsoft.Compute/virtualMachineScaleSets/pool2"
+		c, emu := newClientWithVMs(t, set+"/virtualMachines/0", set+"/virtualMachines/1")
+		if !emu.DeleteScaleSet(set) {
+			t.Fatal("the emulator did not hold the scale set")
+		}
+		for _, id := range []string{set + "/virtualMachines/0", set + "/virtualMachines/1"} {
+			if ok, err := c.VMExists(context.Background(), id); err != nil || ok {
+				t.Errorf("after the scale set's delete, VMExists(%s) = %v, %v; want false, no error", id, ok, err)
+			}
 		}
 	}
 }

@@ -139,6 +139,7 @@ type Server struct {
 	nics      map[string]NetworkInterfaceSeed // key: lower(id)
 	vms       map[string]bool                 // key: vmKey(id)
 	scaleSets map[string]bool                 // key: vmKey(id) of a VMSS with instances
+	groups    map[string]bool                 // key: groupOf(vmKey(id)) of a resource group that held a VM
 
 	faults   []*Fault
 	requests []Request
@@ -158,7 +159,7 @@ func New(seed Seed, opts Options) *Server {
 	if seed.Location == "" {
 		seed.Location = "westeurope"
 	}
-	s := &Server{seed: seed, opts: opts, lbEtag: map[string]int{}, pools: map[string]*pool{}, nics: map[string]NetworkInterfaceSeed{}, vms: map[string]bool{}, scaleSets: map[string]bool{}, ops: map[string]*operation{}, busy: map[string]*busyOp{}}
+	s := &Server{seed: seed, opts: opts, lbEtag: map[string]int{}, pools: map[string]*pool{}, nics: map[string]NetworkInterfaceSeed{}, vms: map[string]bool{}, scaleSets: map[string]bool{}, groups: map[string]bool{}, ops: map[string]*operation{}, busy: map[string]*busyOp{}}
 	for _, vm := range seed.VMs {
 		s.addVM(vm)
 	}

@@ -94,18 +94,29 @@ func (s *Server) getVM(w http.ResponseWriter, path string) {
 }
 
 // knownScope reports whether the subscription, and the resource group in it,
-// exist: the seed's, or those of a VM. Call with s.mu held.
+// exist: the seed's, or those that ever held a VM (a resource group outlives
+// the VMs and scale sets deleted from it). Call with s.mu held.
 func (s *Server) knownScope(sub, rg string) (subKnown, rgKnown bool) {
 	if strings.EqualFold(sub, s.seed.Subscription) {
 		subKnown, rgKnown = true, strings.EqualFold(rg, s.seed.ResourceGroup)
 	}
 	prefix := vmKey("/subscriptions/" + sub + "/")
 	group := vmKey("/subscriptions/" + sub + "/resourceGroups/" + rg + "/")
-	for k := range s.vms {
-		subKnown = subKnown || strings.HasPrefix(k, prefix)
-		rgKnown = rgKnown || strings.HasPrefix(k, group)
+	for g := range s.groups {
+		subKnown = subKnown || strings.HasPrefix(g, prefix)
+		rgKnown = rgKnown || g == group
 	}
 	return subKnown, rgKnown
+}
+
+// groupOf returns the lookup key of a VM's resource group
+// ("/subscriptions/<s>/resourcegroups/<g>/"), or "".
+func groupOf(key string) string {
+	i := strings.Index(key, "/providers/")
+	if i < 0 {
+		return ""
+	}
+	return key[:i+1]
 }
 
 // scaleSetOf returns the lookup key of a VMSS instance's scale set, or "".
@@ -124,6 +135,9 @@ func (s *Server) addVM(id string) {
 	s.vms[k] = true
 	if set := scaleSetOf(k); set != "" {
 		s.scaleSets[set] = true
+	}
+	if g := groupOf(k); g != "" {
+		s.groups[g] = true
 	}
 }
 
