@@ -52,7 +52,9 @@ const DefaultEvictionTimeout = 4 * time.Second
 // (budget.Rule) and marks the node (ngv1alpha1.DrainChargedAtAnnotation),
 // which counts it unavailable and cuts its traffic until it is schedulable
 // and Ready again. No room: 429 naming the budget, which every drainer
-// retries. With Azure, evictions from a charged node wait (429) until its
+// retries. A node cluster-autoscaler scales down is charged by the
+// scale-down hold (internal/autoscaler): its evictions wait (429) for that
+// claim. With Azure, evictions from a charged node wait (429) until its
 // traffic cut is confirmed or timed out.
 type EvictionHandler struct {
 	// Off admits every eviction (--outside-drains=false).
