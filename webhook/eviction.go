@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net/http"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -249,11 +250,23 @@ func (h *EvictionHandler) withRecentMark(node *corev1.Node) {
 	}
 	marked := v.(*corev1.Node)
 	at, _ := ngv1alpha1.AnnotationTime(marked, ngv1alpha1.DrainChargedAtAnnotation)
-	if _, cached := ngv1alpha1.DrainCharged(node); cached || h.Clock.Since(at) > recentMarkLifetime {
+	if _, cached := ngv1alpha1.DrainCharged(node); cached || h.Clock.Since(at) > recentMarkLifetime || newerThan(node, marked) {
+		// The cache shows the mark, or a version of the node after it (the
+		// drain ended and its marks went): the mark stands in no more.
 		h.recent.Delete(node.UID)
 		return
 	}
 	*node = *marked
+}
+
+// newerThan reports whether a is a later version of the node than b.
+// ResourceVersions are opaque, but etcd's are increasing numbers; one that
+// does not parse is never newer, and the mark then stands in until its
+// lifetime ends, as before.
+func newerThan(a, b *corev1.Node) bool {
+	av, err1 := strconv.ParseUint(a.ResourceVersion, 10, 64)
+	bv, err2 := strconv.ParseUint(b.ResourceVersion, 10, 64)
+	return err1 == nil && err2 == nil && av > bv
 }
 
 // drains reports whether the node shows a drain: it is cordoned, or its

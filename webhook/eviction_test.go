@@ -303,6 +303,52 @@ func TestScaleDownEvictionsWaitForTheBudgetClaim(t *testing.T) {
 	}
 }
 
+// TestRedrainSoonAfterTheEndIsChargedAgain: a drain ends (the node back, its
+// marks removed and its charge given back, as the termination controller
+// does) and the node is drained again within seconds. The new drain's first
+// eviction charges the budget again: the mark this replica wrote for the
+// first drain must not stand in for the cache once the cache has seen the
+// node since.
+func TestRedrainSoonAfterTheEndIsChargedAgain(t *testing.T) {
+	harness.SkipWithoutEnv(t, env)
+	useGuards(t, startGuard(t, false))
+	ctx := context.Background()
+	node := createReadyNodes(t, "redrain", 2)[0]
+	createBudget(t, "redrain", 1, builder.NDBMaxUnavailable("1"))
+	first, second := createPod(t, "redrain-a", node), createPod(t, "redrain-b", node)
+	h := evictionHandler(t, ngwebhook.TrafficGate{})
+
+	cordon(t, node)
+	if resp := h.Handle(ctx, evictionReview(first.Namespace, first.Name, nil)); !resp.Allowed {
+		t.Fatalf("first drain's eviction: %+v", resp.Result)
+	}
+	if _, charged := drainCharged(t, node); !charged {
+		t.Fatal("the first drain did not mark its node")
+	}
+	n := getNode(t, node)
+	patch := client.MergeFrom(n.DeepCopy())
+	n.Spec.Unschedulable = false
+	delete(n.Annotations, ngv1alpha1.DrainChargedAtAnnotation)
+	delete(n.Annotations, ngv1alpha1.DrainedByAnnotation)
+	if err := env.Client.Patch(ctx, n, patch); err != nil {
+		t.Fatal(err)
+	}
+	if err := newReplica().Release(ctx, "redrain", node); err != nil {
+		t.Fatal(err)
+	}
+
+	cordon(t, node)
+	if resp := h.Handle(ctx, evictionReview(second.Namespace, second.Name, nil)); !resp.Allowed {
+		t.Fatalf("second drain's eviction: %+v", resp.Result)
+	}
+	if _, charged := drainCharged(t, node); !charged {
+		t.Error("the second drain, seconds after the first ended, left its node unmarked: its traffic is not cut and it counts available")
+	}
+	if _, charged := getBudget(t, "redrain").Status.DisruptedNodes[node]; !charged {
+		t.Errorf("the second drain is not charged to the budget: %v", getBudget(t, "redrain").Status.DisruptedNodes)
+	}
+}
+
 // TestEvictionWaitsForTheTrafficCut: with Azure, evictions from a charged node
 // are refused with 429 until its traffic cut is recorded, then admitted; a
 // dry run is never held.
