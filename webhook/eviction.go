@@ -182,13 +182,13 @@ func (h *EvictionHandler) decide(ctx context.Context, req admission.Request, dry
 	if !h.Managed.Matches(labels.Set(node.Labels)) {
 		return allow(reasonUnmanaged, "node %s is not managed by nodeguard", node.Name)
 	}
-	if cached := node; !drains(&cached) || h.scaleDownUnclaimed(&cached) {
+	if cached := node; !drains(&cached) || h.scaleDownHeld(&cached) {
 		// A drainer cordons (or cluster-autoscaler taints), then evicts at
 		// once, and a scale-down's claim is the leader's write: the cache
 		// may not show either yet, and only a read from the API server can.
 		var fresh corev1.Node
 		if err := h.Reader.Get(ctx, client.ObjectKey{Name: nodeName}, &fresh); err != nil {
-			if drains(&cached) || h.scaleDownUnclaimed(&cached) {
+			if drains(&cached) || h.scaleDownHeld(&cached) {
 				return decision{}, fmt.Errorf("reading node %s: %w", nodeName, err)
 			}
 			// Refusing here would stop evictions cluster-wide whenever the
@@ -200,17 +200,15 @@ func (h *EvictionHandler) decide(ctx context.Context, req admission.Request, dry
 			return allow(reasonUnconfirmed, "node %s is schedulable in nodeguard's cache (its fresh read failed: %v)", nodeName, err)
 		}
 		node = fresh
-		if !drains(&node) && !h.scaleDownUnclaimed(&node) {
+		if !drains(&node) && !h.scaleDownHeld(&node) {
 			return allow(reasonSchedulable, "node %s is schedulable", node.Name)
 		}
 	}
+	if node.DeletionTimestamp == nil && h.scaleDownHeld(&node) {
+		return h.scaleDownWait(&node, req.Namespace+"/"+req.Name), nil
+	}
 	if why := disruptedBy(&node, h.Signals); why != "" {
 		return allow(reasonDisrupted, "node %s is already being disrupted (%s): its evictions charge nothing more", node.Name, why)
-	}
-	if h.scaleDownUnclaimed(&node) {
-		return decision{code: http.StatusTooManyRequests, reason: reasonScaleDownUnclaimed, message: fmt.Sprintf(
-			"cluster-autoscaler's scale-down of node %s is not admitted by its NodeDisruptionBudgets yet (nodeguard claims it when the node is tainted %s); retry: "+
-				"a scale-down the budgets keep refusing fails its drain, and cluster-autoscaler keeps the node", node.Name, ngv1alpha1.ClusterAutoscalerTaintKey)}, nil
 	}
 	pod := req.Namespace + "/" + req.Name
 	h.withRecentMark(&node)
@@ -224,21 +222,38 @@ func (h *EvictionHandler) decide(ctx context.Context, req admission.Request, dry
 	return h.awaitTrafficCut(&node, pod), nil
 }
 
-// scaleDownUnclaimed reports whether the node carries cluster-autoscaler's
-// scale-down taint and nodeguard charges scale-downs
-// (--cluster-autoscaler-scale-down-hold) but has not charged this one yet.
-// cluster-autoscaler does not cordon by default: it taints and evicts at once,
-// and its evictions must wait for the claim, or a scale-down the budgets
-// refuse would drain the node all the same. cluster-autoscaler retries a
-// refused eviction every 10 s for --max-pod-eviction-time (2 min), then
-// abandons the scale-down and removes its taint.
-func (h *EvictionHandler) scaleDownUnclaimed(node *corev1.Node) bool {
-	for _, t := range node.Spec.Taints {
-		if t.Key == ngv1alpha1.ClusterAutoscalerTaintKey {
-			return h.Signals.AwaitsDisruptionClaim(node, t)
-		}
+// scaleDownHeld reports whether the node carries cluster-autoscaler's
+// scale-down taint and nodeguard's hold (--cluster-autoscaler-scale-down-hold)
+// has not let the scale-down go yet: its budget claim is not made, or the
+// node's traffic cut is not confirmed (nodeguard's delay-deletion annotation
+// is still on; internal/autoscaler removes it once both are done, or past
+// --admin-state-timeout). cluster-autoscaler does not cordon by default: it
+// taints and evicts at once, and its evictions must wait, or a scale-down the
+// budgets refuse would drain the node all the same, and its pods would go
+// while the load balancer still sends them connections. cluster-autoscaler
+// retries a refused eviction every 10 s for --max-pod-eviction-time (2 min),
+// then abandons the scale-down and removes its taint.
+func (h *EvictionHandler) scaleDownHeld(node *corev1.Node) bool {
+	if !slices.ContainsFunc(node.Spec.Taints, func(t corev1.Taint) bool { return t.Key == ngv1alpha1.ClusterAutoscalerTaintKey }) ||
+		!h.Signals.ScaleDownClaims() {
+		return false
 	}
-	return false
+	_, claimed := node.Annotations[ngv1alpha1.ScaleDownClaimedAnnotation]
+	_, holding := node.Annotations[ngv1alpha1.DelayDeletionAnnotation]
+	return !claimed || holding
+}
+
+// scaleDownWait is the 429 for an eviction from a node whose scale-down is
+// held: not yet charged to its budgets, or its traffic not yet cut.
+func (h *EvictionHandler) scaleDownWait(node *corev1.Node, pod string) decision {
+	if _, claimed := node.Annotations[ngv1alpha1.ScaleDownClaimedAnnotation]; claimed {
+		return decision{code: http.StatusTooManyRequests, reason: reasonTrafficCut, message: fmt.Sprintf(
+			"evicting pod %s: node %s's load-balancer traffic is being cut (AdminState Down) before its pods go; retry in a few seconds",
+			pod, node.Name)}
+	}
+	return decision{code: http.StatusTooManyRequests, reason: reasonScaleDownUnclaimed, message: fmt.Sprintf(
+		"cluster-autoscaler's scale-down of node %s is not admitted by its NodeDisruptionBudgets yet (nodeguard claims it when the node is tainted %s); retry: "+
+			"a scale-down the budgets keep refusing fails its drain, and cluster-autoscaler keeps the node", node.Name, ngv1alpha1.ClusterAutoscalerTaintKey)}
 }
 
 // withRecentMark puts the drain mark this replica wrote on a node the cache

@@ -245,9 +245,10 @@ func TestEvictionFromASchedulableNodeOutlivesAFailedRead(t *testing.T) {
 // cordon. Until nodeguard's hold has charged the scale-down to the node's
 // budgets, those evictions are refused with 429 (cluster-autoscaler retries
 // for 2 minutes, then abandons the scale-down and keeps the node): admitted,
-// a scale-down the budgets refuse drained the node all the same. Once
-// charged they are admitted; with the hold off
-// (--cluster-autoscaler-scale-down-hold=false) nothing waits for a claim.
+// a scale-down the budgets refuse drained the node all the same. Charged,
+// they wait while the hold is still on (the traffic cut); then they are
+// admitted. With the hold off (--cluster-autoscaler-scale-down-hold=false)
+// nothing waits.
 func TestScaleDownEvictionsWaitForTheBudgetClaim(t *testing.T) {
 	harness.SkipWithoutEnv(t, env)
 	useGuards(t, startGuard(t, false))
@@ -287,6 +288,28 @@ func TestScaleDownEvictionsWaitForTheBudgetClaim(t *testing.T) {
 	}
 	if resp := h.Handle(ctx, review); !resp.Allowed {
 		t.Errorf("eviction from a node whose scale-down is charged: refused %+v", resp.Result)
+	}
+	// Charged, but the hold still on (with Azure, until the node's entries are
+	// confirmed Down): the pods wait for the traffic cut.
+	setHold := func(on bool) {
+		n := getNode(t, node)
+		patch := client.MergeFrom(n.DeepCopy())
+		if on {
+			n.Annotations[ngv1alpha1.DelayDeletionAnnotation] = ngv1alpha1.DelayDeletionValue
+		} else {
+			delete(n.Annotations, ngv1alpha1.DelayDeletionAnnotation)
+		}
+		if err := env.Client.Patch(ctx, n, patch); err != nil {
+			t.Fatal(err)
+		}
+	}
+	setHold(true)
+	if resp := h.Handle(ctx, review); resp.Allowed || resp.Result == nil || resp.Result.Code != http.StatusTooManyRequests || !strings.Contains(resp.Result.Message, "traffic is being cut") {
+		t.Errorf("eviction from a node whose scale-down is charged but still held for its traffic cut: allowed %v, %+v; want 429", resp.Allowed, resp.Result)
+	}
+	setHold(false)
+	if resp := h.Handle(ctx, review); !resp.Allowed {
+		t.Errorf("eviction once the hold let the scale-down go: refused %+v", resp.Result)
 	}
 	direct, err := client.NewWithWatch(env.Config, client.Options{Scheme: env.Scheme})
 	if err != nil {

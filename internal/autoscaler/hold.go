@@ -13,9 +13,9 @@
 // the node's load-balancer entries Down. Past its wait, cluster-autoscaler
 // deletes the VM anyway (it logs a warning): for an empty node a hold delays,
 // it cannot refuse. A node with pods is refused all the same: the eviction
-// webhook answers 429 to evictions from a tainted node until its scale-down is
-// claimed, and cluster-autoscaler abandons a drain refused for
-// --max-pod-eviction-time (webhook/eviction.go).
+// webhook answers 429 to evictions from a tainted node until this hold lets
+// its scale-down go (claimed, and its traffic cut), and cluster-autoscaler
+// abandons a drain refused for --max-pod-eviction-time (webhook/eviction.go).
 package autoscaler
 
 import (

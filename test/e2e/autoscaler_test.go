@@ -62,8 +62,9 @@ type clusterAutoscaler struct {
 	// overlaps: a VM deleted while another picked node's VM was gone and its
 	// Node still there (two disruptions at once).
 	overlaps []string
-	// notDown: a VM deleted while one of its entries was not Down.
-	notDown []string
+	// notDown: a VM deleted while one of its entries was not Down;
+	// evictedEarly: a pod evicted while one was not.
+	notDown, evictedEarly []string
 	// waits: per node, how long the delay-deletion wait took, how many polls,
 	// and whether it timed out.
 	waits map[string]delayWait
@@ -161,6 +162,11 @@ func (ca *clusterAutoscaler) drain(ctx context.Context, node string) error {
 			err := env.Client.SubResource("eviction").Create(ctx, &p, &policyv1.Eviction{ObjectMeta: metav1.ObjectMeta{Name: p.Name, Namespace: p.Namespace}})
 			if err != nil && !apierrors.IsNotFound(err) && !apierrors.IsTooManyRequests(err) {
 				return fmt.Errorf("evicting %s: %w", p.Name, err)
+			}
+			if err == nil && !ca.f.allStates(node, "Down") {
+				ca.mu.Lock()
+				ca.evictedEarly = append(ca.evictedEarly, fmt.Sprintf("%s from %s: %v", p.Name, node, ca.f.states(node)))
+				ca.mu.Unlock()
 			}
 		}
 		select {
@@ -273,7 +279,8 @@ func (ca *clusterAutoscaler) kubeletDies(ctx context.Context, node string) error
 // TestClusterAutoscalerScaleDownFollowsTheBudget: cluster-autoscaler scales
 // 3 of 4 nodes down at once under a NodeDisruptionBudget of maxUnavailable 1.
 // nodeguard's hold lets one VM go at a time: each VM is deleted only after
-// the previous node is gone, and only once its entries are Down; no node is
+// the previous node is gone, and only once its entries are Down, and no pod
+// is evicted before its node's entries are Down; no node is
 // left tainted or annotated by a scale-down afterwards, and the survivor
 // carries nothing but the standing hold.
 func TestClusterAutoscalerScaleDownFollowsTheBudget(t *testing.T) {
@@ -321,6 +328,9 @@ func TestClusterAutoscalerScaleDownFollowsTheBudget(t *testing.T) {
 	}
 	for _, d := range ca.notDown {
 		t.Errorf("VM deleted before its entries were Down: %s", d)
+	}
+	for _, e := range ca.evictedEarly {
+		t.Errorf("pod evicted before its node's entries were Down (traffic first): %s", e)
 	}
 	for _, n := range f.nodes[:3] {
 		waitForEventNote(t, n, "ScaleDownReleased", ngv1alpha1.DelayDeletionAnnotation)
