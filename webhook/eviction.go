@@ -235,12 +235,22 @@ func (h *EvictionHandler) decide(ctx context.Context, req admission.Request, dry
 // then abandons the scale-down and removes its taint.
 func (h *EvictionHandler) scaleDownHeld(node *corev1.Node) bool {
 	if !slices.ContainsFunc(node.Spec.Taints, func(t corev1.Taint) bool { return t.Key == ngv1alpha1.ClusterAutoscalerTaintKey }) ||
-		!h.Signals.ScaleDownClaims() {
+		!h.Signals.ScaleDownClaims() || otherSignal(node, h.Signals) {
 		return false
 	}
 	_, claimed := node.Annotations[ngv1alpha1.ScaleDownClaimedAnnotation]
 	_, holding := node.Annotations[ngv1alpha1.DelayDeletionAnnotation]
 	return !claimed || holding
+}
+
+// otherSignal reports whether the node carries a signal taint besides
+// cluster-autoscaler's that charges nothing (an out-of-service, shutdown or
+// spot-evicted node): such a node cannot wait for a scale-down's hold.
+func otherSignal(node *corev1.Node, signals *ngv1alpha1.Signals) bool {
+	return slices.ContainsFunc(node.Spec.Taints, func(t corev1.Taint) bool {
+		_, signal := signals.Of(t)
+		return signal && t.Key != ngv1alpha1.ClusterAutoscalerTaintKey && !signals.AwaitsDisruptionClaim(node, t)
+	})
 }
 
 // scaleDownWait is the 429 for an eviction from a node whose scale-down is

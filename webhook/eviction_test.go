@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"net/http"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -278,6 +279,23 @@ func TestScaleDownEvictionsWaitForTheBudgetClaim(t *testing.T) {
 		t.Errorf("with the scale-down hold off, the eviction was refused: %+v", resp.Result)
 	}
 	h.Signals = nil
+
+	// Shut down meanwhile (out-of-service): the node cannot wait for the hold.
+	n = getNode(t, node)
+	patch = client.MergeFrom(n.DeepCopy())
+	n.Spec.Taints = append(n.Spec.Taints, corev1.Taint{Key: ngv1alpha1.OutOfServiceTaintKey, Value: "nodeshutdown", Effect: corev1.TaintEffectNoExecute})
+	if err := env.Client.Patch(ctx, n, patch); err != nil {
+		t.Fatal(err)
+	}
+	if resp := h.Handle(ctx, review); !resp.Allowed {
+		t.Errorf("eviction from an out-of-service node being scaled down: refused %+v", resp.Result)
+	}
+	n = getNode(t, node)
+	patch = client.MergeFrom(n.DeepCopy())
+	n.Spec.Taints = slices.DeleteFunc(n.Spec.Taints, func(t corev1.Taint) bool { return t.Key == ngv1alpha1.OutOfServiceTaintKey })
+	if err := env.Client.Patch(ctx, n, patch); err != nil {
+		t.Fatal(err)
+	}
 	unclaimed := getNode(t, node) // what a replica's cache holds until the leader's claim reaches it
 
 	n = getNode(t, node)
