@@ -234,8 +234,7 @@ func (h *EvictionHandler) decide(ctx context.Context, req admission.Request, dry
 // retries a refused eviction every 10 s for --max-pod-eviction-time (2 min),
 // then abandons the scale-down and removes its taint.
 func (h *EvictionHandler) scaleDownHeld(node *corev1.Node) bool {
-	if !slices.ContainsFunc(node.Spec.Taints, func(t corev1.Taint) bool { return t.Key == ngv1alpha1.ClusterAutoscalerTaintKey }) ||
-		!h.Signals.ScaleDownClaims() || otherSignal(node, h.Signals) {
+	if !ngv1alpha1.ScaleDownTainted(node) || !h.Signals.ScaleDownClaims() || otherSignal(node, h.Signals) {
 		return false
 	}
 	_, claimed := node.Annotations[ngv1alpha1.ScaleDownClaimedAnnotation]

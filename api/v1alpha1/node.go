@@ -192,9 +192,13 @@ func (s *Signals) AwaitsDisruptionClaim(node *corev1.Node, t corev1.Taint) bool 
 // scale-down taint and nodeguard charged the scale-down to its budgets: the
 // node counts unavailable until it is gone or the scale-down is cancelled.
 func ScaleDownClaimed(node *corev1.Node) bool {
-	if _, claimed := node.Annotations[ScaleDownClaimedAnnotation]; !claimed {
-		return false
-	}
+	_, claimed := node.Annotations[ScaleDownClaimedAnnotation]
+	return claimed && ScaleDownTainted(node)
+}
+
+// ScaleDownTainted reports whether cluster-autoscaler is scaling the node
+// down: it carries the ToBeDeletedByClusterAutoscaler taint.
+func ScaleDownTainted(node *corev1.Node) bool {
 	return slices.ContainsFunc(node.Spec.Taints, func(t corev1.Taint) bool { return t.Key == ClusterAutoscalerTaintKey })
 }
 

@@ -120,7 +120,7 @@ func holdStateChanged() predicate.Predicate {
 			if !ok1 || !ok2 {
 				return true
 			}
-			return scaleDownTaint(oldNode) != scaleDownTaint(newNode) ||
+			return ngv1alpha1.ScaleDownTainted(oldNode) != ngv1alpha1.ScaleDownTainted(newNode) ||
 				!labels.Equals(oldNode.Labels, newNode.Labels) ||
 				(oldNode.DeletionTimestamp == nil) != (newNode.DeletionTimestamp == nil) ||
 				oldNode.Annotations[ngv1alpha1.DelayDeletionAnnotation] != newNode.Annotations[ngv1alpha1.DelayDeletionAnnotation] ||
@@ -140,7 +140,7 @@ func (r *HoldReconciler) waitingNodes(ctx context.Context, _ client.Object) []re
 	}
 	var reqs []reconcile.Request
 	for _, n := range nodes {
-		if _, claimed := n.Annotations[ngv1alpha1.ScaleDownClaimedAnnotation]; scaleDownTaint(n) && !claimed {
+		if _, claimed := n.Annotations[ngv1alpha1.ScaleDownClaimedAnnotation]; ngv1alpha1.ScaleDownTainted(n) && !claimed {
 			reqs = append(reqs, reconcile.Request{NamespacedName: client.ObjectKeyFromObject(n)})
 		}
 	}
@@ -169,7 +169,7 @@ func (r *HoldReconciler) pass(ctx context.Context, req reconcile.Request) (recon
 		return reconcile.Result{}, nil // the Node DELETE path owns it now
 	case r.Disabled || !r.Managed.Matches(labels.Set(node.Labels)):
 		return reconcile.Result{}, r.letGo(ctx, &node)
-	case !scaleDownTaint(&node):
+	case !ngv1alpha1.ScaleDownTainted(&node):
 		return reconcile.Result{}, r.standBy(ctx, &node)
 	}
 	for _, phase := range []func(context.Context, *corev1.Node) (reconcile.Result, bool, error){r.claim, r.awaitTrafficCut, r.release} {
@@ -179,11 +179,6 @@ func (r *HoldReconciler) pass(ctx context.Context, req reconcile.Request) (recon
 		}
 	}
 	return reconcile.Result{}, nil
-}
-
-// scaleDownTaint reports whether cluster-autoscaler is scaling the node down.
-func scaleDownTaint(node *corev1.Node) bool {
-	return slices.ContainsFunc(node.Spec.Taints, func(t corev1.Taint) bool { return t.Key == ngv1alpha1.ClusterAutoscalerTaintKey })
 }
 
 // standBy is the state of an untainted managed node: the hold on, no claim.
