@@ -215,15 +215,13 @@ func (r *Reconciler) endDrain(ctx context.Context, node *corev1.Node, by string)
 	for _, b := range budgets {
 		names = append(names, b.Name)
 	}
+	off := ""
 	if !r.followsOutside() {
-		r.event(node, corev1.EventTypeNormal, ReasonDrainEnded,
-			"schedulable and Ready again after the drain by %s: removed nodeguard's drain marks and gave the disruption back to NodeDisruptionBudget(s) [%s] (outside drains are no longer followed, --outside-drains=false); load-balancer traffic is restored",
-			by, strings.Join(names, ", "))
-	} else {
-		r.event(node, corev1.EventTypeNormal, ReasonDrainEnded,
-			"schedulable and Ready again after the drain by %s: gave the disruption back to NodeDisruptionBudget(s) [%s] and restoring load-balancer traffic",
-			by, strings.Join(names, ", "))
+		off = " (outside drains are no longer followed: --outside-drains=false)"
 	}
+	r.event(node, corev1.EventTypeNormal, ReasonDrainEnded,
+		"schedulable and Ready again after the drain by %s: gave the disruption back to NodeDisruptionBudget(s) [%s] and restoring load-balancer traffic%s",
+		by, strings.Join(names, ", "), off)
 	r.forget(ctx, node.UID)
 	return reconcile.Result{}, nil
 }

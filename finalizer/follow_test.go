@@ -139,9 +139,9 @@ func TestFollowedDrainIsCutThenGivenBack(t *testing.T) {
 // TestChargedDrainEndsWhenOutsideDrainsAreNoLongerFollowed: an operator sets
 // --outside-drains=false in the middle of an upgrade whose drains nodeguard
 // had charged. A node that comes back (uncordoned, Ready) loses nodeguard's
-// drain marks all the same, so that its budgets count it available again
-// (the status controller gives the claim back) and its traffic is restored;
-// a node still cordoned keeps them until it comes back.
+// drain marks all the same and its claim is given back, so that its budgets
+// count it available again and its traffic is restored; a node still
+// cordoned keeps them until it comes back.
 func TestChargedDrainEndsWhenOutsideDrainsAreNoLongerFollowed(t *testing.T) {
 	f := newFixture(t, "unfollowed")
 	f.followOutside()
