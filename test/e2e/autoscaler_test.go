@@ -383,6 +383,26 @@ func waitForHold(t *testing.T, node string) {
 	}, "%s carries nodeguard's standing delay-deletion hold", node)
 }
 
+// useUpBudget takes the pool's budget (maxUnavailable 1) with another node
+// leaving (out-of-service taint, removed at cleanup), and waits until the
+// budget allows no disruption.
+func useUpBudget(t *testing.T, f *fleet, leaving string) {
+	t.Helper()
+	patchTaints(t, leaving, func(ts []corev1.Taint) []corev1.Taint {
+		return append(ts, corev1.Taint{Key: ngv1alpha1.OutOfServiceTaintKey, Value: "nodeshutdown", Effect: corev1.TaintEffectNoExecute})
+	})
+	t.Cleanup(func() {
+		patchTaints(t, leaving, func(ts []corev1.Taint) []corev1.Taint {
+			return slices.DeleteFunc(ts, func(x corev1.Taint) bool { return x.Key == ngv1alpha1.OutOfServiceTaintKey })
+		})
+	})
+	harness.Eventually(t, 30*time.Second, func(ctx context.Context) (bool, error) {
+		var ndb ngv1alpha1.NodeDisruptionBudget
+		err := env.Client.Get(ctx, client.ObjectKey{Name: f.pool}, &ndb)
+		return err == nil && ndb.Status.ObservedGeneration == ndb.Generation && ndb.Status.DisruptionsAllowed == 0, err
+	}, "the budget allows no disruption")
+}
+
 // TestClusterAutoscalerDeniedScaleDown measures what a denied scale-down
 // does: the budget (maxUnavailable 1) is used up by another node leaving
 // (out-of-service taint), cluster-autoscaler scales a node down, nodeguard
@@ -402,19 +422,7 @@ func TestClusterAutoscalerDeniedScaleDown(t *testing.T) {
 	metricsPort := harness.FreePort(t)
 	startNodeguard(t, env.Kubeconfig, f.emulator, fmt.Sprintf("--metrics-bind-address=127.0.0.1:%d", metricsPort), "--metrics-secure=false")
 	waitForHold(t, target)
-	patchTaints(t, leaving, func(ts []corev1.Taint) []corev1.Taint {
-		return append(ts, corev1.Taint{Key: ngv1alpha1.OutOfServiceTaintKey, Value: "nodeshutdown", Effect: corev1.TaintEffectNoExecute})
-	})
-	t.Cleanup(func() {
-		patchTaints(t, leaving, func(ts []corev1.Taint) []corev1.Taint {
-			return slices.DeleteFunc(ts, func(x corev1.Taint) bool { return x.Key == ngv1alpha1.OutOfServiceTaintKey })
-		})
-	})
-	harness.Eventually(t, 30*time.Second, func(ctx context.Context) (bool, error) {
-		var ndb ngv1alpha1.NodeDisruptionBudget
-		err := env.Client.Get(ctx, client.ObjectKey{Name: f.pool}, &ndb)
-		return err == nil && ndb.Status.ObservedGeneration == ndb.Generation && ndb.Status.DisruptionsAllowed == 0, err
-	}, "the budget allows no disruption")
+	useUpBudget(t, f, leaving)
 	ccm := &cloudNodeController{emulator: f.emulator, pool: f.pool}
 	ccm.run(t)
 
@@ -459,19 +467,7 @@ func TestClusterAutoscalerRefusedScaleDownKeepsItsPods(t *testing.T) {
 	metricsPort := harness.FreePort(t)
 	startNodeguard(t, env.Kubeconfig, f.emulator, fmt.Sprintf("--metrics-bind-address=127.0.0.1:%d", metricsPort), "--metrics-secure=false")
 	waitForHold(t, target)
-	patchTaints(t, leaving, func(ts []corev1.Taint) []corev1.Taint {
-		return append(ts, corev1.Taint{Key: ngv1alpha1.OutOfServiceTaintKey, Value: "nodeshutdown", Effect: corev1.TaintEffectNoExecute})
-	})
-	t.Cleanup(func() {
-		patchTaints(t, leaving, func(ts []corev1.Taint) []corev1.Taint {
-			return slices.DeleteFunc(ts, func(x corev1.Taint) bool { return x.Key == ngv1alpha1.OutOfServiceTaintKey })
-		})
-	})
-	harness.Eventually(t, 30*time.Second, func(ctx context.Context) (bool, error) {
-		var ndb ngv1alpha1.NodeDisruptionBudget
-		err := env.Client.Get(ctx, client.ObjectKey{Name: f.pool}, &ndb)
-		return err == nil && ndb.Status.ObservedGeneration == ndb.Generation && ndb.Status.DisruptionsAllowed == 0, err
-	}, "the budget allows no disruption")
+	useUpBudget(t, f, leaving)
 
 	ca := newClusterAutoscaler(f, time.Second, 15*time.Second)
 	ca.maxPodEvictionTime = 15 * time.Second
