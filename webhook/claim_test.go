@@ -453,11 +453,7 @@ func TestRefusedDeleteGivesBackOnlyItsOwnClaim(t *testing.T) {
 			})
 		}
 	}
-	direct, err := client.NewWithWatch(env.Config, client.Options{Scheme: env.Scheme})
-	if err != nil {
-		t.Fatal(err)
-	}
-	writesA := interceptor.NewClient(direct, interceptor.Funcs{
+	writesA := intercepted(t, interceptor.Funcs{
 		SubResourceUpdate: func(ctx context.Context, c client.Client, sub string, obj client.Object, opts ...client.SubResourceUpdateOption) error {
 			beforeGiveBack(obj)
 			return c.SubResource(sub).Update(ctx, obj, opts...)

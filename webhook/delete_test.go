@@ -18,6 +18,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/client/interceptor"
 
 	ngv1alpha1 "github.com/nodeguard/nodeguard/api/v1alpha1"
 	"github.com/nodeguard/nodeguard/test/builder"
@@ -32,6 +33,28 @@ func getNode(t *testing.T, name string) *corev1.Node {
 		t.Fatalf("getting node %s: %v", name, err)
 	}
 	return &node
+}
+
+// patchNode reads the node, changes it and writes the change as a merge patch.
+func patchNode(t *testing.T, name string, change func(*corev1.Node)) {
+	t.Helper()
+	node := getNode(t, name)
+	patch := client.MergeFrom(node.DeepCopy())
+	change(node)
+	if err := env.Client.Patch(context.Background(), node, patch); err != nil {
+		t.Fatalf("patching node %s: %v", name, err)
+	}
+}
+
+// intercepted is a direct client of the test's API server whose calls pass
+// through funcs (a failing read, a stale cache, a write observed).
+func intercepted(t *testing.T, funcs interceptor.Funcs) client.WithWatch {
+	t.Helper()
+	direct, err := client.NewWithWatch(env.Config, client.Options{Scheme: env.Scheme})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return interceptor.NewClient(direct, funcs)
 }
 
 func TestFinalizerIsAddedOnCreateAndNothingElseChanges(t *testing.T) {

@@ -52,12 +52,7 @@ func createPod(t *testing.T, name, node string) *corev1.Pod {
 // seen the cordon).
 func cordon(t *testing.T, name string) {
 	t.Helper()
-	node := getNode(t, name)
-	patch := client.MergeFrom(node.DeepCopy())
-	node.Spec.Unschedulable = true
-	if err := env.Client.Patch(context.Background(), node, patch); err != nil {
-		t.Fatal(err)
-	}
+	patchNode(t, name, func(n *corev1.Node) { n.Spec.Unschedulable = true })
 }
 
 // evict asks the Eviction API to evict the pod, as kubectl drain does.
@@ -67,6 +62,21 @@ func evict(pod *corev1.Pod, dryRun bool) error {
 		e.DeleteOptions = &metav1.DeleteOptions{DryRun: []string{metav1.DryRunAll}}
 	}
 	return env.Client.SubResource("eviction").Create(context.Background(), pod, e)
+}
+
+// endDrain does what the termination controller does once a drained node is
+// schedulable and Ready again: uncordon (here), remove the drain marks and
+// give the budget's charge back.
+func endDrain(t *testing.T, budgetName, node string) {
+	t.Helper()
+	patchNode(t, node, func(n *corev1.Node) {
+		n.Spec.Unschedulable = false
+		delete(n.Annotations, ngv1alpha1.DrainChargedAtAnnotation)
+		delete(n.Annotations, ngv1alpha1.DrainedByAnnotation)
+	})
+	if err := newReplica().Release(context.Background(), budgetName, node); err != nil {
+		t.Fatal(err)
+	}
 }
 
 // drainCharged reads the node's drain mark.
@@ -131,17 +141,7 @@ func TestDrainsInOneBudgetTakeTurns(t *testing.T) {
 
 	// The first node back (what the termination controller does once it is
 	// schedulable and Ready): the second drain gets its turn.
-	node := getNode(t, "drains-0")
-	patch := client.MergeFrom(node.DeepCopy())
-	node.Spec.Unschedulable = false
-	delete(node.Annotations, ngv1alpha1.DrainChargedAtAnnotation)
-	delete(node.Annotations, ngv1alpha1.DrainedByAnnotation)
-	if err := env.Client.Patch(context.Background(), node, patch); err != nil {
-		t.Fatal(err)
-	}
-	if err := newReplica().Release(context.Background(), "drains", "drains-0"); err != nil {
-		t.Fatal(err)
-	}
+	endDrain(t, "drains", "drains-0")
 	harness.Eventually(t, 30*time.Second, func(ctx context.Context) (bool, error) {
 		return evict(second, false) == nil, nil
 	}, "the second drain's eviction is admitted once the first node is back")
@@ -220,11 +220,7 @@ func TestEvictionFromASchedulableNodeOutlivesAFailedRead(t *testing.T) {
 	createBudget(t, "failread", 1, builder.NDBMaxUnavailable("1"))
 	pod := createPod(t, "failread-pod", "failread-0")
 	h := evictionHandler(t, ngwebhook.TrafficGate{})
-	direct, err := client.NewWithWatch(env.Config, client.Options{Scheme: env.Scheme})
-	if err != nil {
-		t.Fatal(err)
-	}
-	h.Reader = interceptor.NewClient(direct, interceptor.Funcs{
+	h.Reader = intercepted(t, interceptor.Funcs{
 		Get: func(context.Context, client.WithWatch, client.ObjectKey, client.Object, ...client.GetOption) error {
 			return apierrors.NewTooManyRequests("throttled by API Priority and Fairness", 1)
 		},
@@ -257,12 +253,9 @@ func TestScaleDownEvictionsWaitForTheBudgetClaim(t *testing.T) {
 	node := createReadyNodes(t, "scaledown", 2)[0]
 	createBudget(t, "scaledown", 1, builder.NDBMaxUnavailable("1"))
 	pod := createPod(t, "scaledown-pod", node)
-	n := getNode(t, node)
-	patch := client.MergeFrom(n.DeepCopy())
-	n.Spec.Taints = append(n.Spec.Taints, corev1.Taint{Key: ngv1alpha1.ClusterAutoscalerTaintKey, Value: "1764633600", Effect: corev1.TaintEffectNoSchedule})
-	if err := env.Client.Patch(ctx, n, patch); err != nil {
-		t.Fatal(err)
-	}
+	patchNode(t, node, func(n *corev1.Node) {
+		n.Spec.Taints = append(n.Spec.Taints, corev1.Taint{Key: ngv1alpha1.ClusterAutoscalerTaintKey, Value: "1764633600", Effect: corev1.TaintEffectNoSchedule})
+	})
 	h := evictionHandler(t, ngwebhook.TrafficGate{})
 	review := evictionReview(pod.Namespace, pod.Name, nil)
 
@@ -281,45 +274,33 @@ func TestScaleDownEvictionsWaitForTheBudgetClaim(t *testing.T) {
 	h.Signals = nil
 
 	// Shut down meanwhile (out-of-service): the node cannot wait for the hold.
-	n = getNode(t, node)
-	patch = client.MergeFrom(n.DeepCopy())
-	n.Spec.Taints = append(n.Spec.Taints, corev1.Taint{Key: ngv1alpha1.OutOfServiceTaintKey, Value: "nodeshutdown", Effect: corev1.TaintEffectNoExecute})
-	if err := env.Client.Patch(ctx, n, patch); err != nil {
-		t.Fatal(err)
-	}
+	patchNode(t, node, func(n *corev1.Node) {
+		n.Spec.Taints = append(n.Spec.Taints, corev1.Taint{Key: ngv1alpha1.OutOfServiceTaintKey, Value: "nodeshutdown", Effect: corev1.TaintEffectNoExecute})
+	})
 	if resp := h.Handle(ctx, review); !resp.Allowed {
 		t.Errorf("eviction from an out-of-service node being scaled down: refused %+v", resp.Result)
 	}
-	n = getNode(t, node)
-	patch = client.MergeFrom(n.DeepCopy())
-	n.Spec.Taints = slices.DeleteFunc(n.Spec.Taints, func(t corev1.Taint) bool { return t.Key == ngv1alpha1.OutOfServiceTaintKey })
-	if err := env.Client.Patch(ctx, n, patch); err != nil {
-		t.Fatal(err)
-	}
+	patchNode(t, node, func(n *corev1.Node) {
+		n.Spec.Taints = slices.DeleteFunc(n.Spec.Taints, func(t corev1.Taint) bool { return t.Key == ngv1alpha1.OutOfServiceTaintKey })
+	})
 	unclaimed := getNode(t, node) // what a replica's cache holds until the leader's claim reaches it
 
-	n = getNode(t, node)
-	patch = client.MergeFrom(n.DeepCopy())
-	n.Annotations[ngv1alpha1.ScaleDownClaimedAnnotation] = ngv1alpha1.FormatTime(time.Now())
-	if err := env.Client.Patch(ctx, n, patch); err != nil {
-		t.Fatal(err)
-	}
+	patchNode(t, node, func(n *corev1.Node) {
+		n.Annotations[ngv1alpha1.ScaleDownClaimedAnnotation] = ngv1alpha1.FormatTime(time.Now())
+	})
 	if resp := h.Handle(ctx, review); !resp.Allowed {
 		t.Errorf("eviction from a node whose scale-down is charged: refused %+v", resp.Result)
 	}
 	// Charged, but the hold still on (with Azure, until the node's entries are
 	// confirmed Down): the pods wait for the traffic cut.
 	setHold := func(on bool) {
-		n := getNode(t, node)
-		patch := client.MergeFrom(n.DeepCopy())
-		if on {
-			n.Annotations[ngv1alpha1.DelayDeletionAnnotation] = ngv1alpha1.DelayDeletionValue
-		} else {
-			delete(n.Annotations, ngv1alpha1.DelayDeletionAnnotation)
-		}
-		if err := env.Client.Patch(ctx, n, patch); err != nil {
-			t.Fatal(err)
-		}
+		patchNode(t, node, func(n *corev1.Node) {
+			if on {
+				n.Annotations[ngv1alpha1.DelayDeletionAnnotation] = ngv1alpha1.DelayDeletionValue
+			} else {
+				delete(n.Annotations, ngv1alpha1.DelayDeletionAnnotation)
+			}
+		})
 	}
 	setHold(true)
 	if resp := h.Handle(ctx, review); resp.Allowed || resp.Result == nil || resp.Result.Code != http.StatusTooManyRequests || !strings.Contains(resp.Result.Message, "traffic is being cut") {
@@ -329,11 +310,7 @@ func TestScaleDownEvictionsWaitForTheBudgetClaim(t *testing.T) {
 	if resp := h.Handle(ctx, review); !resp.Allowed {
 		t.Errorf("eviction once the hold let the scale-down go: refused %+v", resp.Result)
 	}
-	direct, err := client.NewWithWatch(env.Config, client.Options{Scheme: env.Scheme})
-	if err != nil {
-		t.Fatal(err)
-	}
-	h.Nodes = interceptor.NewClient(direct, interceptor.Funcs{
+	h.Nodes = intercepted(t, interceptor.Funcs{
 		Get: func(_ context.Context, _ client.WithWatch, _ client.ObjectKey, obj client.Object, _ ...client.GetOption) error {
 			unclaimed.DeepCopyInto(obj.(*corev1.Node))
 			return nil
@@ -366,17 +343,7 @@ func TestRedrainSoonAfterTheEndIsChargedAgain(t *testing.T) {
 	if _, charged := drainCharged(t, node); !charged {
 		t.Fatal("the first drain did not mark its node")
 	}
-	n := getNode(t, node)
-	patch := client.MergeFrom(n.DeepCopy())
-	n.Spec.Unschedulable = false
-	delete(n.Annotations, ngv1alpha1.DrainChargedAtAnnotation)
-	delete(n.Annotations, ngv1alpha1.DrainedByAnnotation)
-	if err := env.Client.Patch(ctx, n, patch); err != nil {
-		t.Fatal(err)
-	}
-	if err := newReplica().Release(ctx, "redrain", node); err != nil {
-		t.Fatal(err)
-	}
+	endDrain(t, "redrain", node)
 
 	cordon(t, node)
 	if resp := h.Handle(ctx, evictionReview(second.Namespace, second.Name, nil)); !resp.Allowed {

@@ -210,12 +210,9 @@ func ownNodeClaim(t *testing.T, name, node string, finalized bool) *unstructured
 		}
 		t.Cleanup(func() { unfinalize(t, claim) })
 	}
-	n := getNode(t, node)
-	patch := client.MergeFrom(n.DeepCopy())
-	n.OwnerReferences = []metav1.OwnerReference{{APIVersion: "karpenter.sh/v1", Kind: "NodeClaim", Name: claim.GetName(), UID: claim.GetUID()}}
-	if err := env.Client.Patch(ctx, n, patch); err != nil {
-		t.Fatal(err)
-	}
+	patchNode(t, node, func(n *corev1.Node) {
+		n.OwnerReferences = []metav1.OwnerReference{{APIVersion: "karpenter.sh/v1", Kind: "NodeClaim", Name: claim.GetName(), UID: claim.GetUID()}}
+	})
 	return claim
 }
 

@@ -109,12 +109,7 @@ var warnRuns int
 
 func annotate(t *testing.T, node, key, value string) {
 	t.Helper()
-	n := getNode(t, node)
-	patch := client.MergeFrom(n.DeepCopy())
-	n.Annotations = map[string]string{key: value}
-	if err := env.Client.Patch(context.Background(), n, patch); err != nil {
-		t.Fatal(err)
-	}
+	patchNode(t, node, func(n *corev1.Node) { n.Annotations = map[string]string{key: value} })
 }
 
 // replicaSetOf writes a Deployment (one replica, surging) and its ReplicaSet,
