@@ -75,13 +75,14 @@ func policyYAML(t *testing.T) string {
 // probeNode is a node the policies' enforcement is probed on, with dry runs.
 const probeNode = "policy-probe"
 
-// policiesEnforced tells whether both policies refuse, to the cluster admin,
-// a dry run of what they guard: adding Karpenter's finalizer, and removing the
-// managed label. A dry run passes admission and writes nothing.
-func policiesEnforced(ctx context.Context) (bool, error) {
+// enforcedPolicies counts the policies that refuse, to the cluster admin, a
+// dry run of what they guard: adding Karpenter's finalizer (protected fields),
+// and removing the managed label (managed label). A dry run passes admission
+// and writes nothing.
+func enforcedPolicies(ctx context.Context) (int, error) {
 	var n corev1.Node
 	if err := env.Client.Get(ctx, client.ObjectKey{Name: probeNode}, &n); err != nil {
-		return false, err
+		return 0, err
 	}
 	enforced := 0
 	for _, patch := range []string{
@@ -94,10 +95,10 @@ func policiesEnforced(ctx context.Context) (bool, error) {
 		case apierrors.IsForbidden(err) && strings.Contains(err.Error(), "ValidatingAdmissionPolicy"):
 			enforced++
 		default:
-			return false, err
+			return 0, err
 		}
 	}
-	return enforced == 2, nil
+	return enforced, nil
 }
 
 // installPolicies applies the rendered policies and bindings and waits until
@@ -114,12 +115,17 @@ func installPolicies(t *testing.T) {
 	harness.MustKubectl(t, env.Kubeconfig, rendered, "apply", "--server-side", "-f", "-")
 	t.Cleanup(func() {
 		harness.MustKubectl(t, env.Kubeconfig, rendered, "delete", "--ignore-not-found", "-f", "-")
+		// Each policy stops on its own: wait for both, or a cleanup that
+		// removes a guarded field meets the one still loaded.
 		harness.Eventually(t, time.Minute, func(ctx context.Context) (bool, error) {
-			on, err := policiesEnforced(ctx)
-			return !on, err
+			n, err := enforcedPolicies(ctx)
+			return n == 0, err
 		}, "the deleted policies are no longer enforced")
 	})
-	harness.Eventually(t, time.Minute, policiesEnforced, "the API server enforces the policies")
+	harness.Eventually(t, time.Minute, func(ctx context.Context) (bool, error) {
+		n, err := enforcedPolicies(ctx)
+		return n == 2, err
+	}, "the API server enforces the policies")
 }
 
 // userClient is a client that impersonates the user.
