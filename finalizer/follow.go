@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"strings"
+	"time"
 
 	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
@@ -49,6 +50,10 @@ type OutsideDrains struct {
 	// Off (--outside-drains=false) follows no drain: only the drains charged
 	// before end, with their charges given back through Rule.
 	Off bool
+	// UnconfirmedTimeout (--unconfirmed-claim-timeout) withdraws the charge
+	// of an eviction review that no eviction followed (confirm.go); 0 never
+	// does.
+	UnconfirmedTimeout time.Duration
 }
 
 // followsOutside reports whether the controller follows outside drains.
@@ -121,10 +126,17 @@ func (r *Reconciler) follow(ctx context.Context, node *corev1.Node) (reconcile.R
 	if !node.Spec.Unschedulable && nodeReady(node) {
 		return r.endDrain(ctx, node, by)
 	}
+	confirmWait, withdrawn, err := r.confirmCharge(ctx, node, by)
+	if err != nil || withdrawn {
+		return reconcile.Result{}, err
+	}
 	r.phases.set(node.UID, node.Name, phaseFollow)
 	result, err := r.cutTraffic(ctx, node)
 	if err == nil && result.IsZero() {
 		result, err = r.followDrain(ctx, node, by)
+	}
+	if confirmWait > 0 && (result.RequeueAfter == 0 || confirmWait < result.RequeueAfter) {
+		result.RequeueAfter = confirmWait // the charge's deadline
 	}
 	// Written at once: the eviction webhook reads the drain's TrafficCut.
 	if ferr := r.flushConditionsNow(ctx, node); ferr != nil && err == nil {
@@ -178,42 +190,9 @@ func (r *Reconciler) followDrain(ctx context.Context, node *corev1.Node, by stri
 // endDrain removes the marks (the taint watcher then restores None), gives
 // the node's disruption back to its budgets and says the drain is over.
 func (r *Reconciler) endDrain(ctx context.Context, node *corev1.Node, by string) (reconcile.Result, error) {
-	budgets, err := budget.Matching(ctx, r.Client, node)
+	names, err := r.closeDrain(ctx, node, LifecycleReasonUncordoned, "the node is schedulable and Ready again")
 	if err != nil {
 		return reconcile.Result{}, err
-	}
-	for _, typ := range []corev1.NodeConditionType{corev1.NodeDrainInProgress, corev1.NodeDrained} {
-		if c := nodeCondition(node, typ); c != nil && c.Status == corev1.ConditionTrue {
-			r.stageCondition(node, corev1.NodeCondition{Type: typ, Status: corev1.ConditionFalse, Reason: LifecycleReasonUncordoned,
-				Message: "the node is schedulable and Ready again"})
-		}
-	}
-	if nodeCondition(node, ngv1alpha1.TrafficCutCondition) != nil {
-		r.stageRemoval(node, ngv1alpha1.TrafficCutCondition)
-	}
-	if err := r.flushConditionsNow(ctx, node); err != nil {
-		return reconcile.Result{}, err
-	}
-	patch := client.MergeFromWithOptions(node.DeepCopy(), client.MergeFromWithOptimisticLock{})
-	for _, key := range []string{ngv1alpha1.DrainChargedAtAnnotation, ngv1alpha1.DrainedByAnnotation, ngv1alpha1.TrafficCutAtAnnotation} {
-		delete(node.Annotations, key)
-	}
-	if err := r.Client.Patch(ctx, node, patch); err != nil {
-		return reconcile.Result{}, client.IgnoreNotFound(err) // a conflict: the next pass decides again
-	}
-	// The claims go after the marks: a budget never counts the node out by
-	// its mark after giving its disruption to the next node. A failed
-	// give-back, or none (no rule to give it back with), is the budget
-	// status controller's to prune (the node shows no disruption under way
-	// any more).
-	if r.Outside != nil {
-		if err := r.Outside.Rule.Claimer.ReleaseAll(ctx, budgets, node.Name); err != nil {
-			return reconcile.Result{}, fmt.Errorf("giving back the drain of node %s: %w", node.Name, err)
-		}
-	}
-	names := make([]string, 0, len(budgets))
-	for _, b := range budgets {
-		names = append(names, b.Name)
 	}
 	off := ""
 	if !r.followsOutside() {
@@ -224,6 +203,56 @@ func (r *Reconciler) endDrain(ctx context.Context, node *corev1.Node, by string)
 		by, strings.Join(names, ", "), off)
 	r.forget(ctx, node.UID)
 	return reconcile.Result{}, nil
+}
+
+// drainMarks are the annotations of a charged drain (ngv1alpha1.DrainCharged).
+var drainMarks = []string{
+	ngv1alpha1.DrainChargedAtAnnotation, ngv1alpha1.DrainedByAnnotation, ngv1alpha1.TrafficCutAtAnnotation,
+	ngv1alpha1.DrainFirstEvictionAnnotation, ngv1alpha1.DrainAskedAtAnnotation, ngv1alpha1.DrainConfirmedAtAnnotation,
+}
+
+// closeDrain ends a charged drain: its conditions False (for reason), its
+// TrafficCut condition and its marks removed, its disruption given back to
+// the budgets it names.
+func (r *Reconciler) closeDrain(ctx context.Context, node *corev1.Node, reason, message string) ([]string, error) {
+	budgets, err := budget.Matching(ctx, r.Client, node)
+	if err != nil {
+		return nil, err
+	}
+	for _, typ := range []corev1.NodeConditionType{corev1.NodeDrainInProgress, corev1.NodeDrained} {
+		if c := nodeCondition(node, typ); c != nil && c.Status == corev1.ConditionTrue {
+			r.stageCondition(node, corev1.NodeCondition{Type: typ, Status: corev1.ConditionFalse, Reason: reason, Message: message})
+		}
+	}
+	if nodeCondition(node, ngv1alpha1.TrafficCutCondition) != nil {
+		r.stageRemoval(node, ngv1alpha1.TrafficCutCondition)
+	}
+	if err := r.flushConditionsNow(ctx, node); err != nil {
+		return nil, err
+	}
+	patch := client.MergeFromWithOptions(node.DeepCopy(), client.MergeFromWithOptimisticLock{})
+	for _, key := range drainMarks {
+		delete(node.Annotations, key)
+	}
+	if err := r.Client.Patch(ctx, node, patch); err != nil {
+		// A conflict: the next pass decides again.
+		return nil, client.IgnoreNotFound(fmt.Errorf("removing the drain marks of node %s: %w", node.Name, err))
+	}
+	// The claims go after the marks: a budget never counts the node out by
+	// its mark after giving its disruption to the next node. A failed
+	// give-back, or none (no rule to give it back with), is the budget
+	// status controller's to prune (the node shows no disruption under way
+	// any more).
+	if r.Outside != nil {
+		if err := r.Outside.Rule.Claimer.ReleaseAll(ctx, budgets, node.Name); err != nil {
+			return nil, fmt.Errorf("giving back the drain of node %s: %w", node.Name, err)
+		}
+	}
+	names := make([]string, 0, len(budgets))
+	for _, b := range budgets {
+		names = append(names, b.Name)
+	}
+	return names, nil
 }
 
 // pickUp charges a drain of a cordoned node that no eviction charged: one that

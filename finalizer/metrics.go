@@ -74,6 +74,10 @@ var (
 		Name: "nodeguard_traffic_cuts_total",
 		Help: "Load-balancer traffic cuts of terminating nodes by outcome, once per node and outcome: confirmed (AdminState Down on every backend entry), failed (a pool's write failed for good: traffic NOT cut there) timed_out (not confirmed within --admin-state-timeout) or no_backend_pool (the node is in no backend pool of the managed load balancers: nothing was cut). With --traffic-cut-failure=drain the drain goes on after failed and timed_out; it always goes on after no_backend_pool.",
 	}, []string{labelResult})
+	drainChargesWithdrawn = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "nodeguard_drain_charges_withdrawn_total",
+		Help: "Charges of drains nodeguard did not start that it withdrew (marks removed, disruption given back, traffic restored) because no eviction from the node was carried out or asked again within --unconfirmed-claim-timeout of the charging eviction review: a forged review, or a drainer that gave up.",
+	})
 	terminationDuration = prometheus.NewHistogram(prometheus.HistogramOpts{
 		Name:    "nodeguard_termination_duration_seconds",
 		Help:    "Time from a node's deletion until nodeguard released it.",
@@ -82,7 +86,7 @@ var (
 )
 
 func init() {
-	metrics.Registry.MustRegister(nodesInPhase, evictions, podsGivenUp, replacementRestarts, drainDuration, wakeupDelay, slotHandoff, slotsHeld, trafficCuts, terminationDuration)
+	metrics.Registry.MustRegister(nodesInPhase, evictions, podsGivenUp, replacementRestarts, drainDuration, wakeupDelay, slotHandoff, slotsHeld, trafficCuts, terminationDuration, drainChargesWithdrawn)
 	for _, c := range []string{drain.GiveUpStuck, drain.GiveUpUnreachable, drain.GiveUpDeadline} {
 		podsGivenUp.WithLabelValues(c)
 	}

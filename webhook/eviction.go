@@ -15,6 +15,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/tools/events"
 	"k8s.io/utils/clock"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -77,9 +78,11 @@ type EvictionHandler struct {
 
 	// first makes the concurrent evictions of one node (kubectl drain sends
 	// them all at once) share one charge; recent keeps the marks written
-	// until the node cache shows them (node UID to marked node).
+	// until the node cache shows them (node UID to marked node); asked, when
+	// this replica last renewed an unconfirmed drain (node UID to time).
 	first  singleflight.Group
 	recent sync.Map
+	asked  sync.Map
 }
 
 // recentMarkLifetime bounds how long a written mark stands in for the cache.
@@ -218,8 +221,43 @@ func (h *EvictionHandler) decide(ctx context.Context, req admission.Request, dry
 			return d, err
 		}
 		node = *marked
+	} else if !dryRun {
+		h.noteAsked(ctx, &node)
 	}
 	return h.awaitTrafficCut(&node, pod), nil
+}
+
+// askedRefresh is how often the evictions of an unconfirmed drain renew
+// DrainAskedAtAnnotation: well inside --unconfirmed-claim-timeout (15 s), and
+// no more often than kubectl drain retries (every 5 s).
+const askedRefresh = 5 * time.Second
+
+// noteAsked records that the drain of a charged node whose charge is not yet
+// confirmed is still asking (its drainer retries behind a 429 of nodeguard's
+// or of a PodDisruptionBudget's), so that the termination controller does not
+// take it for a forged review and withdraw the charge. Best effort: a failed
+// write is logged, and the drainer's next retry writes again.
+func (h *EvictionHandler) noteAsked(ctx context.Context, node *corev1.Node) {
+	if !ngv1alpha1.DrainUnconfirmed(node) {
+		return
+	}
+	now := h.Clock.Now()
+	last, ok := ngv1alpha1.AnnotationTime(node, ngv1alpha1.DrainAskedAtAnnotation)
+	if !ok {
+		last, _ = ngv1alpha1.AnnotationTime(node, ngv1alpha1.DrainChargedAtAnnotation)
+	}
+	if now.Sub(last) < askedRefresh {
+		return
+	}
+	if v, wrote := h.asked.Load(node.UID); wrote && now.Sub(v.(time.Time)) < askedRefresh {
+		return // this replica wrote it; the cache has not shown it yet
+	}
+	h.asked.Store(node.UID, now)
+	patch := client.RawPatch(types.MergePatchType, fmt.Appendf(nil, `{"metadata":{"annotations":{%q:%q}}}`,
+		ngv1alpha1.DrainAskedAtAnnotation, ngv1alpha1.FormatTime(now)))
+	if err := h.Client.Patch(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: node.Name}}, patch); err != nil {
+		logf.FromContext(ctx).Info("Recording that an unconfirmed drain still asks", "node", node.Name, "error", err.Error())
+	}
 }
 
 // scaleDownHeld reports whether the node carries cluster-autoscaler's
@@ -354,7 +392,7 @@ func (h *EvictionHandler) chargeFirst(ctx context.Context, node *corev1.Node, po
 		if err != nil || !d.allowed || d.reason == reasonInstanceGone {
 			return firstCharge{d: d}, err
 		}
-		marked, err := h.mark(ctx, node, user, d.claimed)
+		marked, err := h.mark(ctx, node, user, pod, d.claimed)
 		return firstCharge{d: d, marked: marked}, err
 	})
 	fc, _ := v.(firstCharge)
@@ -416,9 +454,11 @@ func (h *EvictionHandler) holders(ctx context.Context, ndb *ngv1alpha1.NodeDisru
 	return "; held by " + strings.Join(out, ", ")
 }
 
-// mark records on the node that its drain was charged, and by whom. A failed
-// write gives the charges back: the eviction is refused with "retry".
-func (h *EvictionHandler) mark(ctx context.Context, node *corev1.Node, user string, charged []budget.Charged) (*corev1.Node, error) {
+// mark records on the node that its drain was charged, by whom, and for the
+// eviction of which pod (what confirms the charge: see
+// ngv1alpha1.DrainFirstEvictionAnnotation). A failed write gives the charges
+// back: the eviction is refused with "retry".
+func (h *EvictionHandler) mark(ctx context.Context, node *corev1.Node, user, pod string, charged []budget.Charged) (*corev1.Node, error) {
 	marked := node.DeepCopy()
 	patch := client.MergeFrom(node)
 	if marked.Annotations == nil {
@@ -426,6 +466,9 @@ func (h *EvictionHandler) mark(ctx context.Context, node *corev1.Node, user stri
 	}
 	marked.Annotations[ngv1alpha1.DrainChargedAtAnnotation] = ngv1alpha1.FormatTime(h.Clock.Now())
 	marked.Annotations[ngv1alpha1.DrainedByAnnotation] = user
+	marked.Annotations[ngv1alpha1.DrainFirstEvictionAnnotation] = pod
+	delete(marked.Annotations, ngv1alpha1.DrainAskedAtAnnotation)
+	delete(marked.Annotations, ngv1alpha1.DrainConfirmedAtAnnotation)
 	if err := h.Client.Patch(ctx, marked, patch); err != nil {
 		if gerr := h.Rule.Claimer.GiveBack(ctx, charged, node.Name); gerr != nil {
 			logf.FromContext(ctx).Error(gerr, "Giving back the charges of a drain whose mark failed", "node", node.Name)

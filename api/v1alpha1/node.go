@@ -215,6 +215,15 @@ func DrainCharged(node *corev1.Node) (string, bool) {
 	return by, true
 }
 
+// DrainUnconfirmed reports a charged drain whose eviction review nodeguard has
+// not yet seen carried out (see DrainConfirmedAtAnnotation).
+func DrainUnconfirmed(node *corev1.Node) bool {
+	_, charged := node.Annotations[DrainChargedAtAnnotation]
+	_, first := node.Annotations[DrainFirstEvictionAnnotation]
+	_, confirmed := node.Annotations[DrainConfirmedAtAnnotation]
+	return charged && first && !confirmed
+}
+
 // TrafficCutEnded reports whether the traffic cut before a node's drain has
 // ended, and when, from the TrafficCut condition: Azure confirmed the cut, or
 // the drain goes on without it (waitForCut is false: --traffic-cut-failure=drain;

@@ -131,6 +131,23 @@ const (
 	// DrainedByAnnotation: who drains the node (the user of its first
 	// eviction, as the API server authenticated it).
 	DrainedByAnnotation = "nodeguard.io/drained-by"
+	// DrainFirstEvictionAnnotation ("namespace/name"): the pod whose eviction
+	// review charged the drain. An admission review is only a claim: the
+	// charge is confirmed once the API server is seen carrying out an
+	// eviction from the node (this pod gone or evicted, or any pod evicted
+	// through the Eviction API since the charge).
+	DrainFirstEvictionAnnotation = "nodeguard.io/drain-first-eviction"
+	// DrainAskedAtAnnotation (RFC 3339 time): the last eviction review of an
+	// unconfirmed drain (a drainer retrying behind a 429), written at most
+	// every few seconds.
+	DrainAskedAtAnnotation = "nodeguard.io/drain-asked-at"
+	// DrainConfirmedAtAnnotation (RFC 3339 time): when nodeguard saw the drain
+	// carried out. A charge neither confirmed nor asked again within
+	// --unconfirmed-claim-timeout is withdrawn (a forged review, or a drainer
+	// that gave up before evicting anything). A mark without
+	// DrainFirstEvictionAnnotation (a drain found under way, or charged by an
+	// earlier release) counts as confirmed.
+	DrainConfirmedAtAnnotation = "nodeguard.io/drain-confirmed-at"
 )
 
 // cluster-autoscaler's node annotations.

@@ -50,7 +50,8 @@ func setupTermination(mgr ctrl.Manager, opts options, adminState *azure.Manager,
 		Opts:     opts.termination.Options,
 	}
 	// Off, the drains charged before still end, their charges given back.
-	r.Outside = &finalizer.OutsideDrains{Rule: drainRule, Managed: opts.managed, Off: !opts.outsideDrains}
+	r.Outside = &finalizer.OutsideDrains{Rule: drainRule, Managed: opts.managed, Off: !opts.outsideDrains,
+		UnconfirmedTimeout: opts.unconfirmedClaimTimeout}
 	if adminState == nil {
 		ctrl.Log.Info("Azure is not configured: load-balancer admin state is off; budgets and drains work as usual")
 	} else {

@@ -292,6 +292,9 @@ var bookkeepingAnnotations = []string{
 	ngv1alpha1.ScaleDownClaimedAnnotation,
 	ngv1alpha1.DrainChargedAtAnnotation,
 	ngv1alpha1.DrainedByAnnotation,
+	ngv1alpha1.DrainFirstEvictionAnnotation,
+	ngv1alpha1.DrainAskedAtAnnotation,
+	ngv1alpha1.DrainConfirmedAtAnnotation,
 }
 
 // cleanIdleNodes removes the finalizer, the draining taint and the
