@@ -98,6 +98,14 @@ const (
 	KarpenterDisruptedTaintKey = "karpenter.sh/disrupted"
 )
 
+// SpotPriorityLabel = SpotPriorityValue marks an AKS spot node (its agent
+// pool's scaleSetPriority): the only nodes Azure preempts, so the only ones a
+// PreemptScheduled notice can be about.
+const (
+	SpotPriorityLabel = "kubernetes.azure.com/scalesetpriority"
+	SpotPriorityValue = "spot"
+)
+
 // KarpenterTerminationFinalizer is Karpenter's (and AKS node
 // auto-provisioning's) Node finalizer: Karpenter drains the node and deletes
 // its instance itself.

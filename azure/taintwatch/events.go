@@ -7,6 +7,10 @@ const (
 	// ReasonSpotEvictionTaintAdded: a PreemptScheduled event became the
 	// spot-eviction taint.
 	ReasonSpotEvictionTaintAdded = "SpotEvictionTaintAdded"
+	// ReasonSpotEvictionNoticeExpired (Warning): the node still ran well past
+	// a PreemptScheduled notice, so the notice was false: nodeguard removed
+	// the spot-eviction taint it had added (or did not add it).
+	ReasonSpotEvictionNoticeExpired = "SpotEvictionNoticeExpired"
 	// ReasonAdminStateDownRequested: the node carries a signal, and nodeguard
 	// asked for its load-balancer entries to be Down.
 	ReasonAdminStateDownRequested = "LoadBalancerAdminStateDownRequested"
@@ -17,6 +21,7 @@ const (
 	// manages the node's entries.
 	ReasonAdminStateReleased = "LoadBalancerAdminStateReleased"
 
-	actionSpotTaint  = "AddSpotEvictionTaint"
-	actionAdminState = "SetLoadBalancerAdminState"
+	actionSpotTaint   = "AddSpotEvictionTaint"
+	actionSpotUntaint = "RemoveSpotEvictionTaint"
+	actionAdminState  = "SetLoadBalancerAdminState"
 )

@@ -13,7 +13,9 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/utils/clock"
 	"k8s.io/utils/ptr"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -149,6 +151,12 @@ type nodeguardOptions struct {
 	resync     time.Duration
 	maxRetries int
 	spotEvents bool
+	// spotExpiry, managed and clock set the spot tainter's
+	// --spot-eviction-notice-expiry (0 here: never), --node-selector (nil:
+	// every node) and clock (nil: the real one).
+	spotExpiry time.Duration
+	managed    labels.Selector
+	clock      clock.Clock
 	goneGrace  time.Duration
 	// signals are the signal taints and who acts on them (zero: the defaults).
 	signals azure.Signals
@@ -203,7 +211,9 @@ func startNodeguard(t *testing.T, emu *armemulator.Server, o nodeguardOptions) (
 			t.Fatal(err)
 		}
 	}
-	if err := Setup(mgr, adminState, Options{SpotEvents: o.spotEvents, Signals: o.signals}); err != nil {
+	opts := NewOptions()
+	opts.SpotEvents, opts.Signals, opts.SpotNoticeExpiry, opts.Managed, opts.Clock = o.spotEvents, o.signals, o.spotExpiry, o.managed, o.clock
+	if err := Setup(mgr, adminState, opts); err != nil {
 		t.Fatal(err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())

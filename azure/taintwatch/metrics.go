@@ -17,6 +17,9 @@ const (
 	resultTainted        = "tainted"
 	resultAlreadyTainted = "already_tainted"
 	resultNoEvent        = "no_event"
+	resultNotSpot        = "not_spot"
+	resultNotSelected    = "not_selected"
+	resultNoticeExpired  = "notice_expired"
 )
 
 var (
@@ -42,7 +45,7 @@ var (
 	})
 	spotChecks = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "nodeguard_signal_spot_eviction_checks_total",
-		Help: "Checks of a node that has PreemptScheduled events, by result: tainted, already_tainted (the taint is the record: nothing to do), no_event (only events of an earlier node of that name, or already handled).",
+		Help: "Checks of a node that has PreemptScheduled events, by result: tainted, already_tainted (the taint is the record: nothing to do), no_event (no trusted notice: only events by another writer or about an earlier node of that name, or already handled), not_spot (a notice about a node without the label kubernetes.azure.com/scalesetpriority=spot), not_selected (a notice about a node outside --node-selector), notice_expired (the node still ran past the notice plus --spot-eviction-notice-expiry: the taint nodeguard added was removed, or not added).",
 	}, []string{labelResult})
 )
 

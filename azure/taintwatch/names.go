@@ -10,9 +10,11 @@
 //     When every signal is gone it restores None, but only on nodes carrying
 //     that annotation, so nodeguard never overrides another tool's choice.
 //     Cordon and other unschedulable signals are ignored on purpose.
-//   - SpotTainter (leader only) turns the first PreemptScheduled event of a
-//     node into the spot-eviction taint, with an optimistic-lock patch. The
-//     taint is the durable record: later events and restarts add nothing.
+//   - SpotTainter (leader only) turns the first trusted PreemptScheduled
+//     event of a spot node into the spot-eviction taint, with an
+//     optimistic-lock patch, and takes the taint off again when the node
+//     outlives the notice. The taint is the durable record: later events and
+//     restarts add nothing.
 //
 // Setup wires both. Without Azure configuration only SpotTainter and the
 // signal gauges run.
@@ -28,6 +30,20 @@ const (
 	// PreemptScheduledReason is the reason of the event announcing that a
 	// spot VM is about to be evicted.
 	PreemptScheduledReason = "PreemptScheduled"
+
+	// DefaultSpotEventNamespace and DefaultSpotEventComponent are where and
+	// by whom AKS writes that event: node-problem-detector, run by the AKS
+	// node extension on every node with the kubelet's credentials, from its
+	// custom plugin monitor of that name (see spot.go). It sets no
+	// --event-namespace, so client-go's recorder puts a Node's events in
+	// "default".
+	DefaultSpotEventNamespace = "default"
+	DefaultSpotEventComponent = "custom-scheduledevents-consolidated-preempt-plugin-monitor"
+
+	// imdsFailedPrefix starts the message of the PreemptScheduled event that
+	// node-problem-detector writes when its plugin could not ask IMDS (a
+	// temporary rule reports every non-OK exit): no notice at all.
+	imdsFailedPrefix = "IMDS query failed"
 )
 
 // SpotEvictionTaint is the taint a PreemptScheduled event becomes:

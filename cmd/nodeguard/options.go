@@ -133,6 +133,10 @@ func (o *options) validate() error {
 	if o.managed, err = labels.Parse(o.nodeSelector); err != nil {
 		return fmt.Errorf("--node-selector %q: %w", o.nodeSelector, err)
 	}
+	o.taintWatch.Managed = o.managed // the spot tainter taints managed nodes only
+	if err := o.taintWatch.Validate(); err != nil {
+		return err
+	}
 	if o.deleteTimeout <= 0 || o.deleteTimeout >= maxWebhookTimeout {
 		return fmt.Errorf("--delete-admission-timeout (%s) must be positive and below the longest webhook timeoutSeconds the API server allows (%s)", o.deleteTimeout, maxWebhookTimeout)
 	}
