@@ -85,7 +85,7 @@ func (o *options) bind(fs *flag.FlagSet) {
 	fs.DurationVar(&o.unconfirmedClaimTimeout, "unconfirmed-claim-timeout", budget.DefaultUnconfirmedClaimTimeout,
 		"How long after its admission a disruption claim may wait for its node to show the disruption under way (deleting, draining, or scaled down) before it is given back (Warning event DisruptionClaimUnconfirmed): "+
 			"an admitted delete sets the node's deletionTimestamp within milliseconds, so such a claim is a delete a later admission step denied, or a forged admission review. "+
-			"The node is read fresh from the API server first. 0 turns it off (only --disruption-claim-timeout applies); otherwise at least 5s (the webhook timeout) and below --disruption-claim-timeout, and raised to three times --delete-admission-timeout when lower (an admission that charged a budget is over by then).")
+			"The node is read fresh from the API server first. The same timeout withdraws the charge of a drain nodeguard did not start when no eviction from the node was carried out, or asked again, since its charging eviction review (Warning event DrainChargeWithdrawn). 0 turns it off (only --disruption-claim-timeout applies); otherwise at least 5s (the webhook timeout) and below --disruption-claim-timeout, and raised to three times --delete-admission-timeout when lower (an admission that charged a budget is over by then).")
 	o.termination = finalizer.NewFlags()
 	o.termination.BindFlags(fs)
 	fs.StringVar(&o.signalTaints, "signal-taints", ngv1alpha1.FormatSignalTaints(ngv1alpha1.DefaultSignalTaints),
