@@ -231,7 +231,11 @@ func TestLeastPrivilege(t *testing.T) {
 		ip := fmt.Sprintf("10.77.0.%d", i+4)
 		id := fmt.Sprintf("azure:///subscriptions/%s/resourceGroups/%s/providers/Microsoft.Compute/virtualMachineScaleSets/%s-vmss/virtualMachines/%d", subscription, resourceGroup, run, i)
 		emuNodes = append(emuNodes, armemulator.Node{Name: name, IPs: []string{ip}, ProviderID: id})
-		harness.MustCreate(t, env.Client, builder.Node(name, builder.WithLabels("pool", pool), builder.WithProviderID(id), builder.WithInternalIP(ip)))
+		labels := []string{"pool", pool}
+		if i == 3 { // the spot node of the PreemptScheduled notice below
+			labels = append(labels, ngv1alpha1.SpotPriorityLabel, ngv1alpha1.SpotPriorityValue)
+		}
+		harness.MustCreate(t, env.Client, builder.Node(name, builder.WithLabels(labels...), builder.WithProviderID(id), builder.WithInternalIP(ip)))
 	}
 	const secret = "nodeguard-install-test-client-secret-0c4f"
 	az := newAzure(t, armemulator.SeedForNodes(subscription, resourceGroup, emuNodes, armemulator.Topology{}), secret, false)
@@ -325,14 +329,16 @@ func TestLeastPrivilege(t *testing.T) {
 	waitAdminState(t, az.emu, signalled, "Down")
 	setTaints(t, signalled)
 	waitAdminState(t, az.emu, signalled, "None")
-	// The spot-eviction taint from a PreemptScheduled event.
+	// The spot-eviction taint from a PreemptScheduled event, of a spot node,
+	// written as AKS's node-problem-detector writes it.
 	spot := names[3]
 	harness.MustCreate(t, env.Client, &corev1.Event{
-		ObjectMeta:     metav1.ObjectMeta{Namespace: "default", Name: "preempt-" + spot},
+		ObjectMeta:     metav1.ObjectMeta{Namespace: taintwatch.DefaultSpotEventNamespace, Name: "preempt-" + spot},
 		InvolvedObject: corev1.ObjectReference{Kind: "Node", Name: spot, APIVersion: "v1"},
 		Reason:         taintwatch.PreemptScheduledReason, Message: "Preempt scheduled", Type: corev1.EventTypeWarning,
 		FirstTimestamp: metav1.Now(), LastTimestamp: metav1.Now(), Count: 1,
-		Source: corev1.EventSource{Component: "install-test"},
+		Source:              corev1.EventSource{Component: taintwatch.DefaultSpotEventComponent, Host: spot},
+		ReportingController: taintwatch.DefaultSpotEventComponent, ReportingInstance: spot,
 	})
 	harness.Eventually(t, 30*time.Second, func(ctx context.Context) (bool, error) {
 		var n corev1.Node
