@@ -14,7 +14,9 @@ import (
 )
 
 // Matching returns the budgets selecting the node, sorted by name. An
-// invalid selector selects nothing, as for PodDisruptionBudgets.
+// invalid selector selects nothing, as for PodDisruptionBudgets. For a
+// decision, reader must read consistently from kube-apiserver (Rule.Budgets):
+// an informer may not have seen a budget created or re-selected just now.
 func Matching(ctx context.Context, reader client.Reader, node *corev1.Node) ([]*ngv1alpha1.NodeDisruptionBudget, error) {
 	var list ngv1alpha1.NodeDisruptionBudgetList
 	if err := reader.List(ctx, &list); err != nil {

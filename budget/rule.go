@@ -35,10 +35,17 @@ type InstanceChecker interface {
 // DELETE, a cluster-autoscaler scale-down, the first eviction of someone
 // else's drain), and the only code that charges
 // NodeDisruptionBudgets for a disruption and gives a refused one back.
+// Build it with NewRule.
 type Rule struct {
 	Claimer *Claimer
-	// Budgets lists NodeDisruptionBudgets (a cache is fine: each charge is a
-	// conditional status write on a fresh read).
+	// Budgets lists the NodeDisruptionBudgets that select the node. It must
+	// read consistently from kube-apiserver (a List with no resourceVersion,
+	// such as the manager's API reader), never from an informer: a budget
+	// created or re-selected a moment before the request is not yet in a
+	// lagging replica's cache, and a set listed from it would leave that
+	// budget out of the decision. (Each charge re-reads its budget fresh by
+	// itself; this is the set of budgets charged.) NewRule sets the
+	// Claimer's Reader.
 	Budgets client.Reader
 	// Leases reads maintenance Leases fresh from the API server; nil reads
 	// none: the door's disruption is not refused for a hold (the eviction
@@ -47,6 +54,19 @@ type Rule struct {
 	// Instances, when set, says whether a NotReady node's instance is gone.
 	Instances InstanceChecker
 	Clock     clock.PassiveClock
+}
+
+// NewRule returns the rule a door applies: it lists the budgets selecting a
+// node through the claimer's Reader, which reads fresh from kube-apiserver
+// (NewClaimer: the manager's API reader), as the Eviction API reads
+// PodDisruptionBudgets from storage. kube-apiserver 1.34+ serves such a List
+// from its watch cache once that has caught up with etcd's revision
+// (ConsistentListFromCache): no etcd range read, but after writes to other
+// resources a wait of up to 100 ms for the cache's progress notification
+// (docs/performance.md). leases reads maintenance Leases fresh (nil: no hold
+// refuses the door's disruption); instances may be nil.
+func NewRule(claimer *Claimer, leases client.Reader, instances InstanceChecker, clk clock.PassiveClock) *Rule {
+	return &Rule{Claimer: claimer, Budgets: claimer.Reader, Leases: leases, Instances: instances, Clock: clk}
 }
 
 // Verdict is the rule's answer for one node.

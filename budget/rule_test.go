@@ -119,3 +119,25 @@ func TestRuleHoldAndGoneInstance(t *testing.T) {
 		t.Errorf("NotReady node whose instance exists: verdict %+v, want the budgets to decide", v)
 	}
 }
+
+// TestNewRuleListsTheBudgetsFresh (issue #61): the rule a door builds with
+// NewRule finds the budgets selecting a node through the claimer's fresh
+// Reader, not its informer: a budget the informer has not seen yet (created a
+// moment ago) still refuses.
+func TestNewRuleListsTheBudgetsFresh(t *testing.T) {
+	scheme := runtime.NewScheme()
+	utilruntime.Must(ngv1alpha1.AddToScheme(scheme))
+	strict := counted(4, 4, maxUnavailable("0"))
+	strict.Name = "new"
+	fresh := fake.NewClientBuilder().WithScheme(scheme).WithStatusSubresource(strict).WithObjects(strict).Build()
+	informer := fake.NewClientBuilder().WithScheme(scheme).Build() // has not seen it
+	clk := clocktesting.NewFakePassiveClock(now)
+	rule := NewRule(&Claimer{Client: fresh, Reader: fresh, Cache: informer, Clock: clk}, nil, nil, clk)
+	v, err := rule.Decide(context.Background(), node("x"), false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if v.Allowed || v.Denier == nil || v.Denier.Name != "new" || v.Code != http.StatusForbidden {
+		t.Errorf("verdict %+v, want budget new's 403", v)
+	}
+}

@@ -341,7 +341,7 @@ func TestDryRunDeleteNeverGivesBackARealClaim(t *testing.T) {
 		t.Fatalf("filling dry-b: charged %v, denial %d", ok, code)
 	}
 
-	h := &ngwebhook.DeleteHandler{Client: env.Client, Reader: env.Client, Budgets: env.Client,
+	h := &ngwebhook.DeleteHandler{Client: env.Client, Reader: env.Client,
 		Claimer: &budget.Claimer{Client: env.Client, Reader: staleFor{Reader: env.Client, ndb: before}, Clock: clock.RealClock{}},
 		Managed: labels.Everything(), Clock: clock.RealClock{}, Timeout: ngwebhook.DefaultDeleteTimeout}
 	resp := h.Handle(ctx, deleteRequest(t, node, true))
@@ -394,7 +394,7 @@ func TestDeleteKeepsAFinalizerAddedMeanwhile(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	h := &ngwebhook.DeleteHandler{Client: env.Client, Reader: env.Client, Budgets: env.Client, Claimer: newReplica(),
+	h := &ngwebhook.DeleteHandler{Client: env.Client, Reader: env.Client, Claimer: newReplica(),
 		Managed: labels.Everything(), Clock: clock.RealClock{}, Timeout: ngwebhook.DefaultDeleteTimeout}
 	resp := h.Handle(ctx, deleteRequest(t, read, false))
 	if resp.Allowed || resp.Result == nil || resp.Result.Code != http.StatusTooManyRequests || !strings.Contains(resp.Result.Message, "changed") {
@@ -437,7 +437,7 @@ func TestRefusedDeleteGivesBackOnlyItsOwnClaim(t *testing.T) {
 	node := builder.Node("own-x", builder.Ready(), builder.WithLabels("own-a", "yes", "own-b", "yes"))
 	node.Finalizers = []string{ngv1alpha1.TerminationFinalizer}
 	handler := func(c *budget.Claimer) *ngwebhook.DeleteHandler {
-		return &ngwebhook.DeleteHandler{Client: env.Client, Reader: env.Client, Budgets: env.Client, Claimer: c,
+		return &ngwebhook.DeleteHandler{Client: env.Client, Reader: env.Client, Claimer: c,
 			Managed: labels.Everything(), Clock: clock.RealClock{}, Timeout: ngwebhook.DefaultDeleteTimeout}
 	}
 

@@ -47,9 +47,8 @@ type DeleteHandler struct {
 	Client client.Client
 	// Reader reads maintenance Leases fresh from the API server.
 	Reader client.Reader
-	// Budgets lists NodeDisruptionBudgets (the manager's cache is fine: each
-	// claim is decided by a conditional status write).
-	Budgets  client.Reader
+	// Claimer charges the budgets; the rule lists them through its Reader,
+	// fresh from the API server (budget.NewRule).
 	Claimer  *budget.Claimer
 	Managed  labels.Selector
 	Recorder events.EventRecorder
@@ -63,7 +62,7 @@ type DeleteHandler struct {
 
 // rule is the disruption rule this handler applies.
 func (h *DeleteHandler) rule() *budget.Rule {
-	return &budget.Rule{Claimer: h.Claimer, Budgets: h.Budgets, Leases: h.Reader, Instances: h.Instances, Clock: h.Clock}
+	return budget.NewRule(h.Claimer, h.Reader, h.Instances, h.Clock)
 }
 
 // decision is the outcome of a Node or NodeClaim DELETE, for the response,

@@ -172,7 +172,7 @@ func FuzzDeleteReview(f *testing.F) {
 		WithObjects(fullBudget(now), readyNode("ready-0"), adminHold("held-0", now)).
 		Build()
 	h := fuzzHandler(&DeleteHandler{
-		Client: c, Reader: c, Budgets: c,
+		Client: c, Reader: c,
 		Claimer: &budget.Claimer{Client: c, Reader: c, Clock: clocktesting.NewFakePassiveClock(now)},
 		Managed: labels.Everything(), Clock: clocktesting.NewFakePassiveClock(now), Timeout: time.Second,
 	})

@@ -63,12 +63,12 @@ type nodeClaim struct {
 type NodeClaimDeleteHandler struct {
 	// Client patches the denial mark onto nodes (nil: no mark).
 	Client client.Client
-	// Nodes reads nodes (the manager's cache is fine) and Budgets lists
-	// budgets (each claim re-reads its budget from the API server).
-	Nodes   client.Reader
-	Budgets client.Reader
+	// Nodes reads nodes (the manager's cache is fine).
+	Nodes client.Reader
 	// Reader reads maintenance Leases fresh from the API server.
-	Reader    client.Reader
+	Reader client.Reader
+	// Claimer charges the budgets; the rule lists them through its Reader,
+	// fresh from the API server (budget.NewRule).
 	Claimer   *budget.Claimer
 	Managed   labels.Selector
 	Recorder  events.EventRecorder
@@ -176,7 +176,7 @@ func (h *NodeClaimDeleteHandler) decideForNode(ctx context.Context, claim *nodeC
 	case !h.Managed.Matches(labels.Set(node.Labels)):
 		return decision{allowed: true, message: fmt.Sprintf("node %s is not managed by nodeguard", node.Name)}, nil
 	}
-	rule := budget.Rule{Claimer: h.Claimer, Budgets: h.Budgets, Leases: h.Reader, Instances: h.Instances, Clock: h.Clock}
+	rule := budget.NewRule(h.Claimer, h.Reader, h.Instances, h.Clock)
 	v, err := rule.Decide(ctx, node, dryRun)
 	if err != nil {
 		return decision{}, err

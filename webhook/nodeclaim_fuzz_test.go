@@ -45,7 +45,7 @@ func FuzzNodeClaimReview(f *testing.F) {
 		WithObjects(fullBudget(now), readyNode("ready-0"), readyNode("held-0"), adminHold("held-0", now)).
 		Build()
 	h := fuzzHandler(&NodeClaimDeleteHandler{
-		Nodes: c, Budgets: c, Reader: c,
+		Nodes: c, Reader: c,
 		Claimer: &budget.Claimer{Client: c, Reader: c, Clock: clocktesting.NewFakePassiveClock(now)},
 		Managed: labels.Everything(), Clock: clocktesting.NewFakePassiveClock(now), Timeout: time.Second,
 	})

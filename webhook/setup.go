@@ -65,10 +65,12 @@ func Register(mgr ctrl.Manager, opts Options) error {
 	if err != nil {
 		return err
 	}
-	// The handlers read nodes and budgets from the cache: their informers
-	// start with the manager, on every replica (the controllers that would
-	// start them run on the leader only), so that a replica's readiness
-	// waits for them and its first admission does not.
+	// The handlers read nodes from the cache, and budget claims start from
+	// the cached budgets (the set a decision charges is listed fresh:
+	// budget.NewRule): their informers start with the manager, on every
+	// replica (the controllers that would start them run on the leader
+	// only), so that a replica's readiness waits for them and its first
+	// admission does not.
 	for _, obj := range []client.Object{&corev1.Node{}, &ngv1alpha1.NodeDisruptionBudget{}} {
 		if _, err := mgr.GetCache().GetInformer(context.Background(), obj, cache.BlockUntilSynced(false)); err != nil {
 			return err
@@ -79,7 +81,6 @@ func Register(mgr ctrl.Manager, opts Options) error {
 	server.Register(DeletePath, &webhook.Admission{Handler: &DeleteHandler{
 		Client:   mgr.GetClient(),
 		Reader:   mgr.GetAPIReader(),
-		Budgets:  mgr.GetClient(),
 		Claimer:  claimer,
 		Managed:  opts.Managed,
 		Recorder: recorder,
@@ -90,7 +91,7 @@ func Register(mgr ctrl.Manager, opts Options) error {
 		Warnings:  warnings,
 	}})
 	server.Register(NodeClaimDeletePath, &webhook.Admission{Handler: &NodeClaimDeleteHandler{
-		Client: mgr.GetClient(), Nodes: mgr.GetClient(), Budgets: mgr.GetClient(), Reader: mgr.GetAPIReader(),
+		Client: mgr.GetClient(), Nodes: mgr.GetClient(), Reader: mgr.GetAPIReader(),
 		Claimer: claimer,
 		Managed: opts.Managed, Recorder: recorder, Clock: clock.RealClock{}, Timeout: opts.DeleteTimeout,
 		Instances: opts.Instances,
@@ -127,7 +128,7 @@ func registerEviction(mgr ctrl.Manager, opts Options, claimer *budget.Claimer, r
 	}
 	rule := opts.DrainRule
 	if rule == nil {
-		rule = &budget.Rule{Claimer: claimer, Budgets: mgr.GetClient(), Instances: opts.Instances, Clock: clock.RealClock{}}
+		rule = budget.NewRule(claimer, nil, opts.Instances, clock.RealClock{})
 	}
 	mgr.GetWebhookServer().Register(EvictionPath, &webhook.Admission{Handler: &EvictionHandler{
 		Pods: pods, Nodes: mgr.GetClient(), Reader: mgr.GetAPIReader(), Client: mgr.GetClient(),

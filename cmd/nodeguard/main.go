@@ -102,7 +102,7 @@ func run(opts options) error {
 	}
 	// One claimer for every budget write: they join one group commit.
 	claimer := budget.NewClaimer(mgr, opts.signals.Table)
-	drainRule := &budget.Rule{Claimer: claimer, Budgets: mgr.GetClient(), Clock: clock.RealClock{}}
+	drainRule := budget.NewRule(claimer, nil, nil, clock.RealClock{})
 	if adminState != nil { // never a typed nil in the interface
 		drainRule.Instances = adminState
 	}

@@ -261,7 +261,7 @@ func (r *HoldReconciler) claim(ctx context.Context, node *corev1.Node) (reconcil
 // judge applies the disruption rule to the scale-down, with an event on each
 // budget it charged and on the one that refused.
 func (r *HoldReconciler) judge(ctx context.Context, node *corev1.Node) (budget.Verdict, error) {
-	rule := budget.Rule{Claimer: r.Claimer, Budgets: r.Client, Leases: r.Reader, Instances: r.Instances, Clock: r.Clock}
+	rule := budget.NewRule(r.Claimer, r.Reader, r.Instances, r.Clock)
 	v, err := rule.Decide(ctx, node, false)
 	if err != nil || r.Recorder == nil {
 		return v, err
