@@ -67,11 +67,15 @@ type EvictionHandler struct {
 	Nodes  client.Reader
 	Reader client.Reader
 	// Client writes the drain mark.
-	Client   client.Client
-	Rule     *budget.Rule
-	Managed  labels.Selector
-	Signals  *ngv1alpha1.Signals
-	Traffic  TrafficGate
+	Client  client.Client
+	Rule    *budget.Rule
+	Managed labels.Selector
+	Signals *ngv1alpha1.Signals
+	Traffic TrafficGate
+	// Self is nodeguard's own username (a SelfSubjectReview at start-up):
+	// its own drains evict only after their traffic cut, so their evictions
+	// are never held for it. "" holds them like any other.
+	Self     string
 	Recorder events.EventRecorder
 	Clock    clock.PassiveClock
 	Timeout  time.Duration
@@ -185,6 +189,9 @@ func (h *EvictionHandler) decide(ctx context.Context, req admission.Request, dry
 	if !h.Managed.Matches(labels.Set(node.Labels)) {
 		return allow(reasonUnmanaged, "node %s is not managed by nodeguard", node.Name)
 	}
+	if d, wait, err := h.deletingCutWait(ctx, &node, req); wait || err != nil {
+		return d, err
+	}
 	if cached := node; !drains(&cached) || h.scaleDownHeld(&cached) {
 		// A drainer cordons (or cluster-autoscaler taints), then evicts at
 		// once, and a scale-down's claim is the leader's write: the cache
@@ -210,10 +217,10 @@ func (h *EvictionHandler) decide(ctx context.Context, req admission.Request, dry
 	if node.DeletionTimestamp == nil && h.scaleDownHeld(&node) {
 		return h.scaleDownWait(&node, req.Namespace+"/"+req.Name), nil
 	}
+	pod := req.Namespace + "/" + req.Name
 	if why := disruptedBy(&node, h.Signals); why != "" {
 		return allow(reasonDisrupted, "node %s is already being disrupted (%s): its evictions charge nothing more", node.Name, why)
 	}
-	pod := req.Namespace + "/" + req.Name
 	h.withRecentMark(&node)
 	if _, charged := ngv1alpha1.DrainCharged(&node); !charged {
 		d, marked, err := h.chargeFirst(ctx, &node, pod, req.UserInfo.Username, dryRun)
@@ -258,6 +265,44 @@ func (h *EvictionHandler) noteAsked(ctx context.Context, node *corev1.Node) {
 	if err := h.Client.Patch(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: node.Name}}, patch); err != nil {
 		logf.FromContext(ctx).Info("Recording that an unconfirmed drain still asks", "node", node.Name, "error", err.Error())
 	}
+}
+
+// deletingCutWait holds the evictions from a node deleted under nodeguard's
+// finalizer until its traffic cut has ended, as nodeguard's own drain waits
+// for it: Karpenter (or any drainer of a deleted node) evicts as soon as the
+// node is deleted, while nodeguard is still setting its entries Down. The
+// cached node may lag the termination controller's TrafficCut condition,
+// which comes just before nodeguard's own evictions: a fresh read decides
+// before a refusal. Once nodeguard's finalizer is gone the cut is over (or
+// was not needed).
+func (h *EvictionHandler) deletingCutWait(ctx context.Context, node *corev1.Node, req admission.Request) (decision, bool, error) {
+	if !h.Traffic.Enabled || !ngv1alpha1.TerminatingUnderFinalizer(node) || h.cutOver(node) ||
+		(h.Self != "" && req.UserInfo.Username == h.Self) {
+		return decision{}, false, nil
+	}
+	var fresh corev1.Node
+	if err := h.Reader.Get(ctx, client.ObjectKey{Name: node.Name}, &fresh); err != nil {
+		if client.IgnoreNotFound(err) == nil {
+			return decision{}, false, nil
+		}
+		return decision{}, false, fmt.Errorf("reading node %s: %w", node.Name, err)
+	}
+	if !ngv1alpha1.TerminatingUnderFinalizer(&fresh) || h.cutOver(&fresh) {
+		return decision{}, false, nil
+	}
+	return decision{code: http.StatusTooManyRequests, reason: reasonTrafficCut, message: fmt.Sprintf(
+		"evicting pod %s/%s: node %s is being deleted and its load-balancer traffic is being cut (AdminState Down) before its pods go; retry in a few seconds",
+		req.Namespace, req.Name, node.Name)}, true, nil
+}
+
+// cutOver reports whether a deleted node's traffic cut has ended (the
+// TrafficCut condition) or, unless the policy is wait, --admin-state-timeout
+// has passed since its deletion.
+func (h *EvictionHandler) cutOver(node *corev1.Node) bool {
+	if _, ended := ngv1alpha1.TrafficCutEnded(node, h.Traffic.Wait); ended {
+		return true
+	}
+	return !h.Traffic.Wait && !h.Clock.Now().Before(node.DeletionTimestamp.Add(h.Traffic.Timeout))
 }
 
 // scaleDownHeld reports whether the node carries cluster-autoscaler's
