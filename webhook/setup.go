@@ -4,8 +4,10 @@ import (
 	"context"
 	"time"
 
+	authenticationv1 "k8s.io/api/authentication/v1"
 	corev1 "k8s.io/api/core/v1"
 	policyv1 "k8s.io/api/policy/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/events"
@@ -134,9 +136,25 @@ func registerEviction(mgr ctrl.Manager, opts Options, claimer *budget.Claimer, r
 		Pods: pods, Nodes: mgr.GetClient(), Reader: mgr.GetAPIReader(), Client: mgr.GetClient(),
 		Rule:    rule,
 		Managed: opts.Managed, Signals: opts.Signals, Traffic: opts.Traffic,
+		Self:     selfUsername(cs),
 		Recorder: recorder, Clock: clock.RealClock{}, Timeout: evictionTimeout(opts.DeleteTimeout),
 	}})
 	return nil
+}
+
+// selfUsername asks the API server who nodeguard is (a SelfSubjectReview,
+// which every authenticated user may create), so that the eviction webhook
+// knows its own drains' evictions. "" when it cannot tell: they are then held
+// like anyone's until the node's TrafficCut condition is written.
+func selfUsername(cs kubernetes.Interface) string {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	review, err := cs.AuthenticationV1().SelfSubjectReviews().Create(ctx, &authenticationv1.SelfSubjectReview{}, metav1.CreateOptions{})
+	if err != nil {
+		ctrl.Log.WithName("webhook").Error(err, "Asking the API server who nodeguard is; its own evictions from deleted nodes may wait for their TrafficCut condition")
+		return ""
+	}
+	return review.Status.UserInfo.Username
 }
 
 // evictionTimeout is the eviction decision's time budget: the admission
