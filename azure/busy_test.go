@@ -175,8 +175,14 @@ func TestFailedEntryIsTriedAgain(t *testing.T) {
 // revert-open histogram of a pool.
 func revertOpenCount(t *testing.T, pool string) (uint64, float64) {
 	t.Helper()
+	return revertOpenCountOf(t, pool, AdminStateDown)
+}
+
+// revertOpenCountOf is revertOpenCount for the reverts of either state.
+func revertOpenCountOf(t *testing.T, pool string, state AdminState) (uint64, float64) {
+	t.Helper()
 	var m dto.Metric
-	if err := revertOpen.WithLabelValues(pool).(prometheus.Histogram).Write(&m); err != nil {
+	if err := revertOpen.WithLabelValues(pool, string(state)).(prometheus.Histogram).Write(&m); err != nil {
 		t.Fatal(err)
 	}
 	return m.GetHistogram().GetSampleCount(), m.GetHistogram().GetSampleSum()

@@ -22,8 +22,15 @@ const (
 	ReasonRecordUnreadable = "LoadBalancerAdminStateRecordUnreadable"
 	// ReasonReverted (Warning): an entry of a node held Down was found not
 	// Down (another writer put the pool back from an older copy, or added the
-	// node at None); nodeguard sets it Down again.
+	// node at None); nodeguard sets it Down again. Or an entry nodeguard
+	// restored was found Down within --azure-admin-state-restore-hold (put
+	// back from a copy read while the node was Down); nodeguard sets it None
+	// again.
 	ReasonReverted = "LoadBalancerAdminStateReverted"
+	// ReasonRecordIgnored (Warning, on the Lease): a Lease claims to be the
+	// admin-state record of a pool but is not the one nodeguard keeps for it;
+	// nodeguard ignores it.
+	ReasonRecordIgnored = "LoadBalancerAdminStateRecordIgnored"
 	// ReasonNoBackendPool (Warning): the node is in no backend pool of the
 	// managed load balancers, so setting it Down changed nothing: a node
 	// excluded from load balancers, or a configuration that names the wrong
@@ -110,4 +117,14 @@ func unreadableEvent(u UnreadableRecord) event {
 func revertedEvent(pool, entry string) event {
 	return event{pool: pool, warning: true, reason: ReasonReverted,
 		note: fmt.Sprintf("Backend pool %s: entry %s of this node, which nodeguard holds Down, was found not Down: another writer of the pool (cloud-provider-azure writes whole pools as it read them) put it back or added it at None. nodeguard sets it Down again now. Repeated events mean the two keep fighting over the pool.", pool, entry)}
+}
+
+func revertedRestoreEvent(pool, entry string, restoredAt time.Time) event {
+	return event{pool: pool, warning: true, reason: ReasonReverted,
+		note: fmt.Sprintf("Backend pool %s: entry %s of this node, which nodeguard restored to None at %s, was found Down: another writer of the pool (cloud-provider-azure writes whole pools from the copy it read, up to minutes old) put back a copy read while the node was Down. nodeguard sets it None again now, and holds None until --azure-admin-state-restore-hold has passed since the restore.", pool, entry, restoredAt.UTC().Format(time.RFC3339))}
+}
+
+func ignoredRecordEvent(r IgnoredRecord) event {
+	return event{warning: true, reason: ReasonRecordIgnored,
+		note: fmt.Sprintf("%v. nodeguard reads a pool's record only from the Lease it keeps for that pool (%s), and ignores this one: what it lists changes nothing nodeguard does.", r, leaseName(r.Pool))}
 }

@@ -41,17 +41,18 @@ func (m *Manager) loadRecords(ctx context.Context) error {
 	if loaded {
 		return nil
 	}
-	recs, unreadable, err := m.records.Load(ctx)
+	recs, unreadable, ignored, err := m.records.Load(ctx)
 	if err != nil {
 		return err
 	}
 	m.reportUnreadable(ctx, unreadable)
+	m.reportIgnored(ctx, ignored)
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	m.recorded = recs
 	for _, rec := range recs {
 		for _, o := range rec {
-			if since, err := ngv1alpha1.ParseTime(o.GoneSince); err == nil && m.nodes[o.UID] == nil {
+			if since, err := ngv1alpha1.ParseTime(o.GoneSince); err == nil && !o.restored() && m.nodes[o.UID] == nil {
 				m.markGone(o.UID, o.Node, since)
 			}
 		}
@@ -70,6 +71,20 @@ func (m *Manager) reportUnreadable(ctx context.Context, unreadable []UnreadableR
 			lease := u.Lease.DeepCopy()
 			lease.SetGroupVersionKind(coordinationv1.SchemeGroupVersion.WithKind("Lease"))
 			m.recorder.Eventf(lease, nil, corev1.EventTypeWarning, ReasonRecordUnreadable, eventAction, "%s", unreadableEvent(u).note)
+		}
+	}
+}
+
+// reportIgnored reports the record Leases Load ignored because they are not
+// nodeguard's, with a Warning event on each (once: records are read once).
+func (m *Manager) reportIgnored(ctx context.Context, ignored []IgnoredRecord) {
+	for _, r := range ignored {
+		ignoredRecords.Inc()
+		ctrl.LoggerFrom(ctx).Info("Ignoring a Lease that claims to be an admin-state record", "lease", klog.KObj(r.Lease), "pool", r.Pool, "reason", r.Error())
+		if m.recorder != nil {
+			lease := r.Lease.DeepCopy()
+			lease.SetGroupVersionKind(coordinationv1.SchemeGroupVersion.WithKind("Lease"))
+			m.recorder.Eventf(lease, nil, corev1.EventTypeWarning, ReasonRecordIgnored, eventAction, "%s", ignoredRecordEvent(r).note)
 		}
 	}
 }
@@ -93,12 +108,12 @@ func (m *Manager) saveRecord(ctx context.Context, pool string, rec poolRecord) e
 	return nil
 }
 
-// ownsEntries reports whether any entry is recorded Down for uid. Call with
-// m.mu held.
+// ownsEntries reports whether any entry is recorded Down for uid (a restored
+// one is held None, not owed a restore). Call with m.mu held.
 func (m *Manager) ownsEntries(uid types.UID) bool {
 	for _, rec := range m.recorded {
 		for _, o := range rec {
-			if o.UID == uid {
+			if o.UID == uid && !o.restored() {
 				return true
 			}
 		}
@@ -124,13 +139,15 @@ func (m *Manager) markGone(uid types.UID, name string, since time.Time) {
 // with another UID (a reimaged VMSS instance, a re-created node) is replaced,
 // and the entries recorded Down for it are restored now, not after
 // --azure-admin-state-gone-node-grace. The taint watcher calls it for every
-// node it sees.
+// node it sees. A node with a taint cloud-provider-azure sets Down on ends
+// the hold of its restored entries (restore.go).
 func (m *Manager) Observe(node *corev1.Node) {
 	if node == nil {
 		return
 	}
 	m.mu.Lock()
 	due := m.replacedBy(node.Name, node.UID)
+	m.endHoldOnCloudProviderSignal(node)
 	m.mu.Unlock()
 	if due {
 		m.wake()
@@ -138,10 +155,10 @@ func (m *Manager) Observe(node *corev1.Node) {
 }
 
 // replacedBy makes due, at once, the gone nodes that the node name/uid
-// replaces (same name, another UID), and reports whether there was one. Call
-// with m.mu held.
+// replaces (same name, another UID), ends the holds of the entries restored
+// for them, and reports whether there was one. Call with m.mu held.
 func (m *Manager) replacedBy(name string, by types.UID) bool {
-	found := false
+	found := m.restoreReplacedBy(name, by)
 	for uid, n := range m.nodes {
 		if n.gone != nil && n.gone.due == "" && n.name == name && uid != by {
 			n.gone.replacement = by
@@ -187,7 +204,7 @@ func (m *Manager) makeDue(n *nodeState, why string) {
 			continue // not listed (yet): dropVanishedRecords drops it if it is gone
 		}
 		for _, o := range rec {
-			if o.UID == n.uid {
+			if o.UID == n.uid && !o.restored() {
 				n.pools[pool] = &work{pending: true}
 				break
 			}
@@ -244,7 +261,7 @@ func (m *Manager) untrackedOwners() map[types.UID]string {
 	out := map[types.UID]string{}
 	for _, rec := range m.recorded {
 		for _, o := range rec {
-			if m.nodes[o.UID] == nil {
+			if m.nodes[o.UID] == nil && !o.restored() {
 				out[o.UID] = o.Node
 			}
 		}
@@ -301,7 +318,7 @@ func (m *Manager) poolsMissingGoneSince() []string {
 	var out []string
 	for key, rec := range m.recorded {
 		for _, o := range rec {
-			if n := m.nodes[o.UID]; n != nil && n.gone != nil && o.GoneSince == "" {
+			if n := m.nodes[o.UID]; n != nil && n.gone != nil && o.GoneSince == "" && !o.restored() {
 				out = append(out, key)
 				break
 			}
@@ -318,7 +335,7 @@ func (m *Manager) stampGoneSince(ctx context.Context, key string) error {
 	m.mu.Lock()
 	rec := maps.Clone(m.recorded[key])
 	for name, o := range rec {
-		if n := m.nodes[o.UID]; n != nil && n.gone != nil && o.GoneSince == "" {
+		if n := m.nodes[o.UID]; n != nil && n.gone != nil && o.GoneSince == "" && !o.restored() {
 			o.GoneSince = ngv1alpha1.FormatTime(n.gone.since)
 			rec[name] = o
 		}
@@ -348,13 +365,21 @@ func (m *Manager) finishGone(n *nodeState) []pendingEvent {
 	return []pendingEvent{{about, goneRestoredEvent(n)}}
 }
 
-// updateRecordGauge counts the entries recorded Down. Call with m.mu held.
+// updateRecordGauge counts the entries recorded Down, and those restored and
+// held None. Call with m.mu held.
 func (m *Manager) updateRecordGauge() {
-	total := 0
+	down, restored := 0, 0
 	for _, rec := range m.recorded {
-		total += len(rec)
+		for _, o := range rec {
+			if o.restored() {
+				restored++
+			} else {
+				down++
+			}
+		}
 	}
-	recordedEntries.Set(float64(total))
+	recordedEntries.Set(float64(down))
+	restoredEntries.Set(float64(restored))
 }
 
 // dropVanishedRecords forgets the records of pools the listing no longer

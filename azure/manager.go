@@ -65,6 +65,11 @@ type Manager struct {
 	// Down and for which node. nil until loaded; no writer runs before.
 	recorded   map[string]poolRecord
 	nextReview time.Time
+	// holdEnded: nodes of restored entries known deleted or replaced, or
+	// carrying a taint cloud-provider-azure sets Down on: their holds end
+	// (restore.go); nextRestoreReview: when the node cache is next asked.
+	holdEnded         map[types.UID]bool
+	nextRestoreReview time.Time
 
 	// lastVerify and nextVerify schedule the re-reads of the pools while a
 	// node is held Down (verify.go).
@@ -145,6 +150,9 @@ type poolState struct {
 	// writes counts nodeguard's completed writes to the pool: a
 	// verification that read the pool before one of them ignores it.
 	writes uint64
+	// reverted: restored entries a verification found Down, by entry name,
+	// with when: the pool's next attempt sets them None again (restore.go).
+	reverted map[string]time.Time
 }
 
 // NewManager builds the manager from the flags. It returns (nil, nil) when no
@@ -197,7 +205,7 @@ func NewManagerFromConfig(cfg *config.Config, recorder events.EventRecorder, opt
 		cfg: cfg, client: client, recorder: recorder, clock: s.clock, log: s.log,
 		trigger: make(chan struct{}, 1), stopped: make(chan struct{}),
 		lbLocks: map[string]*sync.Mutex{}, nodes: map[types.UID]*nodeState{}, pools: map[string]*poolState{},
-		writers: map[string]bool{},
+		writers: map[string]bool{}, holdEnded: map[types.UID]bool{},
 	}
 	m.nics = backends.NewNICCache(client.GetInterface, s.clock, cfg.ResyncInterval, cfg.RetryInterval)
 	m.records, m.nodeReader = s.records, s.nodes
@@ -280,9 +288,11 @@ func sameIdent(a, b backends.Node) bool {
 	return a.Name == b.Name && a.ProviderID == b.ProviderID && slices.Equal(a.IPs, b.IPs)
 }
 
-// Forget drops a deleted node. Entries nodeguard recorded Down for it are
-// restored once a node of the same name replaces it, or after
-// --azure-admin-state-gone-node-grace.
+// Forget drops a node: deleted, or one nodeguard no longer sets admin state
+// for. Entries nodeguard recorded Down for it are restored once a node of the
+// same name replaces it, or after --azure-admin-state-gone-node-grace; entries
+// it restored stay held None for --azure-admin-state-restore-hold, unless the
+// node turns out deleted (restore.go).
 func (m *Manager) Forget(uid types.UID) {
 	m.mu.Lock()
 	defer m.mu.Unlock()

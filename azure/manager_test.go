@@ -45,8 +45,9 @@ type fakeRecorder struct {
 func (r *fakeRecorder) Eventf(regarding, _ runtime.Object, typ, reason, _, note string, args ...any) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	n := regarding.(*corev1.Node)
-	r.events = append(r.events, recordedEvent{node: n.Name, typ: typ, reason: reason, note: fmt.Sprintf(note, args...)})
+	// Events are about nodes, but for those about record Leases: both by name.
+	n := regarding.(metav1.Object)
+	r.events = append(r.events, recordedEvent{node: n.GetName(), typ: typ, reason: reason, note: fmt.Sprintf(note, args...)})
 }
 
 // reasons lists a node's event reasons in order.

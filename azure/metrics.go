@@ -51,6 +51,16 @@ var (
 		Name:      "recorded_entries",
 		Help:      "Backend entries recorded as set Down by nodeguard (nodeguard restores None only on these).",
 	})
+	restoredEntries = prometheus.NewGauge(prometheus.GaugeOpts{
+		Namespace: metricsNamespace,
+		Name:      "restored_entries",
+		Help:      "Backend entries nodeguard restored to None and still holds None (recorded, verified) for --azure-admin-state-restore-hold.",
+	})
+	ignoredRecords = prometheus.NewCounter(prometheus.CounterOpts{
+		Namespace: metricsNamespace,
+		Name:      "ignored_records_total",
+		Help:      "Leases in kube-node-maintenance that carry an admin-state record but are not nodeguard's record Lease of the pool they name (another name than the one nodeguard derives from the pool): ignored when the records were read (each has a Warning event).",
+	})
 	unreadableRecords = prometheus.NewCounter(prometheus.CounterOpts{
 		Namespace: metricsNamespace,
 		Name:      "unreadable_records_total",
@@ -64,14 +74,14 @@ var (
 	reverts = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Namespace: metricsNamespace,
 		Name:      "reverts_total",
-		Help:      "Entries of nodes held Down that a verification, or a write for other nodes, found not Down (another writer put them back to None or added them at None) and nodeguard set Down again, by pool (load balancer/pool). Each has a LoadBalancerAdminStateReverted Warning event.",
-	}, []string{labelPool})
+		Help:      "Entries that a verification, or a write for other nodes, found reverted by another writer and nodeguard set again, by pool (load balancer/pool) and the state set again: Down (an entry of a node held Down found not Down: put back to None or added at None) or None (an entry nodeguard restored found Down within --azure-admin-state-restore-hold: put back from a copy read while the node was Down). Each has a LoadBalancerAdminStateReverted Warning event.",
+	}, []string{labelPool, labelState})
 	revertOpen = prometheus.NewHistogramVec(prometheus.HistogramOpts{
 		Namespace: metricsNamespace,
 		Name:      "revert_open_seconds",
-		Help:      "Time an entry of a node held Down stayed not Down after a verification found it reverted by another writer, until nodeguard's rewrite confirmed Down again, by pool (load balancer/pool). It starts at the finding, so the entry was open up to one --azure-admin-state-verify-interval longer.",
+		Help:      "Time an entry reverted by another writer stayed so after a verification found it, until nodeguard's rewrite confirmed its state again, by pool (load balancer/pool) and the state set again (Down: a node held Down; None: a restored entry). It starts at the finding, so the entry was reverted up to one --azure-admin-state-verify-interval longer.",
 		Buckets:   prometheus.ExponentialBuckets(0.5, 2, 10),
-	}, []string{labelPool})
+	}, []string{labelPool, labelState})
 	configurationReady = prometheus.NewGauge(prometheus.GaugeOpts{
 		Namespace: metricsNamespace,
 		Name:      "configuration_ready",
@@ -86,5 +96,5 @@ var (
 )
 
 func init() {
-	metrics.Registry.MustRegister(lockWait, poolUpdates, parkedTicks, noEntryDown, recordWrites, recordedEntries, unreadableRecords, goneRestored, reverts, revertOpen, configurationReady, confirmDuration)
+	metrics.Registry.MustRegister(lockWait, poolUpdates, parkedTicks, noEntryDown, recordWrites, recordedEntries, restoredEntries, ignoredRecords, unreadableRecords, goneRestored, reverts, revertOpen, configurationReady, confirmDuration)
 }

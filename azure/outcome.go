@@ -63,6 +63,9 @@ func (m *Manager) apply(ctx context.Context, g group, snap snapshot, res result,
 	default:
 		poolUpdates.WithLabelValues(resultFailure).Inc()
 		events = m.applyTerminal(g, res.err, now)
+		// A terminal error parks nothing: restored entries to set None
+		// again wait for the next verification to find them, not a spin.
+		m.clearReverted(g.pool.key, snap)
 	}
 	m.mu.Unlock()
 	if res.err != nil && class != classShutdown && class != classStale {
@@ -83,7 +86,7 @@ func (m *Manager) applySuccess(g group, snap snapshot, res result, now time.Time
 			p.writes++
 		}
 	}
-	var events []pendingEvent
+	events := m.restoresRepaired(g.pool.key, snap, res, now)
 	for uid, n := range m.nodes {
 		k := string(uid)
 		w := n.pools[g.pool.key]
@@ -123,12 +126,12 @@ func (m *Manager) applySuccess(g group, snap snapshot, res result, now time.Time
 			// Entries match the desired state, or (None) there is no entry
 			// that could be Down.
 			if !w.openSince.IsZero() && n.desired == AdminStateDown {
-				revertOpen.WithLabelValues(g.pool.key).Observe(now.Sub(w.openSince).Seconds())
+				revertOpen.WithLabelValues(g.pool.key, string(AdminStateDown)).Observe(now.Sub(w.openSince).Seconds())
 			}
 			if _, wanted := g.participants[uid]; !wanted && !w.pending && !w.failed && res.changed[k] && n.desired == AdminStateDown {
 				// Held Down and done, yet this write (for other nodes) had to
 				// set it Down again: another writer reverted it since.
-				reverts.WithLabelValues(g.pool.key).Inc()
+				reverts.WithLabelValues(g.pool.key, string(AdminStateDown)).Inc()
 				events = append(events, pendingEvent{n, revertedEvent(g.pool.key, n.name)})
 			}
 			*w = work{}
@@ -358,12 +361,22 @@ func (m *Manager) nextWake() time.Duration {
 	now := m.clock.Now()
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	d := min(m.nextResync.Sub(now), m.gonePending(now))
+	d := min(m.nextResync.Sub(now), m.gonePending(now), m.restoreWake(now))
 	if _, next := m.verifyWanted(now); next > 0 {
 		d = min(d, next)
 	}
 	if m.discoverErr != nil {
 		d = min(d, m.cfg.RetryInterval)
+	}
+	for _, p := range m.pools {
+		if len(p.reverted) == 0 {
+			continue
+		}
+		if p.notBefore.After(now) {
+			d = min(d, p.notBefore.Sub(now))
+		} else {
+			d = min(d, m.cfg.RetryInterval)
+		}
 	}
 	for _, n := range m.nodes {
 		if !n.known {

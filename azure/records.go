@@ -34,17 +34,27 @@ type owner struct {
 	// GoneSince is when nodeguard first saw the node gone (RFC 3339), empty
 	// while it exists.
 	GoneSince string `json:"goneSince,omitempty"`
+	// RestoredAt is when nodeguard restored the entry to None for its node
+	// (RFC 3339); empty while the entry is held Down. A restore is held too
+	// (restore.go): another writer's stale copy can put the entry back Down,
+	// so the entry stays recorded for --azure-admin-state-restore-hold.
+	// Records written before the field existed have none: all Down.
+	RestoredAt string `json:"restoredAt,omitempty"`
 }
 
-// poolRecord is one backend pool's entries that nodeguard set Down, by
-// entry name.
+// restored reports whether the entry is held None, not Down.
+func (o owner) restored() bool { return o.RestoredAt != "" }
+
+// poolRecord is one backend pool's entries that nodeguard set Down, or
+// restored and still holds None, by entry name.
 type poolRecord map[string]owner
 
 // RecordStore keeps the pool records durably.
 type RecordStore interface {
-	// Load returns every readable pool's record, by pool key, and the
-	// records it skipped because they cannot be read.
-	Load(ctx context.Context) (map[string]poolRecord, []UnreadableRecord, error)
+	// Load returns every readable pool's record, by pool key, the records
+	// it skipped because they cannot be read, and those it ignored because
+	// they are not nodeguard's.
+	Load(ctx context.Context) (map[string]poolRecord, []UnreadableRecord, []IgnoredRecord, error)
 	// Save replaces a pool's record; an empty record removes it.
 	Save(ctx context.Context, pool string, rec poolRecord) error
 }
@@ -90,7 +100,8 @@ func InCluster(c client.Client, apiReader client.Reader) []ManagerOption {
 }
 
 // leaseName is a DNS-safe name for a pool key (pool names may hold
-// characters a Lease name cannot).
+// characters a Lease name cannot). It is also what makes a record
+// nodeguard's: Load reads a pool's record only from the Lease of this name.
 func leaseName(pool string) string {
 	sum := sha256.Sum256([]byte(pool))
 	return "lb-admin-state-" + hex.EncodeToString(sum[:10])
@@ -108,27 +119,48 @@ func (u UnreadableRecord) Error() string {
 		u.Lease.Namespace, u.Lease.Name, recordPoolAnnotation, recordEntriesAnnotation, u.Err)
 }
 
-// Load implements RecordStore.
-func (s *LeaseRecords) Load(ctx context.Context) (map[string]poolRecord, []UnreadableRecord, error) {
+// IgnoredRecord is a Lease that carries a record for a pool but is not the
+// Lease nodeguard keeps for that pool (leaseName). Other maintenance tools
+// may create Leases in the namespace, so anyone among them could write a
+// second record claiming a pool: Load ignores it, so that it can neither
+// make nodeguard restore a Down it did not set nor forget one it did.
+type IgnoredRecord struct {
+	Lease *coordinationv1.Lease
+	Pool  string
+}
+
+func (r IgnoredRecord) Error() string {
+	return fmt.Sprintf("Lease %s/%s claims to be the admin-state record of backend pool %s (annotation %s), but nodeguard keeps that pool's record in Lease %s/%s",
+		r.Lease.Namespace, r.Lease.Name, r.Pool, recordPoolAnnotation, r.Lease.Namespace, leaseName(r.Pool))
+}
+
+// Load implements RecordStore. It lists by label, and takes a pool's record
+// only from the Lease named after the pool: the label and annotations are
+// anyone's to write, the name is the one nodeguard creates.
+func (s *LeaseRecords) Load(ctx context.Context) (map[string]poolRecord, []UnreadableRecord, []IgnoredRecord, error) {
 	var list coordinationv1.LeaseList
 	if err := s.reader.List(ctx, &list, client.InNamespace(s.namespace), client.MatchingLabels{recordLabel: recordLabelValue}); err != nil {
-		return nil, nil, fmt.Errorf("listing admin-state records in %s: %w", s.namespace, err)
+		return nil, nil, nil, fmt.Errorf("listing admin-state records in %s: %w", s.namespace, err)
 	}
 	out := map[string]poolRecord{}
 	var unreadable []UnreadableRecord
+	var ignored []IgnoredRecord
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	for i := range list.Items {
 		l := &list.Items[i]
 		pool, rec, err := parseRecord(l)
-		if err != nil {
+		switch {
+		case err != nil:
 			unreadable = append(unreadable, UnreadableRecord{Lease: l, Err: err})
-			continue
+		case l.Name != leaseName(pool):
+			ignored = append(ignored, IgnoredRecord{Lease: l, Pool: pool})
+		default:
+			out[pool] = rec
+			s.last[pool] = l
 		}
-		out[pool] = rec
-		s.last[pool] = l
 	}
-	return out, unreadable, nil
+	return out, unreadable, ignored, nil
 }
 
 // parseRecord reads a record Lease's pool and entries.
@@ -200,7 +232,7 @@ func (s *LeaseRecords) save(ctx context.Context, pool string, rec poolRecord) er
 }
 
 // RecordedDown is one backend-pool entry nodeguard set Down for a node and
-// has not restored yet.
+// has not restored yet (entries it restored and holds None are not listed).
 type RecordedDown struct {
 	Pool  string // "<load balancer>/<pool>"
 	Entry string
@@ -211,7 +243,7 @@ type RecordedDown struct {
 // ListRecordedDowns reads the records kept in namespace, sorted by pool and
 // entry (for nodeguard uninstall, which has to say what nobody will restore).
 func ListRecordedDowns(ctx context.Context, reader client.Reader, namespace string) ([]RecordedDown, error) {
-	pools, unreadable, err := NewLeaseRecords(nil, reader, namespace).Load(ctx)
+	pools, unreadable, _, err := NewLeaseRecords(nil, reader, namespace).Load(ctx)
 	if err != nil {
 		return nil, err
 	}
@@ -222,7 +254,9 @@ func ListRecordedDowns(ctx context.Context, reader client.Reader, namespace stri
 	var out []RecordedDown
 	for pool, rec := range pools {
 		for entry, o := range rec {
-			out = append(out, RecordedDown{Pool: pool, Entry: entry, Node: o.Node, UID: o.UID})
+			if !o.restored() {
+				out = append(out, RecordedDown{Pool: pool, Entry: entry, Node: o.Node, UID: o.UID})
+			}
 		}
 	}
 	slices.SortFunc(out, func(a, b RecordedDown) int {
@@ -244,14 +278,14 @@ type MemoryRecords struct {
 func NewMemoryRecords() *MemoryRecords { return &MemoryRecords{pools: map[string]poolRecord{}} }
 
 // Load implements RecordStore.
-func (s *MemoryRecords) Load(context.Context) (map[string]poolRecord, []UnreadableRecord, error) {
+func (s *MemoryRecords) Load(context.Context) (map[string]poolRecord, []UnreadableRecord, []IgnoredRecord, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	out := make(map[string]poolRecord, len(s.pools))
 	for k, r := range s.pools {
 		out[k] = maps.Clone(r)
 	}
-	return out, nil, nil
+	return out, nil, nil, nil
 }
 
 // Save implements RecordStore.
@@ -270,13 +304,24 @@ func (s *MemoryRecords) Save(_ context.Context, pool string, rec poolRecord) err
 }
 
 // Entries returns the entries recorded Down per pool, as "entry=node".
-func (s *MemoryRecords) Entries() map[string]map[string]string {
+func (s *MemoryRecords) Entries() map[string]map[string]string { return s.entries(false) }
+
+// Restored returns the entries restored and held None per pool, as
+// "entry=node".
+func (s *MemoryRecords) Restored() map[string]map[string]string { return s.entries(true) }
+
+func (s *MemoryRecords) entries(restored bool) map[string]map[string]string {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	out := map[string]map[string]string{}
 	for k, r := range s.pools {
-		out[k] = map[string]string{}
 		for e, o := range r {
+			if o.restored() != restored {
+				continue
+			}
+			if out[k] == nil {
+				out[k] = map[string]string{}
+			}
 			out[k][e] = o.Node
 		}
 	}

@@ -1,6 +1,8 @@
 package azure
 
 import (
+	"context"
+	"encoding/json"
 	"errors"
 	"net/http"
 	"strings"
@@ -8,12 +10,16 @@ import (
 
 	"github.com/Azure/azure-sdk-for-go/sdk/resourcemanager/network/armnetwork/v9"
 	"github.com/prometheus/client_golang/prometheus/testutil"
+	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/client/fake"
+
+	ngv1alpha1 "github.com/nodeguard/nodeguard/api/v1alpha1"
 )
 
 // setDownByOther sets a node's entry Down in one pool as another writer
@@ -255,4 +261,102 @@ func TestNoDownWithoutARecord(t *testing.T) {
 	e.tick()
 	e.wantStates(n0.Name, AdminStateDown)
 	e.wantConfirmed(n0, AdminStateDown)
+}
+
+// A record written before restored entries existed (no restoredAt) still
+// loads, as entries set Down.
+func TestOldRecordLoads(t *testing.T) {
+	old := `{"10.224.0.4":{"uid":"uid-a","node":"a"},"10.224.0.5":{"uid":"uid-b","node":"b","goneSince":"2026-01-02T03:04:05Z"}}`
+	pool := "kubernetes/kubernetes"
+	l := &coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Name: leaseName(pool),
+		Annotations: map[string]string{recordPoolAnnotation: pool, recordEntriesAnnotation: old}}}
+	got, rec, err := parseRecord(l)
+	if err != nil || got != pool {
+		t.Fatalf("parseRecord = %q, %v", got, err)
+	}
+	for name, o := range rec {
+		if o.restored() {
+			t.Errorf("%s loaded as restored, want Down: %+v", name, o)
+		}
+	}
+	if rec["10.224.0.5"].GoneSince == "" || len(rec) != 2 {
+		t.Errorf("record = %+v", rec)
+	}
+}
+
+// leaseEnv is a manager whose records are Leases in a fake API server.
+func leaseEnv(t *testing.T) (*testEnv, client.Client) {
+	t.Helper()
+	s := runtime.NewScheme()
+	if err := clientgoscheme.AddToScheme(s); err != nil {
+		t.Fatal(err)
+	}
+	c := fake.NewClientBuilder().WithScheme(s).Build()
+	return newEnv(t, 3, false, withManager(WithRecords(NewLeaseRecords(c, c, ngv1alpha1.MaintenanceLeaseNamespace)))), c
+}
+
+// forgeRecord writes a record Lease as anyone who may create Leases in the
+// maintenance namespace could.
+func forgeRecord(t *testing.T, c client.Client, name, pool string, entries map[string]owner) {
+	t.Helper()
+	data, err := json.Marshal(entries)
+	if err != nil {
+		t.Fatal(err)
+	}
+	l := &coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Namespace: ngv1alpha1.MaintenanceLeaseNamespace, Name: name,
+		Labels:      map[string]string{recordLabel: recordLabelValue},
+		Annotations: map[string]string{recordPoolAnnotation: pool, recordEntriesAnnotation: string(data)}}}
+	if err := c.Create(context.Background(), l); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestForgedRecordIsIgnored: nodeguard holds n0 Down and someone else set
+// n1 Down; a second record Lease for each pool, written by someone else,
+// lists n1 as set Down by nodeguard (the public pool) and nothing (the
+// internal pool). After a restart nodeguard reads only its own records: n0's
+// None is restored in both pools, n1's Down is left alone, and each forged
+// Lease gets one Warning LoadBalancerAdminStateRecordIgnored.
+func TestForgedRecordIsIgnored(t *testing.T) {
+	e, c := leaseEnv(t)
+	n0, n1 := e.nodes[0], e.nodes[1]
+	e.m.SetDesired(n0, AdminStateDown)
+	e.tick()
+	e.wantStates(n0.Name, AdminStateDown)
+	e.setDownByOther("kubernetes", "kubernetes", n1.Name)
+
+	// Names that sort after nodeguard's own, so a list takes them last.
+	forged := map[string]string{"lb-admin-state-zz-public": "kubernetes/kubernetes", "lb-admin-state-zz-internal": "kubernetes-internal/kubernetes"}
+	forgeRecord(t, c, "lb-admin-state-zz-public", "kubernetes/kubernetes", map[string]owner{n1.Name: {UID: n1.UID, Node: n1.Name}})
+	forgeRecord(t, c, "lb-admin-state-zz-internal", "kubernetes-internal/kubernetes", map[string]owner{})
+	before := testutil.ToFloat64(ignoredRecords)
+
+	e.m = e.remake()
+	for _, n := range e.nodes {
+		e.m.SetDesired(n, AdminStateNone)
+	}
+	e.tick()
+	e.wantStates(n0.Name, AdminStateNone)
+	if got := e.state("kubernetes", "kubernetes", n1.Name); got != "Down" {
+		t.Errorf("n1 (Down by someone else, listed by a forged record) = %s, want Down", got)
+	}
+	for name := range forged {
+		if got := e.countReasons(name, ReasonRecordIgnored); got != 1 {
+			t.Errorf("%d %s events on Lease %s, want 1", got, ReasonRecordIgnored, name)
+		}
+	}
+	if got := testutil.ToFloat64(ignoredRecords) - before; got != 2 {
+		t.Errorf("ignored_records_total grew by %v, want 2", got)
+	}
+	downs, err := ListRecordedDowns(e.ctx, c, ngv1alpha1.MaintenanceLeaseNamespace)
+	if err != nil || len(downs) != 0 {
+		t.Errorf("ListRecordedDowns = %v, %v; want none (the forged records are not nodeguard's)", downs, err)
+	}
+	// The forged Leases are left as they are: not nodeguard's to write.
+	for name := range forged {
+		var l coordinationv1.Lease
+		if err := c.Get(e.ctx, client.ObjectKey{Namespace: ngv1alpha1.MaintenanceLeaseNamespace, Name: name}, &l); err != nil {
+			t.Errorf("forged Lease %s: %v", name, err)
+		}
+	}
 }

@@ -12,11 +12,13 @@ import (
 
 // Verification: another writer of the pools (cloud-provider-azure PUTs a
 // whole pool as it read it, without If-Match) can put a leaving node's
-// entries back to None, or add one at None. While any node is held Down, the
-// manager re-reads the load balancers every --azure-admin-state-verify-interval
-// and soon after the cluster changes in a way that makes cloud-provider-azure
-// write, and gives every such entry pending work: the writers set it Down
-// again with a fresh Get and If-Match, as any other change.
+// entries back to None, or add one at None, and put an entry nodeguard
+// restored back to Down. While any node is held Down, or a restored entry
+// held None (restore.go), the manager re-reads the load balancers every
+// --azure-admin-state-verify-interval and soon after the cluster changes in a
+// way that makes cloud-provider-azure write, and gives every such entry
+// pending work: the writers set it again with a fresh Get and If-Match, as
+// any other change.
 const (
 	// verifyAfterChange is how long after a node or LoadBalancer Service
 	// change the next verification runs: cloud-provider-azure writes within
@@ -49,7 +51,7 @@ func (m *Manager) ClusterChanged() {
 // verifyWanted reports whether a verification is due now, and when the next
 // one is when it is not. Call with m.mu held.
 func (m *Manager) verifyWanted(now time.Time) (due bool, next time.Duration) {
-	if m.cfg.VerifyInterval <= 0 || !m.discovered || !m.holdsDown() {
+	if m.cfg.VerifyInterval <= 0 || !m.discovered || (!m.holdsDown() && !m.holdsRestored()) {
 		m.nextVerify = time.Time{}
 		return false, maxWait
 	}
@@ -86,11 +88,13 @@ func (m *Manager) holdsDown() bool {
 }
 
 // verifyTarget is what a verification compares the listed pools with: the
-// nodes held Down, and each pool's write count when the read started.
+// nodes held Down, the restored entries held None (by pool), and each pool's
+// write count when the read started.
 type verifyTarget struct {
-	index  *backends.Index
-	gens   map[types.UID]uint64
-	writes map[string]uint64
+	index    *backends.Index
+	gens     map[types.UID]uint64
+	restored map[string]poolRecord
+	writes   map[string]uint64
 }
 
 // verifyReadTimeout bounds a verification's read, so that a throttled ARM
@@ -98,8 +102,9 @@ type verifyTarget struct {
 const verifyReadTimeout = 15 * time.Second
 
 // verify re-reads the managed load balancers when due and gives pending work
-// to every entry of a node held Down that is not Down, with a Warning event
-// and a count per pool. It reports whether it read.
+// to every entry of a node held Down that is not Down, and to every restored
+// entry held None that is Down, with a Warning event and a count per pool. It
+// reports whether it read.
 func (m *Manager) verify(ctx context.Context, ev *tickEvents) bool {
 	now := m.clock.Now()
 	m.mu.Lock()
@@ -110,6 +115,7 @@ func (m *Manager) verify(ctx context.Context, ev *tickEvents) bool {
 	}
 	m.lastVerify, m.nextVerify = now, now.Add(m.verifyInterval())
 	target := m.verifyTargetLocked()
+	target.restored = m.restoreTargetLocked(now)
 	m.mu.Unlock()
 	readCtx, cancel := context.WithTimeout(ctx, verifyReadTimeout)
 	defer cancel()
@@ -151,8 +157,9 @@ func (m *Manager) verifyTargetLocked() verifyTarget {
 }
 
 // reverted marks the entries of one listed pool that belong to a node held
-// Down and are not Down. An entry nodeguard is writing, or wrote since the
-// read began, is left to that write.
+// Down and are not Down, and the restored entries held None that are Down.
+// An entry nodeguard is writing, or wrote since the read began, is left to
+// that write.
 func (m *Manager) reverted(p listedPool, keys []string, target verifyTarget) []pendingEvent {
 	now := m.clock.Now()
 	m.mu.Lock()
@@ -161,7 +168,7 @@ func (m *Manager) reverted(p listedPool, keys []string, target verifyTarget) []p
 	if ps == nil || ps.writes != target.writes[p.key] {
 		return nil
 	}
-	var events []pendingEvent
+	events := m.revertedRestores(p, ps, target.restored[p.key], now)
 	seen := map[types.UID]bool{}
 	for i, k := range keys {
 		uid := types.UID(k)
@@ -187,7 +194,7 @@ func (m *Manager) reverted(p listedPool, keys []string, target verifyTarget) []p
 		w.again()
 		w.openSince = now
 		n.confirmed = false // not cut until the rewrite lands: a drain starting now waits for it
-		reverts.WithLabelValues(p.key).Inc()
+		reverts.WithLabelValues(p.key, string(AdminStateDown)).Inc()
 		events = append(events, pendingEvent{n, revertedEvent(p.key, entryName(e))})
 	}
 	return events

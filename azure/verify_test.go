@@ -21,7 +21,10 @@ func emuNodes(e *testEnv, extra ...armemulator.Node) []armemulator.Node {
 	return append(out, extra...)
 }
 
-func revertsIn(pool string) float64 { return testutil.ToFloat64(reverts.WithLabelValues(pool)) }
+// revertsIn counts the reverts of held-down entries set Down again in a pool.
+func revertsIn(pool string) float64 {
+	return testutil.ToFloat64(reverts.WithLabelValues(pool, string(AdminStateDown)))
+}
 
 // TestVerifyUndoesStalePoolWrite: cloud-provider-azure reads the load
 // balancers, nodeguard cuts a node, then cloud-provider-azure PUTs the pool

@@ -36,6 +36,14 @@ type snapshot struct {
 	// due: gone nodes whose recorded entries are to be restored now.
 	due    map[types.UID]bool
 	record poolRecord
+	// now and hold date the restores this attempt records and end the holds
+	// past their window; ended: nodes of restored entries known deleted or
+	// replaced; reverted: the pool's restored entries a verification found
+	// Down, with when (restore.go).
+	now      time.Time
+	hold     time.Duration
+	ended    map[types.UID]bool
+	reverted map[string]time.Time
 }
 
 // result is the outcome of one pool attempt.
@@ -50,6 +58,8 @@ type result struct {
 	noEntry map[string]bool
 	// changed: nodes whose entries this attempt wrote.
 	changed map[string]bool
+	// restoredAgain: restored entries this attempt set None again.
+	restoredAgain poolRecord
 }
 
 // tickEvents sends at most one event per node, generation and reason among
@@ -74,6 +84,7 @@ func (m *Manager) round(ctx context.Context, writers *sync.WaitGroup) time.Durat
 		return m.cfg.RetryInterval
 	}
 	m.reviewGone(ctx)
+	m.reviewRestored(ctx)
 	m.retryFailed()
 	if err := m.discover(ctx, ev); err != nil && ctx.Err() == nil {
 		ctrl.LoggerFrom(ctx).Error(err, "Listing load balancers failed; retrying")
@@ -131,6 +142,11 @@ func (m *Manager) claimWriters() []string {
 		}
 	}
 	for _, p := range m.pools {
+		if len(p.reverted) > 0 && !p.notBefore.After(now) {
+			withWork[lbKey(p.lb)] = true
+		}
+	}
+	for _, p := range m.pools {
 		if p.notBefore.After(now) && m.hasPending(p.key) {
 			// Parked: no call, no event, no retry count, for old and new work alike.
 			parkedTicks.Inc()
@@ -155,9 +171,12 @@ func (m *Manager) claimWriters() []string {
 
 func lbKey(lb string) string { return strings.ToLower(lb) }
 
-// hasPending reports whether any node has pending work in a pool. Call with
-// m.mu held.
+// hasPending reports whether any node has pending work in a pool, or a
+// restored entry is to be set None again. Call with m.mu held.
 func (m *Manager) hasPending(key string) bool {
+	if m.restorePending(key) {
+		return true
+	}
 	for _, n := range m.nodes {
 		if w := n.pools[key]; n.known && w != nil && w.pending {
 			return true
@@ -215,6 +234,10 @@ func (m *Manager) snapshotFor(p *poolState) (group, snapshot) {
 	snap := snapshot{
 		desired: make(map[string]AdminState, len(m.nodes)), gens: make(map[types.UID]uint64, len(m.nodes)),
 		names: make(map[types.UID]string, len(m.nodes)), due: map[types.UID]bool{}, record: maps.Clone(m.recorded[p.key]),
+		now: m.clock.Now(), hold: m.cfg.RestoreHold, ended: maps.Clone(m.holdEnded),
+	}
+	if ps := m.pools[p.key]; ps != nil {
+		snap.reverted = maps.Clone(ps.reverted)
 	}
 	idents := make([]backends.Node, 0, len(m.nodes))
 	for uid, n := range m.nodes {
@@ -236,8 +259,8 @@ func (m *Manager) snapshotFor(p *poolState) (group, snapshot) {
 
 // processPool makes one attempt at a pool: lock its load balancer, fresh
 // Get, plan the entries' admin state (planPool), record the entries it sets
-// Down, write with If-Match when anything changed, then drop from the record
-// the entries it restored.
+// Down, write with If-Match when anything changed, then record the entries
+// it restored as held None (restore.go), or drop them.
 func (m *Manager) processPool(ctx context.Context, p *poolState) (group, snapshot, result) {
 	res := result{matched: map[string]bool{}, noEntry: map[string]bool{}, changed: map[string]bool{}}
 	lock := m.lbLock(p.lb)
@@ -263,7 +286,7 @@ func (m *Manager) processPool(ctx context.Context, p *poolState) (group, snapsho
 		return g, snap, res
 	}
 	plan := planPool(pool, keys, snap, snap.record)
-	res.matched, res.changed = plan.matched, plan.changed
+	res.matched, res.changed, res.restoredAgain = plan.matched, plan.changed, plan.restoredAgain
 	if plan.before != nil {
 		// Recorded before the write: a crash after it never leaves a Down
 		// that nobody restores.
@@ -282,8 +305,9 @@ func (m *Manager) processPool(ctx context.Context, p *poolState) (group, snapsho
 	}
 	if plan.after != nil {
 		if err := m.saveRecord(ctx, p.key, plan.after); err != nil {
-			// The entries stay recorded: the next resync drops them.
-			ctrl.LoggerFrom(ctx).Error(err, "Removing restored entries from the admin-state record failed", "pool", p.key)
+			// The record stays as it was: the pool's next attempt (at the
+			// latest the resync) brings it up to date.
+			ctrl.LoggerFrom(ctx).Error(err, "Recording restored entries in the admin-state record failed", "pool", p.key)
 		}
 	}
 	return g, snap, res

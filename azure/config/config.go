@@ -33,6 +33,12 @@ const (
 	// DefaultVerifyInterval: how often the pools holding Down entries are
 	// re-read while a node is leaving (one read per load balancer listed).
 	DefaultVerifyInterval = 5 * time.Second
+	// DefaultRestoreHold: how long an entry nodeguard restored to None is
+	// watched for a stale write that puts it back Down. cloud-provider-azure
+	// keeps a load balancer in its cache for up to 120 s and PUTs IP-based
+	// pools from the copy its reconcile read, without If-Match; 3 minutes
+	// covers the cache, the reconcile and a long operation.
+	DefaultRestoreHold = 3 * time.Minute
 )
 
 // ErrNotConfigured means no Azure configuration was given at all: admin state
@@ -114,6 +120,7 @@ type Options struct {
 	Workers                   int
 	GoneNodeGrace             time.Duration
 	VerifyInterval            time.Duration
+	RestoreHold               time.Duration
 
 	// Getenv reads the environment (os.Getenv when nil; tests).
 	Getenv func(string) string
@@ -150,6 +157,7 @@ func NewOptions() Options {
 		Workers:        DefaultWorkers,
 		GoneNodeGrace:  DefaultGoneNodeGrace,
 		VerifyInterval: DefaultVerifyInterval,
+		RestoreHold:    DefaultRestoreHold,
 	}
 }
 
@@ -193,9 +201,14 @@ func (o *Options) BindFlags(fs *flag.FlagSet) {
 	fs.DurationVar(&o.GoneNodeGrace, "azure-admin-state-gone-node-grace", o.GoneNodeGrace,
 		"How long the backend entries nodeguard set Down stay Down after their node is gone (its VM may still be shutting down); "+
 			"then nodeguard restores None on them. A node of the same name that registers again (a new UID) restores them at once.")
+	fs.DurationVar(&o.RestoreHold, "azure-admin-state-restore-hold", o.RestoreHold,
+		"How long an entry nodeguard restored to None (a drain called off, a signal taint gone) stays recorded and verified: another writer that PUTs the pool from a copy read while the node was Down "+
+			"(cloud-provider-azure keeps a load balancer in its cache for up to 120s and writes IP-based pools without If-Match) puts it back Down, and nodeguard sets None again within --azure-admin-state-verify-interval "+
+			"(Warning event LoadBalancerAdminStateReverted). Keep it longer than that writer's cache and reconcile. It ends early when the node is Down again, is deleted, or carries a taint cloud-provider-azure sets Down on. "+
+			"0 stops at the restore; negative is an error.")
 	fs.DurationVar(&o.VerifyInterval, "azure-admin-state-verify-interval", o.VerifyInterval,
-		"While any node is held Down, how often the load balancers holding its entries are re-read (one List of the resource group, or one GET per --azure-load-balancers name) "+
-			"to catch another writer (cloud-provider-azure) that put an entry back to None; such an entry is set Down again at once (Warning event LoadBalancerAdminStateReverted). "+
+		"While any node is held Down, or a restored entry is held None (--azure-admin-state-restore-hold), how often the load balancers holding its entries are re-read (one List of the resource group, or one GET per --azure-load-balancers name) "+
+			"to catch another writer (cloud-provider-azure) that put an entry back to None, or a restored one back to Down; such an entry is set again at once (Warning event LoadBalancerAdminStateReverted). "+
 			"A node joining or leaving the cluster, or a LoadBalancer Service changing, brings the next read forward to 2s later. 0 turns it off (only --azure-admin-state-resync repairs).")
 }
 
@@ -222,6 +235,8 @@ type Config struct {
 	GoneNodeGrace  time.Duration
 	// VerifyInterval: re-reads of the pools holding Down entries; 0 is off.
 	VerifyInterval time.Duration
+	// RestoreHold: how long a restored None is verified; 0 is off.
+	RestoreHold time.Duration
 }
 
 // CredentialConfig says how to authenticate.
@@ -283,6 +298,10 @@ func (o Options) Load() (*Config, error) {
 		Workers:        o.Workers,
 		GoneNodeGrace:  o.GoneNodeGrace,
 		VerifyInterval: o.VerifyInterval,
+		RestoreHold:    o.RestoreHold,
+	}
+	if c.RestoreHold < 0 {
+		return nil, &FieldError{Field: "--azure-admin-state-restore-hold", Reason: fmt.Sprintf("%s is negative: give 0 to stop watching restored entries at once", c.RestoreHold)}
 	}
 	if lbrg := pick(o.LoadBalancerResourceGroup, EnvLoadBalancerRGroup, f.LoadBalancerResourceGroup); lbrg != "" {
 		c.ResourceGroup = lbrg

@@ -11,6 +11,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/Azure/azure-sdk-for-go/sdk/azcore"
 	"github.com/Azure/azure-sdk-for-go/sdk/azcore/policy"
@@ -244,6 +245,39 @@ func TestBindFlags(t *testing.T) {
 			t.Errorf("flag --%s has too little help: %q", f.Name, f.Usage)
 		}
 	})
+}
+
+// --azure-admin-state-restore-hold: 3m by default, 0 turns it off, and a
+// negative value is refused (a typo must not silently drop the hold).
+func TestRestoreHold(t *testing.T) {
+	for _, tt := range []struct {
+		args []string
+		want time.Duration
+		err  bool
+	}{
+		{nil, 3 * time.Minute, false},
+		{[]string{"--azure-admin-state-restore-hold=0"}, 0, false},
+		{[]string{"--azure-admin-state-restore-hold=5m"}, 5 * time.Minute, false},
+		{[]string{"--azure-admin-state-restore-hold=-1s"}, 0, true},
+	} {
+		o := NewOptions()
+		fs := flag.NewFlagSet("nodeguard", flag.ContinueOnError)
+		o.BindFlags(fs)
+		if err := fs.Parse(append([]string{"--azure-subscription-id=s", "--azure-resource-group=rg", "--azure-config=", "--azure-credential=none"}, tt.args...)); err != nil {
+			t.Fatal(err)
+		}
+		o.Getenv = env(nil)
+		c, err := o.Load()
+		var fe *FieldError
+		switch {
+		case tt.err && !errors.As(err, &fe):
+			t.Errorf("%v: Load() = %v, want a FieldError", tt.args, err)
+		case !tt.err && err != nil:
+			t.Errorf("%v: Load() = %v", tt.args, err)
+		case !tt.err && c.RestoreHold != tt.want:
+			t.Errorf("%v: RestoreHold = %s, want %s", tt.args, c.RestoreHold, tt.want)
+		}
+	}
 }
 
 // fakeEntra is a minimal Microsoft Entra token endpoint: OpenID discovery and
