@@ -352,12 +352,12 @@ func TestKarpenterNodeIsCutNotDrained(t *testing.T) {
 	if err := env.Client.Patch(ctx, &n, patch); err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { // what Karpenter does once it has drained the node
+	t.Cleanup(func() { // what Karpenter does once it has drained the node, and nodeguard if it did not let go
 		var n corev1.Node
 		if err := env.Client.Get(ctx, client.ObjectKey{Name: node}, &n); err == nil {
 			patch := client.MergeFrom(n.DeepCopy())
 			n.Finalizers = nil
-			_ = env.Client.Patch(ctx, &n, patch)
+			_ = env.AsNodeguard.Patch(ctx, &n, patch)
 		}
 	})
 	harness.MustCreate(t, env.Client, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: f.pool}})

@@ -19,5 +19,8 @@ func TestMain(m *testing.M) {
 		WebhookManifests: []string{filepath.Join(harness.RepoRoot(), "manifests", "webhook")},
 		// The tests create their budgets before they start nodeguard.
 		WithoutWebhooks: []string{ngwebhook.BudgetWebhookName},
+		// What the install guards is guarded: nodeguard runs as its
+		// ServiceAccount (startNodeguard), Karpenter as its own.
+		InstallPolicies: true,
 	}, &env)
 }

@@ -13,11 +13,12 @@ const (
 	resourceGroup = "mc_e2e"
 )
 
-// startNodeguard runs the binary against the API server (through kubeconfig)
-// and the ARM emulator, serving the installed webhooks.
+// startNodeguard runs the binary against the API server (through kubeconfig,
+// an admin one, as nodeguard's ServiceAccount) and the ARM emulator, serving
+// the installed webhooks.
 func startNodeguard(t *testing.T, kubeconfig string, emu *armemulator.Server, extra ...string) *harness.Nodeguard {
 	t.Helper()
-	args := append([]string{"--kubeconfig=" + kubeconfig, "--metrics-bind-address=0", "--health-probe-bind-address=0", "--leader-elect=false"},
+	args := append([]string{"--kubeconfig=" + harness.AsNodeguardKubeconfig(t, kubeconfig), "--metrics-bind-address=0", "--health-probe-bind-address=0", "--leader-elect=false"},
 		env.WebhookArgs()...)
 	args = append(args, harness.EmulatorArgs(emu.URL(), subscription, resourceGroup)...)
 	return harness.StartNodeguard(t, env.Client, append(args, extra...)...)

@@ -202,7 +202,7 @@ func startSoak(t *testing.T, plan soakPlan) *soak {
 		t.Fatal(err)
 	}
 	common := append([]string{
-		"--kubeconfig=" + env.Kubeconfig, "--health-probe-bind-address=0", "--node-selector=" + soakLabel + "=" + s.run,
+		"--kubeconfig=" + env.NodeguardKubeconfig, "--health-probe-bind-address=0", "--node-selector=" + soakLabel + "=" + s.run,
 		"--leader-elect=true", "--leader-election-namespace=" + s.system(), "--leader-election-id=" + soakLeaderLease,
 		"--leader-elect-lease-duration=6s", "--leader-elect-renew-deadline=4s", "--leader-elect-retry-period=1s",
 		"--graceful-shutdown-timeout=15s", "--admin-state-timeout=20s", "--zap-log-level=debug",

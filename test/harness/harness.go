@@ -90,6 +90,17 @@ type Options struct {
 	// which nodeguard's install ships and the harness otherwise creates, for
 	// tests that install it themselves (test/install).
 	NoMaintenanceNamespace bool
+	// InstallPolicies applies the install's ValidatingAdmissionPolicies and
+	// bindings (manifests/default as kubectl kustomize renders it, plus the
+	// components PolicyComponents names), right after the CRDs and webhook
+	// configurations, binds NodeOperator's role, and waits until
+	// kube-apiserver enforces them. nodeguard must then run as its
+	// ServiceAccount (Env.NodeguardKubeconfig), and a test that writes
+	// nodeguard's marks on a node does so as nodeguard (Env.AsNodeguard).
+	InstallPolicies bool
+	// PolicyComponents are components of manifests/components rendered with
+	// manifests/default for InstallPolicies, e.g. managed-nodes.
+	PolicyComponents []string
 }
 
 // Env is a running control plane.
@@ -113,6 +124,13 @@ type Env struct {
 	// presents to webhooks (Options.WebhookClientCert), for nodeguard's
 	// --webhook-client-ca.
 	WebhookClientCA string
+	// NodeguardKubeconfig is Kubeconfig acting as nodeguard's ServiceAccount
+	// (NodeguardUser, impersonated): what nodeguard runs with.
+	NodeguardKubeconfig string
+	// AsNodeguard is Client acting as nodeguard's ServiceAccount, for a test
+	// that writes what only nodeguard may (its finalizer's removal, its
+	// annotations and taint) under Options.InstallPolicies.
+	AsNodeguard client.Client
 
 	testEnv            *envtest.Environment
 	releaseWebhookPort func()
@@ -146,6 +164,11 @@ func Start(ctx context.Context, opts Options) (*Env, error) {
 	}
 	if err := e.startAPIServer(opts); err != nil {
 		return e, err
+	}
+	if opts.InstallPolicies {
+		if err := e.installPolicies(ctx, opts.PolicyComponents); err != nil {
+			return e, err
+		}
 	}
 	if !opts.NoMaintenanceNamespace {
 		ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ngv1alpha1.MaintenanceLeaseNamespace}}
@@ -264,8 +287,10 @@ func (e *Env) startAPIServer(opts Options) error {
 	if err := os.WriteFile(e.Kubeconfig, kubeconfig, 0o600); err != nil {
 		return err
 	}
-	e.Client, err = client.New(e.Config, client.Options{Scheme: e.Scheme})
-	return err
+	if e.Client, err = client.New(e.Config, client.Options{Scheme: e.Scheme}); err != nil {
+		return err
+	}
+	return e.nodeguardIdentity()
 }
 
 func binaryWithParentDeathSignal(dir, name string) (string, error) {

@@ -2,6 +2,7 @@ package harness
 
 import (
 	"context"
+	_ "embed"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -87,13 +88,43 @@ func WaitForCRDEstablished(ctx context.Context, c client.Client, name string) er
 	return nil
 }
 
+// Karpenter runs as this ServiceAccount, under the rules of its chart
+// (testdata/karpenter-rbac.yaml): not the kube-system/karpenter its chart
+// installs by default, so that nothing of nodeguard's may know Karpenter by
+// its name.
+const (
+	KarpenterNamespace = "karpenter-ns"
+	KarpenterUser      = "system:serviceaccount:" + KarpenterNamespace + ":karpenter-custom"
+)
+
+//go:embed testdata/karpenter-rbac.yaml
+var karpenterRBAC string
+
+// KarpenterKubeconfig applies Karpenter's RBAC (testdata/karpenter-rbac.yaml)
+// through kubeconfig (an admin one, the cluster's or an APIProxy's) and
+// writes to path a copy of it that acts as Karpenter's ServiceAccount
+// (KarpenterUser, with its groups).
+func KarpenterKubeconfig(kubeconfig, path string) error {
+	if out, err := Kubectl(kubeconfig, karpenterRBAC, "apply", "--server-side", "--field-manager=nodeguard-harness", "-f", "-"); err != nil {
+		return fmt.Errorf("applying Karpenter's RBAC: %v\n%s", err, out)
+	}
+	return WriteImpersonatingKubeconfig(kubeconfig, path, KarpenterUser)
+}
+
 // StartKarpenter runs Karpenter's controller (kwok cloud provider) against
-// the cluster of kubeconfig until the test ends, with Karpenter's own
-// settings (environment variables) plus env. If the test failed, its whole
-// log is kept (keptLogsDir) and its tail logged.
+// the cluster of kubeconfig (an admin one) until the test ends, as its
+// ServiceAccount KarpenterUser with its chart's RBAC (KarpenterKubeconfig),
+// with Karpenter's own settings (environment variables) plus env. If the
+// test failed, its whole log is kept (keptLogsDir) and its tail logged.
 func StartKarpenter(t testing.TB, kubeconfig string, env ...string) *Nodeguard {
 	t.Helper()
-	p, err := StartKarpenterProcess(kubeconfig, filepath.Join(t.TempDir(), "karpenter.log"), env...)
+	dir := t.TempDir()
+	asKarpenter := filepath.Join(dir, "karpenter.kubeconfig")
+	if err := KarpenterKubeconfig(kubeconfig, asKarpenter); err != nil {
+		t.Fatal(err)
+	}
+	env = append([]string{"SYSTEM_NAMESPACE=" + KarpenterNamespace}, env...)
+	p, err := StartKarpenterProcess(asKarpenter, filepath.Join(dir, "karpenter.log"), env...)
 	if err != nil {
 		t.Fatalf("starting Karpenter: %v", err)
 	}

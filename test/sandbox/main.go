@@ -45,6 +45,10 @@ func harnessOptions(dir, pods string) harness.Options {
 		Cluster: true, PodStages: pods, Dir: dir,
 		// Registered with a locally generated CA, pointing at nodeguard below.
 		WebhookManifests: []string{filepath.Join(harness.RepoRoot(), "manifests", "webhook")},
+		// The install's admission policies, as kubectl apply -k
+		// manifests/default applies them: nodeguard runs as its
+		// ServiceAccount (nodeguardArgs).
+		InstallPolicies: true,
 	}
 }
 
@@ -146,7 +150,9 @@ func startNodeguard(cfg config, env *harness.Env, armURL string) (*harness.Nodeg
 
 func nodeguardArgs(cfg config, env *harness.Env, armURL string) []string {
 	return append([]string{
-		"--kubeconfig=" + env.Kubeconfig,
+		// As its ServiceAccount: the install's policies let only nodeguard
+		// remove its finalizer.
+		"--kubeconfig=" + env.NodeguardKubeconfig,
 		"--metrics-bind-address=" + cfg.metricsAddr, "--metrics-secure=false",
 		"--health-probe-bind-address=" + cfg.probeAddr,
 		"--leader-election-namespace=" + demoNamespaceSystem,
