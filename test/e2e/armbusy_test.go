@@ -129,9 +129,9 @@ func TestCutHoldsThroughAnotherWritersLongOperations(t *testing.T) {
 		return v
 	}
 	want := float64(len(spans))
-	harness.Eventually(t, 10*time.Second, func(context.Context) (bool, error) { return sum(metric+`_count{pool="%s"}`) >= want, nil },
+	harness.Eventually(t, 10*time.Second, func(context.Context) (bool, error) { return sum(metric+`_count{pool="%s",state="Down"}`) >= want, nil },
 		"%s counts every revert (%v)", metric, want)
-	if short := sum(metric + `_bucket{pool="%s",le="16"}`); short > 0 {
+	if short := sum(metric + `_bucket{pool="%s",state="Down",le="16"}`); short > 0 {
 		t.Errorf("%s has %v reverts open 16 s or less, want none (each waited out a 30 s operation)", metric, short)
 	}
 

@@ -362,8 +362,8 @@ func TestTrafficCutHoldsWhileCloudProviderReconciles(t *testing.T) {
 		t.Errorf("nodeguard undid none of the reverts: the test did not exercise it")
 	}
 	for pool, n := range undone {
-		if got := scrapeCounter(t, metricsPort, fmt.Sprintf(`loadbalancer_adminstate_reverts_total{pool=%q}`, pool)); got < float64(n) {
-			t.Errorf("loadbalancer_adminstate_reverts_total{pool=%q} = %v, want at least the %d reverts nodeguard undid", pool, got, n)
+		if got := scrapeCounter(t, metricsPort, fmt.Sprintf(`loadbalancer_adminstate_reverts_total{pool=%q,state="Down"}`, pool)); got < float64(n) {
+			t.Errorf("loadbalancer_adminstate_reverts_total{pool=%q,state=\"Down\"} = %v, want at least the %d reverts nodeguard undid", pool, got, n)
 		}
 	}
 
