@@ -3,6 +3,8 @@ package install
 import (
 	"bytes"
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"os/exec"
 	"slices"
 	"strings"
@@ -125,7 +127,7 @@ func TestUninstallReleasesEveryNode(t *testing.T) {
 		t.Fatal(err)
 	}
 	harness.MustCreate(t, env.Client, &coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{
-		Namespace: ngv1alpha1.MaintenanceLeaseNamespace, Name: "lb-admin-state-uninstall-test",
+		Namespace: ngv1alpha1.MaintenanceLeaseNamespace, Name: recordLeaseName("kubernetes/kubernetes"),
 		Labels: map[string]string{"nodeguard.io/record": "load-balancer-admin-state"},
 		Annotations: map[string]string{
 			"nodeguard.io/backend-pool": "kubernetes/kubernetes",
@@ -297,4 +299,12 @@ func (b *syncBuffer) String() string {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	return b.buf.String()
+}
+
+// recordLeaseName is the name of the Lease nodeguard keeps a backend pool's
+// admin-state record in (azure.leaseName): a Lease of another name that
+// claims the pool is ignored as forged.
+func recordLeaseName(pool string) string {
+	sum := sha256.Sum256([]byte(pool))
+	return "lb-admin-state-" + hex.EncodeToString(sum[:10])
 }
