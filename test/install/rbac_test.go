@@ -17,6 +17,7 @@ import (
 
 	appsv1 "k8s.io/api/apps/v1"
 	authenticationv1 "k8s.io/api/authentication/v1"
+	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
 	eventsv1 "k8s.io/api/events/v1"
 	policyv1 "k8s.io/api/policy/v1"
@@ -363,6 +364,12 @@ func TestLeastPrivilege(t *testing.T) {
 	waitAdminState(t, az.emu, spot, "Down")
 	setTaints(t, spot)
 	waitAdminState(t, az.emu, spot, "None")
+	harness.Eventually(t, 30*time.Second, func(ctx context.Context) (bool, error) {
+		var records coordinationv1.LeaseList
+		err := env.Client.List(ctx, &records, client.InNamespace(ngv1alpha1.MaintenanceLeaseNamespace),
+			client.MatchingLabels{"nodeguard.io/record": "load-balancer-admin-state"})
+		return err == nil && len(records.Items) == 0, err
+	}, "the records go once their restored entries' hold (1s here) is over")
 
 	// Secure metrics: a caller allowed to GET /metrics is served, another is not.
 	token := metricsToken(t, true)
