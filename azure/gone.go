@@ -2,6 +2,7 @@ package azure
 
 import (
 	"context"
+	"encoding/json"
 	"maps"
 	"strings"
 	"time"
@@ -50,7 +51,8 @@ func (m *Manager) loadRecords(ctx context.Context) error {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	m.recorded = recs
-	for _, rec := range recs {
+	for pool, rec := range recs {
+		setRecordBytes(pool, rec)
 		for _, o := range rec {
 			if since, err := ngv1alpha1.ParseTime(o.GoneSince); err == nil && !o.restored() && m.nodes[o.UID] == nil {
 				m.markGone(o.UID, o.Node, since)
@@ -105,7 +107,21 @@ func (m *Manager) saveRecord(ctx context.Context, pool string, rec poolRecord) e
 		m.recorded[pool] = maps.Clone(rec)
 	}
 	m.updateRecordGauge()
+	setRecordBytes(pool, rec)
 	return nil
+}
+
+// setRecordBytes sets a pool's record size gauge.
+func setRecordBytes(pool string, rec poolRecord) {
+	if len(rec) == 0 {
+		recordBytes.DeleteLabelValues(pool)
+		return
+	}
+	data, err := json.Marshal(rec)
+	if err != nil {
+		return
+	}
+	recordBytes.WithLabelValues(pool).Set(float64(len(data)))
 }
 
 // ownsEntries reports whether any entry is recorded Down for uid (a restored

@@ -56,6 +56,16 @@ var (
 		Name:      "restored_entries",
 		Help:      "Backend entries nodeguard restored to None and still holds None (recorded, verified) for --azure-admin-state-restore-hold.",
 	})
+	recordBytes = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Namespace: metricsNamespace,
+		Name:      "record_bytes",
+		Help:      "Size of a backend pool's admin-state record (the entries nodeguard set Down or holds restored, as JSON), by pool (load balancer/pool); absent for a pool with no record. The record is split over Leases of at most 128 KiB each, at most 64 of them: it holds 8 MiB (RecordCapacityBytes), about 50,000 entries, and a save of a larger one fails.",
+	}, []string{labelPool})
+	recordShards = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Namespace: metricsNamespace,
+		Name:      "record_shards",
+		Help:      "Leases a backend pool's admin-state record is stored in (at most 64), by pool (load balancer/pool), as last read or written.",
+	}, []string{labelPool})
 	ignoredRecords = prometheus.NewCounter(prometheus.CounterOpts{
 		Namespace: metricsNamespace,
 		Name:      "ignored_records_total",
@@ -96,5 +106,5 @@ var (
 )
 
 func init() {
-	metrics.Registry.MustRegister(lockWait, poolUpdates, parkedTicks, noEntryDown, recordWrites, recordedEntries, restoredEntries, ignoredRecords, unreadableRecords, goneRestored, reverts, revertOpen, configurationReady, confirmDuration)
+	metrics.Registry.MustRegister(lockWait, poolUpdates, parkedTicks, noEntryDown, recordWrites, recordedEntries, recordBytes, recordShards, restoredEntries, ignoredRecords, unreadableRecords, goneRestored, reverts, revertOpen, configurationReady, confirmDuration)
 }

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/types"
 	ctrl "sigs.k8s.io/controller-runtime"
 
 	"github.com/nodeguard/nodeguard/azure/armclient"
@@ -27,6 +28,20 @@ func (m *Manager) apply(ctx context.Context, g group, snap snapshot, res result,
 	m.mu.Lock()
 	p := m.pools[g.pool.key]
 	switch {
+	case res.err == nil && res.recordErr != nil:
+		// The write carried restores, not the Downs whose record could not
+		// be saved: those are retried as the failed save would have been.
+		events = m.applySuccess(g, snap, res, now)
+		if p != nil {
+			p.notBefore = now.Add(m.cfg.RetryInterval)
+		}
+		held := group{pool: g.pool, participants: map[types.UID]uint64{}}
+		for uid, gen := range g.participants {
+			if res.held[string(uid)] {
+				held.participants[uid] = gen
+			}
+		}
+		events = append(events, m.applyRetriable(held, res.recordErr, now, now.Add(m.cfg.RetryInterval))...)
 	case res.err == nil:
 		events = m.applySuccess(g, snap, res, now)
 	case class == classShutdown:
@@ -99,6 +114,9 @@ func (m *Manager) applySuccess(g group, snap snapshot, res result, now time.Time
 		}
 		if gen, ok := snap.gens[uid]; !ok || gen != n.gen {
 			continue // desired state changed meanwhile: stays pending
+		}
+		if res.held[k] {
+			continue // its Down waits for the record (apply)
 		}
 		if n.gone != nil {
 			// Its recorded entries in the pool were restored (or had gone).

@@ -18,6 +18,9 @@ type poolPlan struct {
 	// restoredAgain: restored entries found Down that the write sets None
 	// again (restore.go), by entry name.
 	restoredAgain poolRecord
+	// held: nodes whose Down waits for the record (a plan without Downs,
+	// made after the save of one with them failed).
+	held map[string]bool
 	// before is the record to save before the write (entries it sets Down
 	// are recorded first); after is the record once the write succeeded.
 	// Either is nil when unchanged.
@@ -42,8 +45,11 @@ type poolPlan struct {
 //   - a Down nodeguard did not record is never changed;
 //   - a recorded entry that is no longer Down, or no longer in the pool,
 //     leaves the record without a write.
-func planPool(pool *armnetwork.BackendAddressPool, keys []string, snap snapshot, rec poolRecord) poolPlan {
-	plan := poolPlan{changed: map[string]bool{}, matched: map[string]bool{}, restoredAgain: poolRecord{}}
+//
+// With noDown (the record could not be saved), no entry is set Down nor
+// recorded for a new node: those nodes are held, and the restores go ahead.
+func planPool(pool *armnetwork.BackendAddressPool, keys []string, snap snapshot, rec poolRecord, noDown bool) poolPlan {
+	plan := poolPlan{changed: map[string]bool{}, matched: map[string]bool{}, restoredAgain: poolRecord{}, held: map[string]bool{}}
 	before := maps.Clone(rec)
 	if before == nil {
 		before = poolRecord{}
@@ -68,6 +74,12 @@ func planPool(pool *armnetwork.BackendAddressPool, keys []string, snap snapshot,
 		down := isDown(e.Properties.AdminState)
 		switch {
 		case k != "" && snap.desired[k] == AdminStateDown:
+			if noDown {
+				if !down || (owned && (o.UID != types.UID(k) || o.restored())) {
+					plan.held[k] = true
+				}
+				continue
+			}
 			if !down {
 				setState(e, AdminStateDown)
 				plan.changed[k] = true

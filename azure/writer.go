@@ -9,6 +9,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/Azure/azure-sdk-for-go/sdk/resourcemanager/network/armnetwork/v9"
 	"k8s.io/apimachinery/pkg/types"
 	ctrl "sigs.k8s.io/controller-runtime"
 
@@ -60,6 +61,11 @@ type result struct {
 	changed map[string]bool
 	// restoredAgain: restored entries this attempt set None again.
 	restoredAgain poolRecord
+	// recordErr: the record could not be saved before the write, which
+	// then set no entry Down; held: the nodes whose Down waits for it (the
+	// write carried the other nodes' restores).
+	recordErr error
+	held      map[string]bool
 }
 
 // tickEvents sends at most one event per node, generation and reason among
@@ -285,16 +291,27 @@ func (m *Manager) processPool(ctx context.Context, p *poolState) (group, snapsho
 		res.err = fmt.Errorf("matching nodes to backend pool %s: %w", p.key, err)
 		return g, snap, res
 	}
-	plan := planPool(pool, keys, snap, snap.record)
-	res.matched, res.changed, res.restoredAgain = plan.matched, plan.changed, plan.restoredAgain
+	states := adminStates(pool)
+	plan := planPool(pool, keys, snap, snap.record, false)
 	if plan.before != nil {
 		// Recorded before the write: a crash after it never leaves a Down
 		// that nobody restores.
 		if err := m.saveRecord(ctx, p.key, plan.before); err != nil {
-			res.err = err
-			return g, snap, res
+			// No Down goes unrecorded, but a save that cannot be made (the
+			// API server down, a record too large) must not hold back the
+			// restores planned beside the Downs: plan again without them.
+			// The record of the restores is fixed by the pool's next save.
+			setAdminStates(pool, states)
+			plan = planPool(pool, keys, snap, snap.record, true)
+			res.matched, res.restoredAgain, res.held = plan.matched, plan.restoredAgain, plan.held
+			if len(plan.changed) == 0 {
+				res.err = err
+				return g, snap, res
+			}
+			res.recordErr = err
 		}
 	}
+	res.matched, res.changed, res.restoredAgain, res.held = plan.matched, plan.changed, plan.restoredAgain, plan.held
 	if len(res.changed) > 0 {
 		if _, err := m.client.UpdatePool(ctx, m.cfg.ResourceGroup, p.lb, pool); err != nil {
 			res.err = fmt.Errorf("updating backend pool %s: %w", p.key, err)
@@ -311,4 +328,30 @@ func (m *Manager) processPool(ctx context.Context, p *poolState) (group, snapsho
 		}
 	}
 	return g, snap, res
+}
+
+// adminStates keeps a pool's entries' admin states, for setAdminStates.
+func adminStates(pool *armnetwork.BackendAddressPool) []*armnetwork.LoadBalancerBackendAddressAdminState {
+	if pool == nil || pool.Properties == nil {
+		return nil
+	}
+	out := make([]*armnetwork.LoadBalancerBackendAddressAdminState, len(pool.Properties.LoadBalancerBackendAddresses))
+	for i, e := range pool.Properties.LoadBalancerBackendAddresses {
+		if e != nil && e.Properties != nil {
+			out[i] = e.Properties.AdminState
+		}
+	}
+	return out
+}
+
+// setAdminStates puts back the admin states adminStates kept.
+func setAdminStates(pool *armnetwork.BackendAddressPool, states []*armnetwork.LoadBalancerBackendAddressAdminState) {
+	if pool == nil || pool.Properties == nil {
+		return
+	}
+	for i, e := range pool.Properties.LoadBalancerBackendAddresses {
+		if e != nil && e.Properties != nil && i < len(states) {
+			e.Properties.AdminState = states[i]
+		}
+	}
 }
