@@ -39,6 +39,13 @@ func (r *Reconciler) confirmCharge(ctx context.Context, node *corev1.Node, by st
 	if timeout <= 0 || !ngv1alpha1.DrainUnconfirmed(node) {
 		return 0, false, nil
 	}
+	if signalledByOther(node, by) {
+		// The drainer's own DrainInProgress says the node drains: pickUp
+		// charges such a node with no eviction at all, so its review
+		// claims nothing more, and withdrawing it would only flap the
+		// charge and the traffic cut.
+		return 0, false, r.recordConfirmed(ctx, node)
+	}
 	chargedAt, _ := ngv1alpha1.AnnotationTime(node, ngv1alpha1.DrainChargedAtAnnotation)
 	carried, err := r.evictionCarriedOut(ctx, node, chargedAt)
 	if err != nil || carried {

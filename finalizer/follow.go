@@ -8,7 +8,9 @@ import (
 
 	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
@@ -30,6 +32,19 @@ import (
 //   - the end: once the node is schedulable and Ready again (kubectl uncordon,
 //     an upgrade's reimage and uncordon), the disruption is given back to the budgets and
 //     the marks removed, which restores None on its load-balancer entries.
+//
+// A drainer may signal its drain by KEP-5683's DrainInProgress=True alone,
+// with no cordon. Such a drain lasts as long as its writer's condition does:
+// while another writer's DrainInProgress is True the node is not "schedulable
+// again", and once that writer sets it False or removes it the drain ends as
+// an uncordon ends a cordoned one. The conditions of such a drain are its
+// writer's: KEP-5683 defines no shared ownership of a lifecycle condition (its
+// writers coordinate outside the API), and Drained means the drainer's
+// criteria are met, not nodeguard's plan; nodeguard writes neither, and says
+// what it sees in its events. nodeguard knows its own DrainInProgress, which
+// it writes on the cordoned drains it follows, from another writer's by
+// ngv1alpha1.DrainConditionAnnotation, which only its ServiceAccount may
+// write: a reason or a message would be anyone's who may update nodes/status.
 //
 // A drain that began while nodeguard was down (its eviction webhook fails
 // open) is picked up on the node's next pass: a cordoned node with a
@@ -108,13 +123,47 @@ func (r *Reconciler) watchedOutside(node *corev1.Node) bool {
 // cut, for good.
 func (r *Reconciler) unfollowedDrainEnded(node *corev1.Node) (by string, ended bool) {
 	by, charged := ngv1alpha1.DrainCharged(node)
-	return by, !r.followsOutside() && charged && node.DeletionTimestamp == nil && !node.Spec.Unschedulable && nodeReady(node)
+	return by, !r.followsOutside() && charged && node.DeletionTimestamp == nil && !node.Spec.Unschedulable &&
+		!signalledByOther(node, by) && nodeReady(node)
 }
 
-// drainShown reports whether the node is cordoned or says it drains.
+// drainShown reports whether the node is cordoned or another writer's
+// DrainInProgress says it drains (nodeguard's own says nothing of a drain
+// it has not charged).
 func drainShown(node *corev1.Node) bool {
+	return node.Spec.Unschedulable || ngv1alpha1.DrainInProgressByOther(node)
+}
+
+// followedMessage begins the message of the DrainInProgress condition
+// nodeguard writes on a drain it follows.
+func followedMessage(by string) string {
+	return "drained by " + by + "; nodeguard counts it against the node's budgets"
+}
+
+// signalledByOther reports whether the charged node's DrainInProgress is True
+// and another writer's (ngv1alpha1.DrainInProgressByOther): its drain lasts
+// while it is. A condition a nodeguard before DrainConditionAnnotation wrote
+// on this drain (no mark at all, and its message) is nodeguard's own:
+// taken for another writer's, it would keep the drain charged for good once
+// the node comes back. Only nodeguard's own drain is ended early by such a
+// look-alike message, never another node's.
+func signalledByOther(node *corev1.Node, by string) bool {
+	if !ngv1alpha1.DrainInProgressByOther(node) {
+		return false
+	}
+	_, marked := node.Annotations[ngv1alpha1.DrainConditionAnnotation]
+	return marked || !strings.HasPrefix(nodeCondition(node, corev1.NodeDrainInProgress).Message, followedMessage(by))
+}
+
+// wroteConditions reports whether nodeguard wrote the lifecycle conditions of
+// the charged node's drain: it marked them (DrainConditionAnnotation), or an
+// earlier version wrote its DrainInProgress (signalledByOther).
+func wroteConditions(node *corev1.Node, by string) bool {
+	if _, marked := node.Annotations[ngv1alpha1.DrainConditionAnnotation]; marked {
+		return true
+	}
 	c := nodeCondition(node, corev1.NodeDrainInProgress)
-	return node.Spec.Unschedulable || (c != nil && c.Status == corev1.ConditionTrue)
+	return c != nil && c.Status == corev1.ConditionTrue && !signalledByOther(node, by)
 }
 
 // follow runs one pass over a followed node.
@@ -123,7 +172,7 @@ func (r *Reconciler) follow(ctx context.Context, node *corev1.Node) (reconcile.R
 	if !charged {
 		return r.pickUp(ctx, node)
 	}
-	if !node.Spec.Unschedulable && nodeReady(node) {
+	if !node.Spec.Unschedulable && !signalledByOther(node, by) && nodeReady(node) {
 		return r.endDrain(ctx, node, by)
 	}
 	confirmWait, withdrawn, err := r.confirmCharge(ctx, node, by)
@@ -161,9 +210,24 @@ func (r *Reconciler) followDrain(ctx context.Context, node *corev1.Node, by stri
 		return reconcile.Result{}, err
 	}
 	r.rememberQueues(node.UID, plan.Groups)
+	// The conditions of a drain another writer's DrainInProgress signals
+	// are that writer's (see the top of this file).
+	other := signalledByOther(node, by)
 	if plan.Remaining() == 0 {
+		if other {
+			if r.once(node.UID, "outside-drained") {
+				r.event(node, corev1.EventTypeNormal, ReasonOutsideDrained,
+					"every evictable pod is gone (drain by %s; its DrainInProgress and Drained conditions are its own to write)", by)
+			}
+			return reconcile.Result{}, nil
+		}
 		if c := nodeCondition(node, corev1.NodeDrained); c == nil || c.Status != corev1.ConditionTrue {
 			r.event(node, corev1.EventTypeNormal, ReasonOutsideDrained, "every evictable pod is gone (drain by %s)", by)
+		}
+		if _, marked := node.Annotations[ngv1alpha1.DrainConditionAnnotation]; !marked {
+			if err := r.markConditionsOwn(ctx, node, r.Clock.Now()); err != nil {
+				return reconcile.Result{}, err
+			}
 		}
 		r.markDrained(node)
 		return reconcile.Result{}, nil // its pods' and its own changes wake it
@@ -172,19 +236,70 @@ func (r *Reconciler) followDrain(ctx context.Context, node *corev1.Node, by stri
 	if err != nil {
 		return reconcile.Result{}, err
 	}
-	message := "drained by " + by + "; nodeguard counts it against the node's budgets"
-	if notes := groupNotes(plan); notes != "" {
-		message += "; " + notes
-	}
-	if c := nodeCondition(node, corev1.NodeDrainInProgress); c == nil || c.Status != corev1.ConditionTrue || c.Message != message {
-		r.stageCondition(node, corev1.NodeCondition{Type: corev1.NodeDrainInProgress, Status: corev1.ConditionTrue,
-			Reason: LifecycleReasonAdminRequested, Message: message})
+	if !other {
+		message := followedMessage(by)
+		if notes := groupNotes(plan); notes != "" {
+			message += "; " + notes
+		}
+		if err := r.stageFollowedInProgress(ctx, node, message); err != nil {
+			return reconcile.Result{}, err
+		}
 	}
 	next := r.podsGoneWait()
 	if settling > 0 && settling < next {
 		next = settling
 	}
 	return reconcile.Result{RequeueAfter: next}, nil
+}
+
+// stageFollowedInProgress stages nodeguard's DrainInProgress=True on a
+// followed drain whose condition is not another writer's. Set True afresh, it
+// is marked nodeguard's first (DrainConditionAnnotation, its transition time
+// to the second): written the other way round, a failed mark would leave
+// nodeguard's condition looking like another writer's, which keeps a drain
+// charged for as long as it stands.
+func (r *Reconciler) stageFollowedInProgress(ctx context.Context, node *corev1.Node, message string) error {
+	c := nodeCondition(node, corev1.NodeDrainInProgress)
+	if c != nil && c.Status == corev1.ConditionTrue {
+		if c.Message != message { // nodeguard's own: its transition stays
+			r.stageCondition(node, corev1.NodeCondition{Type: corev1.NodeDrainInProgress, Status: corev1.ConditionTrue,
+				Reason: LifecycleReasonAdminRequested, Message: message})
+		}
+		return nil
+	}
+	at := metav1.NewTime(r.Clock.Now().UTC().Truncate(time.Second))
+	if err := r.markConditionsOwn(ctx, node, at.Time); err != nil {
+		return err
+	}
+	r.stageCondition(node, corev1.NodeCondition{Type: corev1.NodeDrainInProgress, Status: corev1.ConditionTrue,
+		Reason: LifecycleReasonAdminRequested, Message: message})
+	// The transition is the mark's time, not the clock's a moment later.
+	nodeCondition(node, corev1.NodeDrainInProgress).LastTransitionTime = at
+	r.stage(node.UID, func(s *stagedConditions) {
+		for i := range s.set {
+			if s.set[i].Type == corev1.NodeDrainInProgress {
+				s.set[i].LastTransitionTime = at
+			}
+		}
+	})
+	return nil
+}
+
+// markConditionsOwn records on the node that nodeguard writes its drain's
+// lifecycle conditions, and when it set DrainInProgress True
+// (ngv1alpha1.DrainConditionAnnotation).
+func (r *Reconciler) markConditionsOwn(ctx context.Context, node *corev1.Node, at time.Time) error {
+	value := ngv1alpha1.FormatTime(at.UTC().Truncate(time.Second))
+	patch := client.RawPatch(types.MergePatchType, fmt.Appendf(nil, `{"metadata":{"annotations":{%q:%q}}}`,
+		ngv1alpha1.DrainConditionAnnotation, value))
+	if err := r.Client.Patch(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: node.Name}}, patch); err != nil {
+		return fmt.Errorf("marking the drain conditions of node %s as nodeguard's: %w", node.Name, err)
+	}
+	if node.Annotations == nil {
+		node.Annotations = map[string]string{}
+	}
+	node.Annotations[ngv1alpha1.DrainConditionAnnotation] = value
+	return nil
 }
 
 // endDrain removes the marks (the taint watcher then restores None), gives
@@ -209,19 +324,24 @@ func (r *Reconciler) endDrain(ctx context.Context, node *corev1.Node, by string)
 var drainMarks = []string{
 	ngv1alpha1.DrainChargedAtAnnotation, ngv1alpha1.DrainedByAnnotation, ngv1alpha1.TrafficCutAtAnnotation,
 	ngv1alpha1.DrainFirstEvictionAnnotation, ngv1alpha1.DrainAskedAtAnnotation, ngv1alpha1.DrainConfirmedAtAnnotation,
+	ngv1alpha1.DrainConditionAnnotation,
 }
 
-// closeDrain ends a charged drain: its conditions False (for reason), its
-// TrafficCut condition and its marks removed, its disruption given back to
-// the budgets it names.
+// closeDrain ends a charged drain: the conditions nodeguard wrote False (for
+// reason; another writer's are left as they are), its TrafficCut condition
+// and its marks removed (the mark of nodeguard's conditions after they are
+// False), its disruption given back to the budgets it names.
 func (r *Reconciler) closeDrain(ctx context.Context, node *corev1.Node, reason, message string) ([]string, error) {
 	budgets, err := budget.Matching(ctx, r.Client, node)
 	if err != nil {
 		return nil, err
 	}
-	for _, typ := range []corev1.NodeConditionType{corev1.NodeDrainInProgress, corev1.NodeDrained} {
-		if c := nodeCondition(node, typ); c != nil && c.Status == corev1.ConditionTrue {
-			r.stageCondition(node, corev1.NodeCondition{Type: typ, Status: corev1.ConditionFalse, Reason: reason, Message: message})
+	if by, _ := ngv1alpha1.DrainCharged(node); wroteConditions(node, by) {
+		other := signalledByOther(node, by)
+		for _, typ := range []corev1.NodeConditionType{corev1.NodeDrainInProgress, corev1.NodeDrained} {
+			if c := nodeCondition(node, typ); c != nil && c.Status == corev1.ConditionTrue && (typ != corev1.NodeDrainInProgress || !other) {
+				r.stageCondition(node, corev1.NodeCondition{Type: typ, Status: corev1.ConditionFalse, Reason: reason, Message: message})
+			}
 		}
 	}
 	if nodeCondition(node, ngv1alpha1.TrafficCutCondition) != nil {
@@ -255,9 +375,10 @@ func (r *Reconciler) closeDrain(ctx context.Context, node *corev1.Node, reason, 
 	return names, nil
 }
 
-// pickUp charges a drain of a cordoned node that no eviction charged: one that
-// began while nodeguard's eviction webhook was not answering. A node that shows
-// no drain yet is left to its first eviction.
+// pickUp charges a drain that no eviction charged, of a node cordoned or
+// whose DrainInProgress another writer set True: one that began while
+// nodeguard's eviction webhook was not answering. A node that shows no drain
+// yet is left to its first eviction.
 func (r *Reconciler) pickUp(ctx context.Context, node *corev1.Node) (reconcile.Result, error) {
 	if !drainShown(node) || disruptedElsewhere(node) {
 		r.forget(ctx, node.UID)
@@ -313,12 +434,15 @@ func disruptedElsewhere(node *corev1.Node) bool {
 	return charged
 }
 
-// drainUnderWay looks for a drain of the cordoned node and names its drainer:
-// a DrainInProgress condition nodeguard did not write (nodeguard writes its
-// own only on nodes it terminates or has charged), a maintenance Lease
-// someone else holds, or a pod evicted through the Eviction API.
+// drainUnderWay looks for a drain of the node and names its drainer: a
+// DrainInProgress condition nodeguard did not write
+// (ngv1alpha1.DrainInProgressByOther: nodeguard writes its own only on nodes
+// it terminates or has charged, and one it left behind is no drain), a
+// maintenance Lease someone else holds, or a pod evicted through the
+// Eviction API.
 func (r *Reconciler) drainUnderWay(ctx context.Context, node *corev1.Node) (string, bool, error) {
-	if c := nodeCondition(node, corev1.NodeDrainInProgress); c != nil && c.Status == corev1.ConditionTrue {
+	if ngv1alpha1.DrainInProgressByOther(node) {
+		c := nodeCondition(node, corev1.NodeDrainInProgress)
 		return fmt.Sprintf("the writer of its DrainInProgress condition (reason %s)", c.Reason), true, nil
 	}
 	var lease coordinationv1.Lease

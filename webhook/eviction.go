@@ -376,18 +376,14 @@ func newerThan(a, b *corev1.Node) bool {
 	return err1 == nil && err2 == nil && av > bv
 }
 
-// drains reports whether the node shows a drain: it is cordoned, or its
-// KEP-5683 DrainInProgress condition is True.
+// drains reports whether the node shows a drain: it is cordoned, or another
+// writer's KEP-5683 DrainInProgress condition is True. The DrainInProgress
+// nodeguard itself writes on a drain it follows is no drain's signal
+// (ngv1alpha1.OwnDrainInProgress): nodeguard writes it only on a node whose
+// drain is charged already, and one left behind on a node whose charge is
+// gone (its marks removed by hand) must not charge the node again.
 func drains(node *corev1.Node) bool {
-	if node.Spec.Unschedulable {
-		return true
-	}
-	for _, c := range node.Status.Conditions {
-		if c.Type == corev1.NodeDrainInProgress {
-			return c.Status == corev1.ConditionTrue
-		}
-	}
-	return false
+	return node.Spec.Unschedulable || ngv1alpha1.DrainInProgressByOther(node)
 }
 
 // disruptedBy names the disruption the node is already under, whose door

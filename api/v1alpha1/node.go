@@ -269,3 +269,48 @@ func AnnotationTime(node *corev1.Node, key string) (time.Time, bool) {
 	t, err := ParseTime(v)
 	return t, err == nil
 }
+
+// DrainConditionAnnotation (RFC 3339 time, whole seconds) marks the KEP-5683
+// DrainInProgress condition of a followed drain as nodeguard's own: nodeguard
+// sets it, to the condition's lastTransitionTime, before it writes
+// DrainInProgress=True on a node whose drain it follows, and removes it with
+// the drain's other marks once it has set the condition False. KEP-5683 names
+// no owner of a lifecycle condition (its writers coordinate outside the API),
+// and the condition's reason and message are writable by anyone who may
+// update nodes/status; an annotation under nodeguard.io/ only nodeguard's
+// ServiceAccount may write (the admission policy of manifests/policy). A
+// DrainInProgress=True condition is nodeguard's own only while this mark
+// names its transition: one another writer set True afresh (a new
+// transition) is that writer's, and no writer can make its condition look
+// nodeguard's but by taking over nodeguard's own, True, without a transition.
+const DrainConditionAnnotation = "nodeguard.io/drain-condition-at"
+
+// OwnDrainInProgress reports whether the node's DrainInProgress condition is
+// True and nodeguard wrote it (DrainConditionAnnotation).
+func OwnDrainInProgress(node *corev1.Node) bool {
+	c := drainInProgress(node)
+	if c == nil || c.Status != corev1.ConditionTrue {
+		return false
+	}
+	at, ok := AnnotationTime(node, DrainConditionAnnotation)
+	return ok && c.LastTransitionTime.UTC().Truncate(time.Second).Equal(at.UTC().Truncate(time.Second))
+}
+
+// DrainInProgressByOther reports whether the node's DrainInProgress condition
+// is True and another writer's: a drain signalled through KEP-5683 by someone
+// else (with or without a cordon). nodeguard's own condition on a node it
+// follows (OwnDrainInProgress) is no signal of a drain; on a node it
+// terminates, the deletion is.
+func DrainInProgressByOther(node *corev1.Node) bool {
+	c := drainInProgress(node)
+	return c != nil && c.Status == corev1.ConditionTrue && !OwnDrainInProgress(node)
+}
+
+func drainInProgress(node *corev1.Node) *corev1.NodeCondition {
+	for i := range node.Status.Conditions {
+		if node.Status.Conditions[i].Type == corev1.NodeDrainInProgress {
+			return &node.Status.Conditions[i]
+		}
+	}
+	return nil
+}
