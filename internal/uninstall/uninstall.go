@@ -295,6 +295,7 @@ var bookkeepingAnnotations = []string{
 	ngv1alpha1.DrainFirstEvictionAnnotation,
 	ngv1alpha1.DrainAskedAtAnnotation,
 	ngv1alpha1.DrainConfirmedAtAnnotation,
+	ngv1alpha1.DrainConditionAnnotation,
 }
 
 // cleanIdleNodes removes the finalizer, the draining taint and the
