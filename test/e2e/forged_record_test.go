@@ -153,8 +153,10 @@ func TestForgedRecordChangesNothing(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
+		// Named to sort after nodeguard's own (lb-admin-state-...): a
+		// reader that took the last record listed for a pool would take it.
 		fake := &coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{
-			Namespace: ngv1alpha1.MaintenanceLeaseNamespace, Name: fmt.Sprintf("%s-record-%d", f.pool, i),
+			Namespace: ngv1alpha1.MaintenanceLeaseNamespace, Name: fmt.Sprintf("tool-%s-record-%d", f.pool, i),
 			Labels:      maps.Clone(l.Labels),
 			Annotations: map[string]string{recordPoolAnnotation: l.Annotations[recordPoolAnnotation], recordEntriesAnnotation: string(entries)},
 		}}
@@ -200,9 +202,12 @@ func TestForgedRecordChangesNothing(t *testing.T) {
 		}
 		return out
 	})
-	harness.Eventually(t, 30*time.Second, func(context.Context) (bool, error) { return f.allStates(held, "None"), nil },
-		"%s (omitted by the forged records) is restored None once its taint goes", held)
-	t.Logf("%s restored None %s after its taint went", held, time.Since(restoredFrom).Round(time.Millisecond))
+	// Not fatal: what happened to the other node is to be checked too.
+	if err := harness.Poll(ctx, 30*time.Second, func(context.Context) (bool, error) { return f.allStates(held, "None"), nil }); err != nil {
+		t.Errorf("%s (omitted by the forged records) is %v 30 s after its taint went, want None: %v", held, f.states(held), err)
+	} else {
+		t.Logf("%s restored None %s after its taint went", held, time.Since(restoredFrom).Round(time.Millisecond))
+	}
 
 	// The other node's entries are as someone else left them: no nodeguard
 	// write ever changed them.
