@@ -102,7 +102,7 @@ func TestKarpenterDeletedNodeIsCutBeforeItsEvictions(t *testing.T) {
 	if downAt.IsZero() {
 		t.Fatalf("%s's entries were never all Down", target)
 	}
-	var early, admitted int
+	var early, refused, admitted int
 	evicted := map[string]bool{}
 	for _, e := range kpProxy.Evictions(pool) {
 		if !pods[e.Pod] {
@@ -110,6 +110,9 @@ func TestKarpenterDeletedNodeIsCutBeforeItsEvictions(t *testing.T) {
 		}
 		if e.Start.Before(downAt) {
 			early++
+		}
+		if e.Status == http.StatusTooManyRequests {
+			refused++
 		}
 		if e.Status >= 300 {
 			if e.Start.Before(downAt) && e.Status != http.StatusTooManyRequests {
@@ -124,8 +127,8 @@ func TestKarpenterDeletedNodeIsCutBeforeItsEvictions(t *testing.T) {
 				e.Pod, e.Status, e.Start.Sub(deleted).Round(time.Millisecond), target, states)
 		}
 	}
-	t.Logf("entries Down %s after the NodeClaim's deletion; Karpenter's eviction requests before that: %d (refused); admitted after: %d",
-		downAt.Sub(deleted).Round(time.Millisecond), early, admitted)
+	t.Logf("entries Down %s after the NodeClaim's deletion; Karpenter's eviction requests of its pods: %d before that, %d answered 429, %d admitted",
+		downAt.Sub(deleted).Round(time.Millisecond), early, refused, admitted)
 	if early == 0 {
 		t.Errorf("Karpenter sent no eviction before the entries were Down: the test did not exercise the wait")
 	}
