@@ -99,6 +99,12 @@ SOAK ?= 20m
 soak: tools-sandbox ## Chaos soak for SOAK (default 20m): two replicas, leader SIGKILLed 20+ times, ARM faults, rounds of 6 node deletions; prints its figures (make test runs a short version).
 	NODEGUARD_SOAK=$(SOAK) $(GO) test -count=1 -run '^TestChaosSoak$$' -v -timeout 90m $(TEST_FLAGS) ./test/e2e
 
+RESTORE_RUNS ?= 10
+
+.PHONY: test-restore-hold
+test-restore-hold: tools-sandbox ## Play the restore hold's stale copies RESTORE_RUNS times (default 10, about 2.5 min each): None again within 15 s of each stale PUT's operation (make test plays them once).
+	NODEGUARD_RESTORE_RUNS=$(RESTORE_RUNS) $(GO) test -count=1 -run '^TestRestoredNoneHoldsAgainstStaleCopies$$' -v -timeout 60m $(TEST_FLAGS) ./test/e2e
+
 # FUZZTIME is a count of inputs (Nx) rather than a duration: before Go 1.27 a
 # duration's end can fail a target with a bare "context deadline exceeded"
 # and no crasher (golang/go#75804). 300000 inputs take about 5 minutes here.
