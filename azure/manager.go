@@ -104,6 +104,9 @@ type nodeState struct {
 	notify    chan struct{}
 	// warned: pools whose missing entry was reported for gen.
 	warned map[string]bool
+	// left: pools the node's entries left while it was held Down for gen
+	// (their owner removed them: a harder cut than Down), for CutNote.
+	left map[string]bool
 	// gone is set for a node that no longer exists but still has entries
 	// recorded Down: it has no identity to match, only its record.
 	gone *goneState
@@ -252,7 +255,7 @@ func (m *Manager) SetDesired(node *corev1.Node, state AdminState) {
 		n.desired = state
 		n.gen++
 		n.since = m.clock.Now()
-		n.changed, n.confirmed, n.failed, n.warned = false, false, nil, map[string]bool{}
+		n.changed, n.confirmed, n.failed, n.warned, n.left = false, false, nil, map[string]bool{}, nil
 		for _, w := range n.pools {
 			*w = work{pending: true}
 		}

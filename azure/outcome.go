@@ -3,6 +3,9 @@ package azure
 import (
 	"context"
 	"fmt"
+	"maps"
+	"slices"
+	"strings"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -126,7 +129,11 @@ func (m *Manager) applySuccess(g group, snap snapshot, res result, now time.Time
 		}
 		switch {
 		case !res.matched[k] && !res.noEntry[k]:
-			// Not a member of this pool after all.
+			// Not a member of this pool after all: of an excluded node,
+			// cloud-provider-azure removed the entries (counted as cut).
+			if n.excluded && n.desired == AdminStateDown {
+				n.noteLeft(g.pool.key)
+			}
 			delete(n.pools, g.pool.key)
 		case !res.matched[k] && n.desired == AdminStateDown:
 			// A member with no entry: nothing can carry Down, so Down is
@@ -153,6 +160,9 @@ func (m *Manager) applySuccess(g group, snap snapshot, res result, now time.Time
 				events = append(events, pendingEvent{n, revertedEvent(g.pool.key, n.name)})
 			}
 			*w = work{}
+		}
+		if res.left[k] && n.desired == AdminStateDown {
+			n.noteLeft(g.pool.key)
 		}
 		if res.changed[k] {
 			n.changed = true
@@ -416,4 +426,31 @@ func (m *Manager) nextWake() time.Duration {
 		}
 	}
 	return max(d, minWake)
+}
+
+// noteLeft notes that the node's entries left a pool while it was held
+// Down. Call with m.mu held.
+func (n *nodeState) noteLeft(pool string) {
+	if n.left == nil {
+		n.left = map[string]bool{}
+	}
+	n.left[pool] = true
+}
+
+// CutNote says, for the TrafficCut condition of a node whose Down is
+// confirmed, how its traffic was cut when that was not AdminState Down
+// alone: the backend pools its entries left (their owner, cloud-provider-azure,
+// removes the entries of a node labelled
+// node.kubernetes.io/exclude-from-external-load-balancers, as Karpenter
+// labels a node it drains). It is empty otherwise.
+func (m *Manager) CutNote(uid types.UID) string {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	n := m.nodes[uid]
+	if n == nil || n.gone != nil || n.desired != AdminStateDown || len(n.left) == 0 {
+		return ""
+	}
+	pools := slices.Sorted(maps.Keys(n.left))
+	return fmt.Sprintf("the node's entries left backend pool(s) %s: removed by their owner (cloud-provider-azure takes a node labelled %s, as Karpenter labels a node it drains, out of its load balancers), a harder cut than AdminState Down; nothing to restore there when the node comes back",
+		strings.Join(pools, ", "), corev1.LabelNodeExcludeBalancers)
 }

@@ -18,6 +18,9 @@ type poolPlan struct {
 	// restoredAgain: restored entries found Down that the write sets None
 	// again (restore.go), by entry name.
 	restoredAgain poolRecord
+	// left: nodes with an entry recorded Down that is no longer in the
+	// pool (its owner removed it).
+	left map[string]bool
 	// held: nodes whose Down waits for the record (a plan without Downs,
 	// made after the save of one with them failed).
 	held map[string]bool
@@ -49,7 +52,7 @@ type poolPlan struct {
 // With noDown (the record could not be saved), no entry is set Down nor
 // recorded for a new node: those nodes are held, and the restores go ahead.
 func planPool(pool *armnetwork.BackendAddressPool, keys []string, snap snapshot, rec poolRecord, noDown bool) poolPlan {
-	plan := poolPlan{changed: map[string]bool{}, matched: map[string]bool{}, restoredAgain: poolRecord{}, held: map[string]bool{}}
+	plan := poolPlan{changed: map[string]bool{}, matched: map[string]bool{}, restoredAgain: poolRecord{}, held: map[string]bool{}, left: map[string]bool{}}
 	before := maps.Clone(rec)
 	if before == nil {
 		before = poolRecord{}
@@ -116,6 +119,9 @@ func planPool(pool *armnetwork.BackendAddressPool, keys []string, snap snapshot,
 		if !seen[name] {
 			plan.matched[string(o.UID)] = true
 			release[name] = true
+			if !o.restored() {
+				plan.left[string(o.UID)] = true
+			}
 		}
 	}
 	after := maps.Clone(before)

@@ -2,6 +2,8 @@ package azure
 
 import (
 	"context"
+	"maps"
+	"strings"
 	"time"
 
 	"k8s.io/apimachinery/pkg/types"
@@ -127,15 +129,25 @@ func (m *Manager) verify(ctx context.Context, ev *tickEvents) bool {
 		return true
 	}
 	var events []pendingEvent
+	left := map[string][]string{}
 	for _, p := range pools {
 		keys, err := target.index.Match(ctx, p.pool, m.nics)
 		if err != nil {
 			ctrl.LoggerFrom(ctx).V(1).Info("Matching nodes to a backend pool for verification failed", "pool", p.key, "error", err.Error())
 			continue
 		}
-		events = append(events, m.reverted(p, keys, target)...)
+		evs, gone := m.reverted(p, keys, target)
+		events = append(events, evs...)
+		if len(gone) > 0 {
+			left[p.key] = gone
+		}
 	}
 	m.emit(ev, events)
+	for key, names := range left {
+		if err := m.dropLeftRestores(ctx, key, names, target.writes[key]); err != nil {
+			ctrl.LoggerFrom(ctx).Error(err, "Dropping restored entries that left their pool from the admin-state record failed; the next attempt at the pool drops them", "pool", key)
+		}
+	}
 	return true
 }
 
@@ -159,15 +171,19 @@ func (m *Manager) verifyTargetLocked() verifyTarget {
 // reverted marks the entries of one listed pool that belong to a node held
 // Down and are not Down, and the restored entries held None that are Down.
 // An entry nodeguard is writing, or wrote since the read began, is left to
-// that write.
-func (m *Manager) reverted(p listedPool, keys []string, target verifyTarget) []pendingEvent {
+// that write. It also returns the restored entries that left the pool (their
+// owner removed them: cloud-provider-azure, from a node labelled
+// node.kubernetes.io/exclude-from-external-load-balancers), and notes the
+// nodes held Down whose recorded entries left it (entriesLeft).
+func (m *Manager) reverted(p listedPool, keys []string, target verifyTarget) ([]pendingEvent, []string) {
 	now := m.clock.Now()
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	ps := m.pools[p.key]
 	if ps == nil || ps.writes != target.writes[p.key] {
-		return nil
+		return nil, nil
 	}
+	gone := m.entriesLeft(p)
 	events := m.revertedRestores(p, ps, target.restored[p.key], now)
 	seen := map[types.UID]bool{}
 	for i, k := range keys {
@@ -197,5 +213,68 @@ func (m *Manager) reverted(p listedPool, keys []string, target verifyTarget) []p
 		reverts.WithLabelValues(p.key, string(AdminStateDown)).Inc()
 		events = append(events, pendingEvent{n, revertedEvent(p.key, entryName(e))})
 	}
-	return events
+	return events, gone
+}
+
+// entriesLeft looks for the pool's recorded entries that are not in the
+// listed pool: their owner removed them. A node held Down counts them as cut
+// (noted for CutNote); restored entries are returned, to leave the record:
+// one that comes back is a new entry, no longer held. Entries recorded Down
+// leave the record at the pool's next attempt (planPool), which reads the
+// pool fresh. Call with m.mu held.
+func (m *Manager) entriesLeft(p listedPool) []string {
+	rec := m.recorded[p.key]
+	if len(rec) == 0 || p.pool == nil || p.pool.Properties == nil {
+		return nil
+	}
+	present := make(map[string]bool, len(p.pool.Properties.LoadBalancerBackendAddresses))
+	for _, e := range p.pool.Properties.LoadBalancerBackendAddresses {
+		if name := entryName(e); name != "" {
+			present[name] = true
+		}
+	}
+	var gone []string
+	for name, o := range rec {
+		if present[name] {
+			continue
+		}
+		if o.restored() {
+			gone = append(gone, name)
+			continue
+		}
+		if n := m.nodes[o.UID]; n != nil && n.gone == nil && n.desired == AdminStateDown {
+			n.noteLeft(p.key)
+		}
+	}
+	return gone
+}
+
+// dropLeftRestores saves a pool's record without the restored entries that
+// left the pool, unless nodeguard wrote the pool since it was read. Like
+// every record write, under the load balancer's lock.
+func (m *Manager) dropLeftRestores(ctx context.Context, key string, names []string, writes uint64) error {
+	lb, _, _ := strings.Cut(key, "/")
+	lock := m.lbLock(lb)
+	lock.Lock()
+	defer lock.Unlock()
+	m.mu.Lock()
+	ps := m.pools[key]
+	if ps == nil || ps.writes != writes {
+		m.mu.Unlock()
+		return nil
+	}
+	rec := maps.Clone(m.recorded[key])
+	dropped := 0
+	for _, name := range names {
+		if o, ok := rec[name]; ok && o.restored() {
+			delete(rec, name)
+			dropped++
+		}
+	}
+	m.mu.Unlock()
+	if dropped == 0 {
+		return nil
+	}
+	ctrl.LoggerFrom(ctx).V(1).Info("Restored entries left their backend pool: no longer held", "pool", key, "entries", dropped)
+	return m.saveRecord(ctx, key, rec)
 }

@@ -66,6 +66,8 @@ type result struct {
 	// write carried the other nodes' restores).
 	recordErr error
 	held      map[string]bool
+	// left: nodes whose recorded entries were no longer in the pool.
+	left map[string]bool
 }
 
 // tickEvents sends at most one event per node, generation and reason among
@@ -303,7 +305,7 @@ func (m *Manager) processPool(ctx context.Context, p *poolState) (group, snapsho
 			// The record of the restores is fixed by the pool's next save.
 			setAdminStates(pool, states)
 			plan = planPool(pool, keys, snap, snap.record, true)
-			res.matched, res.restoredAgain, res.held = plan.matched, plan.restoredAgain, plan.held
+			res.matched, res.restoredAgain, res.held, res.left = plan.matched, plan.restoredAgain, plan.held, plan.left
 			if len(plan.changed) == 0 {
 				res.err = err
 				return g, snap, res
@@ -311,7 +313,7 @@ func (m *Manager) processPool(ctx context.Context, p *poolState) (group, snapsho
 			res.recordErr = err
 		}
 	}
-	res.matched, res.changed, res.restoredAgain, res.held = plan.matched, plan.changed, plan.restoredAgain, plan.held
+	res.matched, res.changed, res.restoredAgain, res.held, res.left = plan.matched, plan.changed, plan.restoredAgain, plan.held, plan.left
 	if len(res.changed) > 0 {
 		if _, err := m.client.UpdatePool(ctx, m.cfg.ResourceGroup, p.lb, pool); err != nil {
 			res.err = fmt.Errorf("updating backend pool %s: %w", p.key, err)
