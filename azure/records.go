@@ -344,7 +344,17 @@ func shardLayout(pool string, rec poolRecord, current int) ([]string, error) {
 		}
 		return out, true, nil
 	}
-	for n := 1; n <= maxRecordShards; n *= 2 {
+	whole, err := json.Marshal(rec)
+	if err != nil {
+		return nil, err
+	}
+	// No fewer shards than the whole record needs: a large record is not
+	// split once per smaller count first.
+	n := 1
+	for n < maxRecordShards && n*recordShardBytes < len(whole) {
+		n *= 2
+	}
+	for ; n <= maxRecordShards; n *= 2 {
 		out, ok, err := fits(n)
 		if err != nil {
 			return nil, err
@@ -359,8 +369,7 @@ func shardLayout(pool string, rec poolRecord, current int) ([]string, error) {
 		}
 		return out, nil
 	}
-	data, _ := json.Marshal(rec)
-	return nil, &RecordTooLargeError{Pool: pool, Entries: len(rec), Bytes: len(data)}
+	return nil, &RecordTooLargeError{Pool: pool, Entries: len(rec), Bytes: len(whole)}
 }
 
 func (s *LeaseRecords) save(ctx context.Context, pool string, rec poolRecord) error {
