@@ -62,6 +62,9 @@ type AdminState interface {
 	// NothingCut says whether the confirmed Down cut nothing: the node is in
 	// no backend pool.
 	NothingCut(uid types.UID) bool
+	// CutNote says how the cut differs from AdminState Down on every entry
+	// (entries their owner removed from a pool); "" when it does not.
+	CutNote(uid types.UID) string
 }
 
 // Reconciler terminates nodes.

@@ -210,10 +210,14 @@ const cutConfirmedNote = "load balancer AdminState Down confirmed on every backe
 // markCutConfirmed sets the TrafficCut condition True, or turns one that
 // said "not cut" (a drain that waited) True.
 func (r *Reconciler) markCutConfirmed(node *corev1.Node) {
-	if c := nodeCondition(node, ngv1alpha1.TrafficCutCondition); c != nil && c.Status == corev1.ConditionTrue {
+	message := cutConfirmedNote
+	if note := r.AdminState.CutNote(node.UID); note != "" {
+		message += "; " + note
+	}
+	if c := nodeCondition(node, ngv1alpha1.TrafficCutCondition); c != nil && c.Status == corev1.ConditionTrue && c.Message == message {
 		return
 	}
-	r.setTrafficCondition(node, corev1.ConditionTrue, conditionCut, cutConfirmedNote)
+	r.setTrafficCondition(node, corev1.ConditionTrue, conditionCut, message)
 }
 
 func (r *Reconciler) setTrafficCondition(node *corev1.Node, status corev1.ConditionStatus, reason, message string) {

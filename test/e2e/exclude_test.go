@@ -268,6 +268,18 @@ func TestEntriesRemovedByCloudProviderAreCut(t *testing.T) {
 	harness.Eventually(t, 30*time.Second, allAre(drained, "Down"), "the drained %s is Down in both pools", drained)
 	setExcluded(t, drained, true)
 	harness.Eventually(t, 30*time.Second, gone(drained), "cloud-provider-azure removes the entries of %s", drained)
+	harness.Eventually(t, 30*time.Second, func(ctx context.Context) (bool, error) {
+		var n corev1.Node
+		if err := env.Client.Get(ctx, client.ObjectKey{Name: drained}, &n); err != nil {
+			return false, err
+		}
+		for _, c := range n.Status.Conditions {
+			if c.Type == ngv1alpha1.TrafficCutCondition {
+				return c.Status == corev1.ConditionTrue && strings.Contains(c.Message, "left backend pool"), nil
+			}
+		}
+		return false, nil
+	}, "the TrafficCut condition of %s says its entries left their pools", drained)
 	uncordoned := time.Now()
 	harness.MustKubectl(t, env.Kubeconfig, "", "uncordon", drained)
 	harness.WaitForEvent(t, env.Client, drained, "DrainEnded")
