@@ -245,6 +245,20 @@ func TestEntriesRemovedByCloudProviderAreCut(t *testing.T) {
 	harness.Eventually(t, time.Minute, allAre(cutAfter, "Down"), "%s is Down in both pools", cutAfter)
 	setExcluded(t, cutAfter, true)
 	harness.Eventually(t, 30*time.Second, gone(cutAfter), "cloud-provider-azure removes the entries of %s", cutAfter)
+	// Its drain waits for the do-not-evict pod: the termination controller's
+	// next passes say how the cut now stands.
+	harness.Eventually(t, time.Minute, func(ctx context.Context) (bool, error) {
+		var n corev1.Node
+		if err := env.Client.Get(ctx, client.ObjectKey{Name: cutAfter}, &n); err != nil {
+			return false, err
+		}
+		for _, c := range n.Status.Conditions {
+			if c.Type == ngv1alpha1.TrafficCutCondition {
+				return c.Status == corev1.ConditionTrue && strings.Contains(c.Message, "left backend pool"), nil
+			}
+		}
+		return false, nil
+	}, "the TrafficCut condition of %s says its entries left their pools", cutAfter)
 
 	// Removed before the cut.
 	setExcluded(t, excludedFirst, true)
@@ -268,18 +282,6 @@ func TestEntriesRemovedByCloudProviderAreCut(t *testing.T) {
 	harness.Eventually(t, 30*time.Second, allAre(drained, "Down"), "the drained %s is Down in both pools", drained)
 	setExcluded(t, drained, true)
 	harness.Eventually(t, 30*time.Second, gone(drained), "cloud-provider-azure removes the entries of %s", drained)
-	harness.Eventually(t, 30*time.Second, func(ctx context.Context) (bool, error) {
-		var n corev1.Node
-		if err := env.Client.Get(ctx, client.ObjectKey{Name: drained}, &n); err != nil {
-			return false, err
-		}
-		for _, c := range n.Status.Conditions {
-			if c.Type == ngv1alpha1.TrafficCutCondition {
-				return c.Status == corev1.ConditionTrue && strings.Contains(c.Message, "left backend pool"), nil
-			}
-		}
-		return false, nil
-	}, "the TrafficCut condition of %s says its entries left their pools", drained)
 	uncordoned := time.Now()
 	harness.MustKubectl(t, env.Kubeconfig, "", "uncordon", drained)
 	harness.WaitForEvent(t, env.Client, drained, "DrainEnded")
