@@ -65,6 +65,11 @@ func (r *Reconciler) cutTraffic(ctx context.Context, node *corev1.Node) (reconci
 		return reconcile.Result{}, nil
 	}
 	if cutAt, ok := r.cutEnded(node); ok {
+		// A confirmed cut may since have lost entries to their owner
+		// (CutNote): the condition says so.
+		if c := nodeCondition(node, ngv1alpha1.TrafficCutCondition); c != nil && c.Status == corev1.ConditionTrue {
+			r.markCutConfirmed(node)
+		}
 		if wait := cutAt.Add(r.Opts.CutoverPause).Sub(r.Clock.Now()); wait > 0 {
 			r.waitFor(node.UID, "traffic cut; pausing %s (--cutover-pause) before the drain", wait.Round(time.Second))
 			return reconcile.Result{RequeueAfter: wait}, nil
