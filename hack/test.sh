@@ -18,7 +18,8 @@ logs=${TMPDIR:-/tmp}/nodeguard-test-logs
 mkdir -p "$logs"
 
 # The e2e tests' seconds in a cold make test on 2 cores (.ci/run on
-# 2026-11-28, e2e --- PASS lines); a test not listed counts as 12. The shards
+# 2026-11-28, e2e --- PASS lines; the last two rows from runs of their own on
+# 2026-12-07); a test not listed counts as 12. The shards
 # are dealt longest first, each test to the shard with the least so far.
 declare -A seconds=(
 	[TestCutHoldsThroughAnotherWritersLongOperations]=167 [TestChaosSoak]=127
@@ -31,6 +32,9 @@ declare -A seconds=(
 	[TestClusterAutoscalerTaintIsASignal]=8 [TestPlanPredictsWhatTheDeletionMeets]=25 [TestKarpenterNodeIsCutNotDrained]=6
 	[TestProductionNodeDrainsInTiersAndIsReleased]=6 [TestCloudNodeControllerIsNeverRefused]=4
 	[TestClusterAutoscalerCancelledScaleDown]=4 [TestScaleDownDisabledWhileTheBudgetAllowsNone]=1
+	[TestRestoredNoneHoldsAgainstStaleCopies]=137 [TestEntriesRemovedByCloudProviderAreCut]=80
+	[TestKarpenterDeletedNodeIsCutBeforeItsEvictions]=41 [TestForgedEvictionReviewLeavesNothingBehind]=27
+	[TestForgedRecordChangesNothing]=23 [TestClusterEnforcesTheInstallsPolicies]=1
 )
 
 # label NAME prefixes each line of its input with the job's name.
