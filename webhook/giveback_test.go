@@ -1,11 +1,8 @@
 package webhook_test
 
 import (
-	"bytes"
 	"context"
-	"crypto/tls"
 	"encoding/json"
-	"net/http"
 	"testing"
 	"time"
 
@@ -44,21 +41,7 @@ func postDeleteReview(t *testing.T, g *guard, name string, dryRun bool) *admissi
 			OldObject: runtime.RawExtension{Raw: raw},
 		},
 	}
-	body, err := json.Marshal(review)
-	if err != nil {
-		t.Fatal(err)
-	}
-	httpClient := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{TLSClientConfig: &tls.Config{InsecureSkipVerify: true}}} //nolint:gosec // test server
-	resp, err := httpClient.Post("https://"+g.addr+ngwebhook.DeletePath, "application/json", bytes.NewReader(body))
-	if err != nil {
-		t.Fatalf("webhook server unreachable: %v", err)
-	}
-	defer resp.Body.Close()
-	var answer admissionv1.AdmissionReview
-	if err := json.NewDecoder(resp.Body).Decode(&answer); err != nil || answer.Response == nil {
-		t.Fatalf("HTTP %d, no AdmissionReview answer: %v", resp.StatusCode, err)
-	}
-	return answer.Response
+	return harness.PostReview(t, g.addr, ngwebhook.DeletePath, &review)
 }
 
 // TestForgedDeleteReviewClaimIsGivenBackUnconfirmed: a DELETE review posted

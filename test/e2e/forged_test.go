@@ -1,11 +1,8 @@
 package e2e
 
 import (
-	"bytes"
 	"context"
-	"crypto/tls"
 	"encoding/json"
-	"net/http"
 	"slices"
 	"strings"
 	"testing"
@@ -47,21 +44,7 @@ func postEvictionReview(t *testing.T, ns, pod, user string) *admissionv1.Admissi
 			Object:   runtime.RawExtension{Raw: raw},
 		},
 	}
-	body, err := json.Marshal(review)
-	if err != nil {
-		t.Fatal(err)
-	}
-	httpClient := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{TLSClientConfig: &tls.Config{InsecureSkipVerify: true}}} //nolint:gosec // test server
-	resp, err := httpClient.Post("https://"+env.WebhookAddr()+ngwebhook.EvictionPath, "application/json", bytes.NewReader(body))
-	if err != nil {
-		t.Fatalf("webhook server unreachable: %v", err)
-	}
-	defer resp.Body.Close()
-	var answer admissionv1.AdmissionReview
-	if err := json.NewDecoder(resp.Body).Decode(&answer); err != nil || answer.Response == nil {
-		t.Fatalf("HTTP %d, no AdmissionReview answer: %v", resp.StatusCode, err)
-	}
-	return answer.Response
+	return harness.PostReview(t, env.WebhookAddr(), ngwebhook.EvictionPath, &review)
 }
 
 // TestForgedEvictionReviewLeavesNothingBehind: a pod inside the cluster posts
