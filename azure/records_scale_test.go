@@ -7,7 +7,9 @@ import (
 	"os"
 	"strconv"
 	"testing"
+	"time"
 
+	"github.com/Azure/azure-sdk-for-go/sdk/azcore/policy"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
@@ -78,7 +80,11 @@ func TestRecordHoldsAWholePoolDown(t *testing.T) {
 		nodes = n
 	}
 	env := apiServer(t)
-	e := newEnv(t, nodes, false, withManager(WithRecords(NewLeaseRecords(env.Client, env.Client, ngv1alpha1.MaintenanceLeaseNamespace))))
+	// A pool of 5,000 entries is a body of megabytes: on a loaded machine
+	// one try of its GET or PUT outlasts the test env's 2 s, as it would
+	// not against ARM's own timeouts (azcore's default: none per try).
+	e := newEnv(t, nodes, false, withManager(WithRecords(NewLeaseRecords(env.Client, env.Client, ngv1alpha1.MaintenanceLeaseNamespace)),
+		WithSDKRetry(policy.RetryOptions{MaxRetries: 3, RetryDelay: time.Millisecond, MaxRetryDelay: 5 * time.Millisecond, TryTimeout: time.Minute})))
 	n0 := e.nodes[0]
 	for i, n := range e.nodes {
 		n.UID = types.UID(fmt.Sprintf("%08x-5f7d-4e2a-9c61-%012x", i, i)) // as long as a real one
@@ -87,6 +93,9 @@ func TestRecordHoldsAWholePoolDown(t *testing.T) {
 	e.m.SetDesired(n0, AdminStateDown)
 	e.tick()
 	e.wantStates(n0.Name, AdminStateDown)
+	if t.Failed() {
+		logEvents(t, e) // why the write did not land
+	}
 	pools := []string{"kubernetes/kubernetes", "kubernetes-internal/kubernetes"}
 	baseline := map[string]float64{}
 	for _, pool := range pools {
@@ -113,6 +122,7 @@ func TestRecordHoldsAWholePoolDown(t *testing.T) {
 			}
 		}
 		if wrong > 0 {
+			logEvents(t, e)
 			t.Fatalf("%d entries not %s", wrong, state)
 		}
 	}
@@ -324,5 +334,13 @@ func TestFailedSaveDoesNotBlockRestores(t *testing.T) {
 		if got := store.Restored()[pool][n0.Name]; got != n0.Name {
 			t.Errorf("%s: n0 not recorded restored after the next save (%v)", pool, store.Restored())
 		}
+	}
+}
+
+// logEvents logs the manager's events: a failed test says what its writes met.
+func logEvents(t *testing.T, e *testEnv) {
+	t.Helper()
+	for _, ev := range e.rec.all() {
+		t.Logf("event %s %s %s: %s", ev.typ, ev.reason, ev.node, ev.note)
 	}
 }
