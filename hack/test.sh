@@ -34,7 +34,7 @@ declare -A seconds=(
 	[TestClusterAutoscalerCancelledScaleDown]=4 [TestScaleDownDisabledWhileTheBudgetAllowsNone]=1
 	[TestRestoredNoneHoldsAgainstStaleCopies]=137 [TestEntriesRemovedByCloudProviderAreCut]=80
 	[TestKarpenterDeletedNodeIsCutBeforeItsEvictions]=41 [TestForgedEvictionReviewLeavesNothingBehind]=27
-	[TestForgedRecordChangesNothing]=23 [TestClusterEnforcesTheInstallsPolicies]=1
+	[TestForgedRecordChangesNothing]=23 [TestClusterEnforcesTheInstallsPolicies]=1 [TestTenantSpotNoticeCutsNothing]=61
 )
 
 # label NAME prefixes each line of its input with the job's name.
