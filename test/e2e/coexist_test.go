@@ -30,19 +30,21 @@ const revertBound = 15 * time.Second
 var coexistPools = [][2]string{{"kubernetes", "kubernetes"}, {"kubernetes-internal", "kubernetes"}}
 
 // cloudProviderLoop runs the cloud-provider-azure actor's reconcile every
-// second against the cluster's current nodes of a pool, with a whole-LB
-// write every fifth round (a Service re-sync), until stopped.
+// second against the cluster's current nodes of a pool (clusterNodes), with,
+// when lbWrites, a whole-LB write every fifth round (a Service re-sync),
+// until stopped.
 type cloudProviderLoop struct {
-	actor *armemulator.CloudProvider
-	pool  string
-	stop  chan struct{}
-	done  chan struct{}
-	mu    sync.Mutex
-	errs  []string
+	actor    *armemulator.CloudProvider
+	pool     string
+	lbWrites bool
+	stop     chan struct{}
+	done     chan struct{}
+	mu       sync.Mutex
+	errs     []string
 }
 
-func startCloudProvider(t *testing.T, emu *armemulator.Server, pool string) *cloudProviderLoop {
-	l := &cloudProviderLoop{actor: armemulator.NewCloudProvider(emu), pool: pool, stop: make(chan struct{}), done: make(chan struct{})}
+func startCloudProvider(t *testing.T, emu *armemulator.Server, pool string, lbWrites bool) *cloudProviderLoop {
+	l := &cloudProviderLoop{actor: armemulator.NewCloudProvider(emu), pool: pool, lbWrites: lbWrites, stop: make(chan struct{}), done: make(chan struct{})}
 	go l.run()
 	t.Cleanup(l.halt)
 	return l
@@ -59,7 +61,7 @@ func (l *cloudProviderLoop) run() {
 		case <-tick.C:
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		l.reconcile(ctx, round%5 == 0)
+		l.reconcile(ctx, l.lbWrites && round%5 == 0)
 		cancel()
 	}
 }
@@ -100,7 +102,9 @@ func (l *cloudProviderLoop) halt() {
 }
 
 // clusterNodes lists the pool's nodes as cloud-provider-azure's node set
-// sees them: every node that exists, deleting or not.
+// sees them: every node that exists, deleting or not, but those labelled
+// node.kubernetes.io/exclude-from-external-load-balancers (as Karpenter
+// labels a node it drains), which it takes out of its pools.
 func clusterNodes(ctx context.Context, pool string) ([]armemulator.Node, error) {
 	var list corev1.NodeList
 	if err := env.Client.List(ctx, &list, client.MatchingLabels{"pool": pool}); err != nil {
@@ -108,6 +112,9 @@ func clusterNodes(ctx context.Context, pool string) ([]armemulator.Node, error) 
 	}
 	var out []armemulator.Node
 	for _, n := range list.Items {
+		if _, excluded := n.Labels[corev1.LabelNodeExcludeBalancers]; excluded {
+			continue
+		}
 		for _, a := range n.Status.Addresses {
 			if a.Type == corev1.NodeInternalIP {
 				out = append(out, armemulator.Node{Name: n.Name, IPs: []string{a.Address}})
@@ -314,7 +321,7 @@ func TestTrafficCutHoldsWhileCloudProviderReconciles(t *testing.T) {
 	// of 1 s (ARM says 10 s or so; this test is not about the wait).
 	f := newCoexistFixture(t, "coexist", 1, 5, 3, armemulator.Options{BusyRetryAfter: time.Second})
 	name, emu, metricsPort, leaving := f.name, f.emu, f.metricsPort, f.leaving
-	loop := startCloudProvider(t, emu, name)
+	loop := startCloudProvider(t, emu, name, true)
 	stale := armemulator.NewCloudProvider(emu)
 	before, err := stale.Read(ctx) // a reconcile that starts before the cut
 	if err != nil {

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"slices"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -20,75 +19,6 @@ import (
 	"github.com/nodeguard/nodeguard/test/builder"
 	"github.com/nodeguard/nodeguard/test/harness"
 )
-
-// excludingCloudProvider runs the cloud-provider-azure actor's reconcile
-// every second, as cloud-provider-azure does with the label
-// node.kubernetes.io/exclude-from-external-load-balancers: the pools hold
-// the pool's nodes without it.
-type excludingCloudProvider struct {
-	actor *armemulator.CloudProvider
-	pool  string
-	stop  chan struct{}
-	done  chan struct{}
-	mu    sync.Mutex
-	errs  []string
-}
-
-func startExcludingCloudProvider(t *testing.T, emu *armemulator.Server, pool string) *excludingCloudProvider {
-	l := &excludingCloudProvider{actor: armemulator.NewCloudProvider(emu), pool: pool, stop: make(chan struct{}), done: make(chan struct{})}
-	go func() {
-		defer close(l.done)
-		tick := time.NewTicker(time.Second)
-		defer tick.Stop()
-		for {
-			select {
-			case <-l.stop:
-				return
-			case <-tick.C:
-			}
-			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-			if err := l.reconcile(ctx); err != nil {
-				l.mu.Lock()
-				l.errs = append(l.errs, err.Error())
-				l.mu.Unlock()
-			}
-			cancel()
-		}
-	}()
-	t.Cleanup(func() {
-		close(l.stop)
-		<-l.done
-	})
-	return l
-}
-
-func (l *excludingCloudProvider) reconcile(ctx context.Context) error {
-	var list corev1.NodeList
-	if err := env.Client.List(ctx, &list, client.MatchingLabels{"pool": l.pool}); err != nil {
-		return err
-	}
-	var nodes []armemulator.Node
-	for _, n := range list.Items {
-		if _, excluded := n.Labels[corev1.LabelNodeExcludeBalancers]; excluded {
-			continue
-		}
-		for _, a := range n.Status.Addresses {
-			if a.Type == corev1.NodeInternalIP {
-				nodes = append(nodes, armemulator.Node{Name: n.Name, IPs: []string{a.Address}})
-			}
-		}
-	}
-	snap, err := l.actor.Read(ctx)
-	if err != nil {
-		return err
-	}
-	for _, p := range coexistPools {
-		if _, err := snap.EnsureHostsInPool(ctx, p[0], p[1], nodes); err != nil {
-			return err
-		}
-	}
-	return nil
-}
 
 // entriesOf returns the node's entries in the IP-based pools, as
 // "lb/pool=state".
@@ -219,7 +149,7 @@ func TestEntriesRemovedByCloudProviderAreCut(t *testing.T) {
 	for _, n := range nodes {
 		harness.WaitForTerminationFinalizer(t, env.Client, n)
 	}
-	cp := startExcludingCloudProvider(t, emu, name)
+	cp := startCloudProvider(t, emu, name, false) // leaves out the nodes labelled to be excluded
 	t.Cleanup(func() { _, _ = harness.Kubectl(env.Kubeconfig, "", "uncordon", drained, restored) })
 
 	gone := func(node string) func(context.Context) (bool, error) {
