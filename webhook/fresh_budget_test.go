@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"io"
-	"net/http"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -165,62 +164,5 @@ func (g *watchGate) hold() { g.held.Store(true) }
 
 // config returns cfg with the watches of path gated.
 func (g *watchGate) config(cfg *rest.Config, path string) *rest.Config {
-	cfg = rest.CopyConfig(cfg)
-	cfg.Wrap(func(rt http.RoundTripper) http.RoundTripper {
-		return roundTripperFunc(func(req *http.Request) (*http.Response, error) {
-			resp, err := rt.RoundTrip(req)
-			if err != nil || req.URL.Path != path || req.URL.Query().Get("watch") != "true" {
-				return resp, err
-			}
-			resp.Body = newGatedBody(resp.Body, g)
-			return resp, nil
-		})
-	})
-	return cfg
+	return wrapWatches(cfg, path, func(body io.ReadCloser) io.ReadCloser { return newLaggingBody(body, 0, g.held.Load) })
 }
-
-// gatedBody hands out what its body read before the gate was held.
-type gatedBody struct {
-	body    io.ReadCloser
-	chunks  chan gatedChunk
-	pending []byte
-}
-
-type gatedChunk struct {
-	data []byte
-	err  error
-}
-
-func newGatedBody(body io.ReadCloser, g *watchGate) *gatedBody {
-	b := &gatedBody{body: body, chunks: make(chan gatedChunk, 4096)}
-	go func() {
-		for {
-			buf := make([]byte, 32<<10)
-			n, err := body.Read(buf)
-			if n > 0 && !g.held.Load() { // read after the hold: dropped
-				b.chunks <- gatedChunk{data: buf[:n]}
-			}
-			if err != nil {
-				b.chunks <- gatedChunk{err: err}
-				return
-			}
-		}
-	}()
-	return b
-}
-
-func (b *gatedBody) Read(p []byte) (int, error) {
-	if len(b.pending) == 0 {
-		ch := <-b.chunks
-		if ch.err != nil {
-			b.chunks <- ch // every later Read ends the same way
-			return 0, ch.err
-		}
-		b.pending = ch.data
-	}
-	n := copy(p, b.pending)
-	b.pending = b.pending[n:]
-	return n, nil
-}
-
-func (b *gatedBody) Close() error { return b.body.Close() }

@@ -351,14 +351,20 @@ func (c *handoverChaos) requireSettled() {
 // laggingNodeWatch returns cfg with every node watch stream delivered lag
 // late, in order.
 func laggingNodeWatch(cfg *rest.Config, lag time.Duration) *rest.Config {
+	return wrapWatches(cfg, "/api/v1/nodes", func(body io.ReadCloser) io.ReadCloser { return newLaggingBody(body, lag, nil) })
+}
+
+// wrapWatches returns cfg with the body of every watch stream of path
+// wrapped.
+func wrapWatches(cfg *rest.Config, path string, wrap func(io.ReadCloser) io.ReadCloser) *rest.Config {
 	cfg = rest.CopyConfig(cfg)
 	cfg.Wrap(func(rt http.RoundTripper) http.RoundTripper {
 		return roundTripperFunc(func(req *http.Request) (*http.Response, error) {
 			resp, err := rt.RoundTrip(req)
-			if err != nil || req.URL.Path != "/api/v1/nodes" || req.URL.Query().Get("watch") != "true" {
+			if err != nil || req.URL.Path != path || req.URL.Query().Get("watch") != "true" {
 				return resp, err
 			}
-			resp.Body = newLaggingBody(resp.Body, lag)
+			resp.Body = wrap(resp.Body)
 			return resp, nil
 		})
 	})
@@ -369,10 +375,12 @@ type roundTripperFunc func(*http.Request) (*http.Response, error)
 
 func (f roundTripperFunc) RoundTrip(r *http.Request) (*http.Response, error) { return f(r) }
 
-// laggingBody hands out what its body read, each chunk lag after it arrived.
+// laggingBody hands out what its body read, each chunk lag after it arrived;
+// a chunk read while drop (when set) says so is never handed out.
 type laggingBody struct {
 	body    io.ReadCloser
 	lag     time.Duration
+	drop    func() bool
 	chunks  chan lagChunk
 	pending []byte
 }
@@ -383,8 +391,8 @@ type lagChunk struct {
 	err  error
 }
 
-func newLaggingBody(body io.ReadCloser, lag time.Duration) *laggingBody {
-	b := &laggingBody{body: body, lag: lag, chunks: make(chan lagChunk, 4096)}
+func newLaggingBody(body io.ReadCloser, lag time.Duration, drop func() bool) *laggingBody {
+	b := &laggingBody{body: body, lag: lag, drop: drop, chunks: make(chan lagChunk, 4096)}
 	go b.pump()
 	return b
 }
@@ -393,7 +401,7 @@ func (b *laggingBody) pump() {
 	for {
 		buf := make([]byte, 32<<10)
 		n, err := b.body.Read(buf)
-		if n > 0 {
+		if n > 0 && (b.drop == nil || !b.drop()) {
 			b.chunks <- lagChunk{data: buf[:n], at: time.Now()}
 		}
 		if err != nil {
