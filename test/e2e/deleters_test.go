@@ -65,20 +65,30 @@ func newFleet(t *testing.T, name string, size int) *fleet {
 	return f
 }
 
-// states returns the node's load-balancer entries' admin states, by
-// "lb/pool" (the outbound-only pool carries none).
-func (f *fleet) states(node string) map[string]string {
+// entries returns the node's load-balancer entries, by "lb/pool" (the
+// outbound-only pool left out: it carries no admin state).
+func (f *fleet) entries(node string) map[string]armemulator.EntryState {
 	index := strconv.Itoa(f.vms[node])
-	out := map[string]string{}
+	out := map[string]armemulator.EntryState{}
 	for _, p := range f.emulator.State() {
 		if p.Pool == "aksOutboundBackendPool" {
 			continue
 		}
 		for _, e := range p.Entries {
 			if e.Name == node || e.IP == "" && strings.Contains(e.IPConfigID, "/virtualMachines/"+index+"/") {
-				out[p.LoadBalancer+"/"+p.Pool] = e.AdminState
+				out[p.LoadBalancer+"/"+p.Pool] = e
 			}
 		}
+	}
+	return out
+}
+
+// states returns the node's load-balancer entries' admin states, by
+// "lb/pool".
+func (f *fleet) states(node string) map[string]string {
+	out := map[string]string{}
+	for pool, e := range f.entries(node) {
+		out[pool] = e.AdminState
 	}
 	return out
 }

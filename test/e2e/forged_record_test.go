@@ -49,20 +49,11 @@ func recordEntries(l *coordinationv1.Lease) (map[string]recordOwner, error) {
 }
 
 // fleetEntryNames returns the node's entry names in the fleet's pools, by
-// "lb/pool" (lower case, as nodeguard keys its records), the outbound-only
-// pool left out.
+// "lb/pool" (lower case, as nodeguard keys its records).
 func fleetEntryNames(f *fleet, node string) map[string]string {
-	index := fmt.Sprint(f.vms[node])
 	out := map[string]string{}
-	for _, p := range f.emulator.State() {
-		if p.Pool == "aksOutboundBackendPool" {
-			continue
-		}
-		for _, e := range p.Entries {
-			if e.Name == node || e.IP == "" && strings.Contains(e.IPConfigID, "/virtualMachines/"+index+"/") {
-				out[strings.ToLower(p.LoadBalancer+"/"+p.Pool)] = e.Name
-			}
-		}
+	for pool, e := range f.entries(node) {
+		out[strings.ToLower(pool)] = e.Name
 	}
 	return out
 }
