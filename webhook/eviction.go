@@ -246,6 +246,7 @@ const askedRefresh = 5 * time.Second
 // write is logged, and the drainer's next retry writes again.
 func (h *EvictionHandler) noteAsked(ctx context.Context, node *corev1.Node) {
 	if !ngv1alpha1.DrainUnconfirmed(node) {
+		h.asked.Delete(node.UID) // confirmed: no renewal is written again
 		return
 	}
 	now := h.Clock.Now()
