@@ -17,6 +17,8 @@ import (
 // +kubebuilder:printcolumn:name="Max Unavailable",type=string,JSONPath=`.spec.maxUnavailable`
 // +kubebuilder:printcolumn:name="Allowed Disruptions",type=integer,JSONPath=`.status.disruptionsAllowed`
 // +kubebuilder:printcolumn:name="Reason",type=string,JSONPath=`.status.conditions[?(@.type=="DisruptionAllowed")].reason`
+// +kubebuilder:printcolumn:name="Drain Timeout",type=string,JSONPath=`.spec.drainTimeout`
+// +kubebuilder:printcolumn:name="Upgrade Fits",type=string,JSONPath=`.status.conditions[?(@.type=="UpgradeSettingsFit")].status`,priority=1
 // +kubebuilder:printcolumn:name="Unhealthy Node Deletion",type=string,JSONPath=`.spec.unhealthyNodeDeletionPolicy`,priority=1
 // +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`
 type NodeDisruptionBudget struct {
@@ -80,6 +82,19 @@ type NodeDisruptionBudgetSpec struct {
 	// +listType=atomic
 	// +kubebuilder:validation:MaxItems=10
 	Windows []DisruptionWindow `json:"windows,omitempty"`
+
+	// DrainTimeout bounds how long the drain of a selected node may wait for
+	// pods that do not go by themselves (a nodeguard.io/do-not-evict pod, a
+	// PodDisruptionBudget that allows nothing): once it passes, counted from
+	// the node's deletion, the drain goes on as nodeguard's --drain-timeout
+	// makes it. The shortest of the matching budgets' drainTimeout and the
+	// node's own timeout (its nodeguard.io/drain-timeout annotation, else
+	// --drain-timeout) applies. Unset: the budget sets no deadline.
+	// +optional
+	// +kubebuilder:validation:Type=string
+	// +kubebuilder:validation:MaxLength=16
+	// +kubebuilder:validation:XValidation:rule="self.matches('^([0-9]+h)?([0-9]+m)?([0-9]+s)?$') && self != ''",message="must be a duration in hours, minutes and seconds, such as 30m, 90s or 1h30m"
+	DrainTimeout *metav1.Duration `json:"drainTimeout,omitempty"`
 }
 
 // UnhealthyNodeDeletionPolicy is when an unavailable node may be deleted.
@@ -156,12 +171,55 @@ type NodeDisruptionBudgetStatus struct {
 	// +optional
 	ExpectedNodes int32 `json:"expectedNodes"`
 
+	// AgentPools are the AKS agent pools of the selected nodes (their label
+	// kubernetes.azure.com/agentpool) with the upgrade settings nodeguard read
+	// from Azure Resource Manager; empty without --aks-managed-cluster.
+	// +optional
+	// +listType=map
+	// +listMapKey=name
+	// +kubebuilder:validation:MaxItems=100
+	AgentPools []AgentPoolUpgrade `json:"agentPools,omitempty"`
+
 	// Conditions: DisruptionAllowed is True when at least one more node may be
-	// disrupted.
+	// disrupted; UpgradeSettingsFit says whether an upgrade of each agent
+	// pool in AgentPools can keep to the budget within the pool's drain
+	// timeout.
 	// +optional
 	// +listType=map
 	// +listMapKey=type
 	Conditions []metav1.Condition `json:"conditions,omitempty"`
+}
+
+// AgentPoolUpgrade is an AKS agent pool's upgrade settings as ARM reports
+// them, with what they mean for the budget.
+type AgentPoolUpgrade struct {
+	// Name is the agent pool's name.
+	Name string `json:"name"`
+	// Nodes is how many of the budget's selected nodes are in the pool.
+	Nodes int32 `json:"nodes"`
+	// MaxSurge and MaxUnavailable as set on the pool ("" when unset: AKS's
+	// defaults, 10% and 0, apply).
+	// +optional
+	MaxSurge string `json:"maxSurge,omitempty"`
+	// +optional
+	MaxUnavailable string `json:"maxUnavailable,omitempty"`
+	// DrainTimeoutInMinutes is how long AKS waits for a node's evictions
+	// before it gives up on the node (default 30).
+	DrainTimeoutInMinutes int32 `json:"drainTimeoutInMinutes"`
+	// NodeSoakDurationInMinutes is AKS's wait after each node (default 0).
+	// +optional
+	NodeSoakDurationInMinutes int32 `json:"nodeSoakDurationInMinutes,omitempty"`
+	// UndrainableNodeBehavior is Schedule (the default: the upgrade fails on
+	// a node it cannot drain) or Cordon (the node is quarantined).
+	// +optional
+	UndrainableNodeBehavior string `json:"undrainableNodeBehavior,omitempty"`
+	// ConcurrentDrains is how many of the pool's nodes an upgrade drains at
+	// once: maxSurge plus maxUnavailable, resolved against the pool's size.
+	ConcurrentDrains int32 `json:"concurrentDrains"`
+	// LongestWait is the longest a node's drain may wait for the budget in an
+	// upgrade of the pool, as nodeguard estimates it.
+	// +optional
+	LongestWait *metav1.Duration `json:"longestWait,omitempty"`
 }
 
 // ConditionDisruptionAllowed is True when the budget allows one more disruption.
@@ -171,6 +229,20 @@ const ConditionDisruptionAllowed = "DisruptionAllowed"
 // within the next five years, False (reason WindowNeverOpens) naming the
 // windows that never open; absent when the budget has no window.
 const ConditionWindowsFire = "WindowsFire"
+
+// ConditionUpgradeSettingsFit is True when an AKS upgrade of every agent pool
+// of the budget's nodes keeps to the budget within the pool's drain timeout,
+// False (reason SurgeExceedsBudget) naming the pool and the settings that
+// would fit, Unknown when the settings could not be read; absent without
+// --aks-managed-cluster or when no selected node is in an agent pool.
+const ConditionUpgradeSettingsFit = "UpgradeSettingsFit"
+
+// Reasons of the UpgradeSettingsFit condition.
+const (
+	ReasonUpgradeSettingsFit = "SettingsFit"
+	ReasonSurgeExceedsBudget = "SurgeExceedsBudget"
+	ReasonSettingsUnreadable = "SettingsUnreadable"
+)
 
 // Reasons of the WindowsFire condition.
 const (

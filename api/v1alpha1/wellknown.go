@@ -156,6 +156,27 @@ const (
 	// DrainFirstEvictionAnnotation (a drain found under way, or charged by an
 	// earlier release) counts as confirmed.
 	DrainConfirmedAtAnnotation = "nodeguard.io/drain-confirmed-at"
+	// DrainGivenUpAtAnnotation (RFC 3339 time): nodeguard ended a charged
+	// drain because its drainer said it gave up (AKS's quarantine label, or
+	// its DrainInProgress set False or removed). A quarantine label already
+	// there does not end a drain charged after this time; the mark goes once
+	// the label does.
+	DrainGivenUpAtAnnotation = "nodeguard.io/drain-given-up-at"
+	// DrainConditionSeenAtAnnotation (RFC 3339 time): nodeguard saw another
+	// writer's DrainInProgress=True on the cordoned node it follows; the
+	// drainer removing that condition later means it gave up.
+	DrainConditionSeenAtAnnotation = "nodeguard.io/drain-condition-seen-at"
+)
+
+// AKS's agent pool and upgrade labels.
+const (
+	// AgentPoolLabel names a node's AKS agent pool.
+	AgentPoolLabel = "kubernetes.azure.com/agentpool"
+	// UpgradeStatusLabel = UpgradeQuarantined: an AKS upgrade with
+	// undrainableNodeBehavior Cordon could not drain the node within its
+	// drain timeout, left it cordoned with its pods and went on.
+	UpgradeStatusLabel = "kubernetes.azure.com/upgrade-status"
+	UpgradeQuarantined = "Quarantined"
 )
 
 // cluster-autoscaler's node annotations.
