@@ -19,8 +19,10 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/handler"
 	"sigs.k8s.io/controller-runtime/pkg/predicate"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+	"sigs.k8s.io/controller-runtime/pkg/source"
 
 	ngv1alpha1 "github.com/nodeguard/nodeguard/api/v1alpha1"
+	"github.com/nodeguard/nodeguard/upgrade"
 )
 
 // DefaultClaimTimeout is how long a disruption claim may wait for its node to
@@ -59,6 +61,13 @@ type StatusReconciler struct {
 	// (internal/karpenter.NodeClaimDeleting). A claim past ClaimTimeout is
 	// kept while it answers true, as a node seen deleting keeps its claim.
 	DisruptionPending func(ctx context.Context, node *corev1.Node) (bool, error)
+	// Upgrades, if set, gives the AKS agent pools' upgrade settings: the
+	// status then carries agentPools and the UpgradeSettingsFit condition
+	// (upgrade.go), judged with UpgradeNodeTime (default
+	// DefaultUpgradeNodeTime); UpgradeEvents says when the settings changed.
+	Upgrades        upgrade.Source
+	UpgradeEvents   <-chan event.GenericEvent
+	UpgradeNodeTime time.Duration
 
 	nodes *NodeLister
 }
@@ -75,12 +84,18 @@ func (r *StatusReconciler) SetupWithManager(mgr ctrl.Manager) error {
 	if r.Reader == nil {
 		r.Reader = mgr.GetAPIReader()
 	}
-	return ctrl.NewControllerManagedBy(mgr).
+	if r.UpgradeNodeTime <= 0 {
+		r.UpgradeNodeTime = DefaultUpgradeNodeTime
+	}
+	b := ctrl.NewControllerManagedBy(mgr).
 		Named("ndb-status").
 		For(&ngv1alpha1.NodeDisruptionBudget{}).
 		Watches(&corev1.Node{}, handler.EnqueueRequestsFromMapFunc(r.allBudgets),
-			builder.WithPredicates(nodeAvailabilityChanged(r.Signals))).
-		Complete(r)
+			builder.WithPredicates(nodeAvailabilityChanged(r.Signals)))
+	if r.UpgradeEvents != nil {
+		b = b.WatchesRawSource(source.Channel(r.UpgradeEvents, handler.EnqueueRequestsFromMapFunc(r.allBudgets)))
+	}
+	return b.Complete(r)
 }
 
 // allBudgets maps a node change to every budget: a label change can move a node
@@ -229,6 +244,8 @@ func (r *StatusReconciler) computeStatus(ndb *ngv1alpha1.NodeDisruptionBudget, s
 	} else {
 		meta.RemoveStatusCondition(&status.Conditions, ngv1alpha1.ConditionWindowsFire)
 	}
+
+	setUpgradeStatus(&status, ndb, selected, r.Upgrades, r.UpgradeNodeTime)
 
 	if change := NextWindowChange(ndb.Spec.Windows, now); !change.IsZero() && (requeueAt.IsZero() || change.Before(requeueAt)) {
 		requeueAt = change

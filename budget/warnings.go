@@ -3,6 +3,7 @@ package budget
 import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	ngv1alpha1 "github.com/nodeguard/nodeguard/api/v1alpha1"
 )
@@ -24,11 +25,26 @@ func (r *StatusReconciler) warnOnTransition(ndb *ngv1alpha1.NodeDisruptionBudget
 	if r.Recorder == nil {
 		return
 	}
+	r.warnOnUnfitUpgrade(ndb, before, after)
 	now := meta.FindStatusCondition(after.Conditions, ngv1alpha1.ConditionDisruptionAllowed)
 	if now == nil || !warnedReasons[now.Reason] {
 		return
 	}
 	if was := meta.FindStatusCondition(before.Conditions, ngv1alpha1.ConditionDisruptionAllowed); was != nil && was.Reason == now.Reason {
+		return
+	}
+	r.Recorder.Eventf(ndb, nil, corev1.EventTypeWarning, now.Reason, actionEvaluate, "%s", now.Message)
+}
+
+// warnOnUnfitUpgrade records a Warning event when a status write turned the
+// UpgradeSettingsFit condition False (or changed why): an AKS upgrade of an
+// agent pool would wait on the budget past its drain timeout.
+func (r *StatusReconciler) warnOnUnfitUpgrade(ndb *ngv1alpha1.NodeDisruptionBudget, before, after *ngv1alpha1.NodeDisruptionBudgetStatus) {
+	now := meta.FindStatusCondition(after.Conditions, ngv1alpha1.ConditionUpgradeSettingsFit)
+	if now == nil || now.Status != metav1.ConditionFalse {
+		return
+	}
+	if was := meta.FindStatusCondition(before.Conditions, ngv1alpha1.ConditionUpgradeSettingsFit); was != nil && was.Status == now.Status && was.Message == now.Message {
 		return
 	}
 	r.Recorder.Eventf(ndb, nil, corev1.EventTypeWarning, now.Reason, actionEvaluate, "%s", now.Message)

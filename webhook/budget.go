@@ -10,15 +10,18 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	admissionv1 "k8s.io/api/admission/v1"
+	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1validation "k8s.io/apimachinery/pkg/apis/meta/v1/validation"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/util/validation/field"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/metrics"
 	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
 
 	ngv1alpha1 "github.com/nodeguard/nodeguard/api/v1alpha1"
 	"github.com/nodeguard/nodeguard/budget"
+	"github.com/nodeguard/nodeguard/upgrade"
 )
 
 // BudgetPath serves the validating webhook for NodeDisruptionBudget writes.
@@ -37,11 +40,19 @@ const BudgetWebhookName = "nodedisruptionbudget.nodeguard.io"
 // +kubebuilder:webhook:path=/validate-nodedisruptionbudget,mutating=false,failurePolicy=fail,sideEffects=None,groups=nodeguard.io,resources=nodedisruptionbudgets,verbs=create;update,versions=v1alpha1,name=nodedisruptionbudget.nodeguard.io,admissionReviewVersions=v1,timeoutSeconds=5,patch=`{"matchConditions":[{"name":"spec-changed","expression":"request.operation == 'CREATE' || object.spec != oldObject.spec"}]}`
 
 // BudgetValidator refuses a NodeDisruptionBudget whose spec nodeguard could
-// not evaluate, with the offending fields named.
-type BudgetValidator struct{}
+// not evaluate, with the offending fields named, and warns of what it admits
+// but will not work as meant: a window that never opens, an AKS upgrade of an
+// agent pool that the budget would hold past the pool's drain timeout.
+type BudgetValidator struct {
+	// Nodes lists the nodes the budget selects (the cache); with Upgrades
+	// (nil: no upgrade warning) and UpgradeNodeTime it judges the upgrades.
+	Nodes           client.Reader
+	Upgrades        upgrade.Source
+	UpgradeNodeTime time.Duration
+}
 
 // Handle implements admission.Handler.
-func (v *BudgetValidator) Handle(_ context.Context, req admission.Request) admission.Response {
+func (v *BudgetValidator) Handle(ctx context.Context, req admission.Request) admission.Response {
 	if req.Operation != admissionv1.Create && req.Operation != admissionv1.Update {
 		observeBudgetValidation(resultError)
 		return admission.Errored(http.StatusBadRequest, fmt.Errorf(
@@ -64,7 +75,35 @@ func (v *BudgetValidator) Handle(_ context.Context, req admission.Request) admis
 		// Stored as asked (it parses), but said: kubectl prints warnings.
 		resp.Warnings = append(resp.Warnings, fmt.Sprintf("spec.%s never fires: that disruption window never opens", w))
 	}
+	resp.Warnings = append(resp.Warnings, v.upgradeWarnings(ctx, ndb)...)
 	return resp
+}
+
+// upgradeWarnings judges an AKS upgrade of each agent pool of the budget's
+// nodes under the budget as written. A failure to read says nothing: the
+// budget's UpgradeSettingsFit condition says it once the status is written.
+func (v *BudgetValidator) upgradeWarnings(ctx context.Context, ndb *ngv1alpha1.NodeDisruptionBudget) []string {
+	if v.Upgrades == nil || v.Nodes == nil {
+		return nil
+	}
+	pools, _ := v.Upgrades.AgentPools()
+	sel, err := budget.Selector(ndb)
+	if len(pools) == 0 || err != nil {
+		return nil
+	}
+	var nodes corev1.NodeList
+	if err := v.Nodes.List(ctx, &nodes, client.MatchingLabelsSelector{Selector: sel}); err != nil {
+		return nil
+	}
+	selected := make([]*corev1.Node, len(nodes.Items))
+	for i := range nodes.Items {
+		selected[i] = &nodes.Items[i]
+	}
+	nodeTime := v.UpgradeNodeTime
+	if nodeTime <= 0 {
+		nodeTime = budget.DefaultUpgradeNodeTime
+	}
+	return budget.UpgradeWarnings(ndb, selected, pools, nodeTime)
 }
 
 // validateBudgetSpec returns what in a budget's spec nodeguard cannot

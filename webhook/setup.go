@@ -20,6 +20,7 @@ import (
 	ngv1alpha1 "github.com/nodeguard/nodeguard/api/v1alpha1"
 	"github.com/nodeguard/nodeguard/budget"
 	"github.com/nodeguard/nodeguard/internal/foresight"
+	"github.com/nodeguard/nodeguard/upgrade"
 )
 
 // Options configure the guard.
@@ -51,6 +52,11 @@ type Options struct {
 	// WarningsWait is how long an admitted delete's answer waits for those
 	// warnings past its decision (zero: no warnings).
 	WarningsWait time.Duration
+	// Upgrades gives the AKS agent pools' upgrade settings, for the warning a
+	// budget write gets when an upgrade would outlast a pool's drain timeout
+	// under it (nil: no such warning); UpgradeNodeTime is --upgrade-node-time.
+	Upgrades        upgrade.Source
+	UpgradeNodeTime time.Duration
 }
 
 // Register serves the webhooks on the manager's webhook server. Every replica
@@ -79,7 +85,9 @@ func Register(mgr ctrl.Manager, opts Options) error {
 		}
 	}
 	server.Register(FinalizerPath, &webhook.Admission{Handler: &FinalizerHandler{Managed: opts.Managed, Clock: clock.RealClock{}}})
-	server.Register(BudgetPath, &webhook.Admission{Handler: &BudgetValidator{}})
+	server.Register(BudgetPath, &webhook.Admission{Handler: &BudgetValidator{
+		Nodes: mgr.GetClient(), Upgrades: opts.Upgrades, UpgradeNodeTime: opts.UpgradeNodeTime,
+	}})
 	server.Register(DeletePath, &webhook.Admission{Handler: &DeleteHandler{
 		Client:   mgr.GetClient(),
 		Reader:   mgr.GetAPIReader(),
