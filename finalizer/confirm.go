@@ -63,7 +63,7 @@ func (r *Reconciler) confirmCharge(ctx context.Context, node *corev1.Node, by st
 	}
 	message := fmt.Sprintf("no eviction from the node was carried out, or asked again, within %s of the charge by %s "+
 		"(an eviction review the API server never sent, or a drainer that gave up)", timeout, by)
-	if _, err := r.closeDrain(ctx, node, LifecycleReasonUnconfirmed, message); err != nil {
+	if _, err := r.closeDrain(ctx, node, LifecycleReasonUnconfirmed, message, nil); err != nil {
 		return 0, false, err
 	}
 	drainChargesWithdrawn.Inc()

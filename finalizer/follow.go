@@ -99,7 +99,7 @@ func (r *Reconciler) followed(node *corev1.Node) bool {
 	if !r.followsOutside() || node.DeletionTimestamp != nil {
 		return false
 	}
-	if _, charged := ngv1alpha1.DrainCharged(node); charged {
+	if _, charged := ngv1alpha1.DrainCharged(node); charged || givenUpMarked(node) {
 		return true
 	}
 	return drainShown(node) && r.Outside.Managed.Matches(labels.Set(node.Labels))
@@ -174,6 +174,12 @@ func (r *Reconciler) follow(ctx context.Context, node *corev1.Node) (reconcile.R
 	}
 	if !node.Spec.Unschedulable && !signalledByOther(node, by) && nodeReady(node) {
 		return r.endDrain(ctx, node, by)
+	}
+	if why, reason := drainerGaveUp(node); why != "" {
+		return r.giveUp(ctx, node, by, why, reason)
+	}
+	if err := r.noteDrainCondition(ctx, node, by); err != nil {
+		return reconcile.Result{}, err
 	}
 	confirmWait, withdrawn, err := r.confirmCharge(ctx, node, by)
 	if err != nil || withdrawn {
@@ -305,7 +311,7 @@ func (r *Reconciler) markConditionsOwn(ctx context.Context, node *corev1.Node, a
 // endDrain removes the marks (the taint watcher then restores None), gives
 // the node's disruption back to its budgets and says the drain is over.
 func (r *Reconciler) endDrain(ctx context.Context, node *corev1.Node, by string) (reconcile.Result, error) {
-	names, err := r.closeDrain(ctx, node, LifecycleReasonUncordoned, "the node is schedulable and Ready again")
+	names, err := r.closeDrain(ctx, node, LifecycleReasonUncordoned, "the node is schedulable and Ready again", nil)
 	if err != nil {
 		return reconcile.Result{}, err
 	}
@@ -324,14 +330,15 @@ func (r *Reconciler) endDrain(ctx context.Context, node *corev1.Node, by string)
 var drainMarks = []string{
 	ngv1alpha1.DrainChargedAtAnnotation, ngv1alpha1.DrainedByAnnotation, ngv1alpha1.TrafficCutAtAnnotation,
 	ngv1alpha1.DrainFirstEvictionAnnotation, ngv1alpha1.DrainAskedAtAnnotation, ngv1alpha1.DrainConfirmedAtAnnotation,
-	ngv1alpha1.DrainConditionAnnotation,
+	ngv1alpha1.DrainConditionAnnotation, ngv1alpha1.DrainConditionSeenAtAnnotation,
 }
 
 // closeDrain ends a charged drain: the conditions nodeguard wrote False (for
 // reason; another writer's are left as they are), its TrafficCut condition
 // and its marks removed (the mark of nodeguard's conditions after they are
-// False), its disruption given back to the budgets it names.
-func (r *Reconciler) closeDrain(ctx context.Context, node *corev1.Node, reason, message string) ([]string, error) {
+// False) and the annotations of set written in the same patch, its
+// disruption given back to the budgets it names.
+func (r *Reconciler) closeDrain(ctx context.Context, node *corev1.Node, reason, message string, set map[string]string) ([]string, error) {
 	budgets, err := budget.Matching(ctx, r.Client, node)
 	if err != nil {
 		return nil, err
@@ -353,6 +360,9 @@ func (r *Reconciler) closeDrain(ctx context.Context, node *corev1.Node, reason, 
 	patch := client.MergeFromWithOptions(node.DeepCopy(), client.MergeFromWithOptimisticLock{})
 	for _, key := range drainMarks {
 		delete(node.Annotations, key)
+	}
+	for key, value := range set {
+		node.Annotations[key] = value
 	}
 	if err := r.Client.Patch(ctx, node, patch); err != nil {
 		// A conflict: the next pass decides again.
@@ -380,6 +390,9 @@ func (r *Reconciler) closeDrain(ctx context.Context, node *corev1.Node, reason, 
 // nodeguard's eviction webhook was not answering. A node that shows no drain
 // yet is left to its first eviction.
 func (r *Reconciler) pickUp(ctx context.Context, node *corev1.Node) (reconcile.Result, error) {
+	if givenUpMarked(node) {
+		return r.afterGiveUp(ctx, node)
+	}
 	if !drainShown(node) || disruptedElsewhere(node) {
 		r.forget(ctx, node.UID)
 		return reconcile.Result{}, nil
