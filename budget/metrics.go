@@ -2,6 +2,8 @@ package budget
 
 import (
 	"github.com/prometheus/client_golang/prometheus"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/metrics"
 
 	ngv1alpha1 "github.com/nodeguard/nodeguard/api/v1alpha1"
@@ -52,6 +54,10 @@ var (
 		Help:    "Time from a disruption claim or release joining its NodeDisruptionBudget's group commit to its verdict: the round in flight, then its own.",
 		Buckets: prometheus.ExponentialBuckets(0.001, 2, 14),
 	})
+	upgradeUnfit = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Name: "nodeguard_ndb_upgrade_settings_unfit",
+		Help: "1 while the NodeDisruptionBudget's UpgradeSettingsFit condition is False: an AKS upgrade of one of its agent pools would wait on the budget past the pool's drain timeout (the condition names the pool and the settings that fit); 0 otherwise.",
+	}, []string{labelBudget})
 	claimFreshReads = prometheus.NewCounter(prometheus.CounterOpts{
 		Name: "nodeguard_ndb_claim_fresh_reads_total",
 		Help: "Reads of a NodeDisruptionBudget from the API server by claim rounds; the other rounds reuse the object of the replica's own last write.",
@@ -60,7 +66,7 @@ var (
 
 func init() {
 	metrics.Registry.MustRegister(disruptionsAllowed, expectedNodes, availableNodes, desiredNodes, claimConflicts, claimBatchSize, claimFreshReads, unconfirmedClaims,
-		statusWriteDuration, claimDuration)
+		statusWriteDuration, claimDuration, upgradeUnfit)
 }
 
 // CountClaimConflict counts one retried claim conflict; use as Claimer.OnConflict.
@@ -71,10 +77,15 @@ func recordBudgetMetrics(name string, s ngv1alpha1.NodeDisruptionBudgetStatus) {
 	expectedNodes.WithLabelValues(name).Set(float64(s.ExpectedNodes))
 	availableNodes.WithLabelValues(name).Set(float64(s.CurrentAvailable))
 	desiredNodes.WithLabelValues(name).Set(float64(s.DesiredAvailable))
+	unfit := 0.0
+	if c := meta.FindStatusCondition(s.Conditions, ngv1alpha1.ConditionUpgradeSettingsFit); c != nil && c.Status == metav1.ConditionFalse {
+		unfit = 1
+	}
+	upgradeUnfit.WithLabelValues(name).Set(unfit)
 }
 
 func forgetBudgetMetrics(name string) {
-	for _, g := range []*prometheus.GaugeVec{disruptionsAllowed, expectedNodes, availableNodes, desiredNodes} {
+	for _, g := range []*prometheus.GaugeVec{disruptionsAllowed, expectedNodes, availableNodes, desiredNodes, upgradeUnfit} {
 		g.DeleteLabelValues(name)
 	}
 	unconfirmedClaims.DeleteLabelValues(name)
