@@ -359,10 +359,20 @@ func waitingMessage(plan *drain.Plan, out drain.Outcome) string {
 	return fmt.Sprintf("waiting for %s (evicting %s pods): %s", pods(plan.Remaining()), plan.Tier, strings.Join(parts, ", "))
 }
 
-// drainDeadline is deletion time plus the node's drain timeout (annotation,
-// else --drain-timeout); ok is false when there is none.
+// drainDeadline is deletion time plus the node's drain timeout: the shortest
+// of its own (annotation, else --drain-timeout) and its budgets'
+// drainTimeout; ok is false when there is none.
 func (r *Reconciler) drainDeadline(node *corev1.Node) (time.Time, bool) {
-	timeout, _, err := drain.Timeout(node, r.Opts.DrainTimeout)
+	// The budgets come from the cache (the budget status controller watches
+	// them), so this costs no request. Unread, the node's own timeout holds
+	// for this pass and the next pass reads them again.
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	var ndbs ngv1alpha1.NodeDisruptionBudgetList
+	if err := r.Client.List(ctx, &ndbs); err != nil {
+		logf.FromContext(ctx).Error(err, "Listing NodeDisruptionBudgets for the drain deadline; the node's own timeout applies", "node", node.Name)
+	}
+	timeout, _, err := drain.Timeout(node, r.Opts.DrainTimeout, ndbs.Items)
 	if err != nil && r.once(node.UID, "bad-timeout") {
 		r.event(node, corev1.EventTypeWarning, ReasonDrainDeadlineExceeded, "%v", err)
 	}

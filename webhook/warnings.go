@@ -14,6 +14,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/log"
 	"sigs.k8s.io/controller-runtime/pkg/metrics"
 
+	ngv1alpha1 "github.com/nodeguard/nodeguard/api/v1alpha1"
 	"github.com/nodeguard/nodeguard/internal/foresight"
 )
 
@@ -30,7 +31,8 @@ const DefaultWarningsWait = 50 * time.Millisecond
 // will meet, for the admission warnings kubectl prints. It never holds the
 // decision: warnings not ready within Wait past it are left out.
 type Warnings struct {
-	// Pods lists a node's pods (the API server: nodeguard caches no pods).
+	// Pods lists a node's pods (the API server: nodeguard caches no pods),
+	// and the NodeDisruptionBudgets.
 	Pods client.Reader
 	// PDBs lists PodDisruptionBudgets (the manager's cache).
 	PDBs client.Reader
@@ -64,7 +66,8 @@ func (w *Warnings) start(ctx context.Context, node *corev1.Node) *foreseeing {
 	return f
 }
 
-// foresee lists the node's pods and the PDBs and reads what the drain meets.
+// foresee lists the node's pods, the PDBs and the NodeDisruptionBudgets, and
+// reads what the drain meets.
 func (w *Warnings) foresee(ctx context.Context, node *corev1.Node) ([]foresight.Finding, error) {
 	// From the API server's watch cache as it stands (resourceVersion 0), not
 	// a consistent read: a warning may miss a pod created a moment ago, and
@@ -75,13 +78,19 @@ func (w *Warnings) foresee(ctx context.Context, node *corev1.Node) ([]foresight.
 		return nil, fmt.Errorf("listing the pods of node %s: %w", node.Name, err)
 	}
 	if len(pods.Items) == 0 {
-		return foresight.Foresee(ctx, node, nil, nil, w.Settings, nil, w.Clock.Now())
+		return foresight.Foresee(ctx, node, nil, nil, nil, w.Settings, nil, w.Clock.Now())
 	}
 	var pdbs policyv1.PodDisruptionBudgetList
 	if err := w.PDBs.List(ctx, &pdbs); err != nil {
 		return nil, fmt.Errorf("listing PodDisruptionBudgets: %w", err)
 	}
-	return foresight.Foresee(ctx, node, pods.Items, pdbs.Items, w.Settings, foresight.DeploymentsFrom(w.Pods), w.Clock.Now())
+	// The budgets' drainTimeout may bring the drain deadline closer: read
+	// from the API server's watch cache, as the pods are.
+	var ndbs ngv1alpha1.NodeDisruptionBudgetList
+	if err := w.Pods.List(ctx, &ndbs, &client.ListOptions{Raw: &metav1.ListOptions{ResourceVersion: "0"}}); err != nil {
+		return nil, fmt.Errorf("listing NodeDisruptionBudgets: %w", err)
+	}
+	return foresight.Foresee(ctx, node, pods.Items, pdbs.Items, ndbs.Items, w.Settings, foresight.DeploymentsFrom(w.Pods), w.Clock.Now())
 }
 
 // wait is how long an answer waits for the warnings past its decision.

@@ -114,7 +114,8 @@ func whyCommand(f *flags) *cobra.Command {
 		Use:   "why NODE",
 		Short: "Say why a node is still there, or what deleting it would meet",
 		Long: "Show the node's deletion, nodeguard's conditions on it, the NodeDisruptionBudgets and maintenance Lease that hold it,\n" +
-			"what its drain meets (blocked PDBs, do-not-evict pods, pods under several PDBs, pods it loses, the deadline) and its last events.",
+			"what its drain meets (blocked PDBs, do-not-evict pods, pods under several PDBs, pods it loses), its drain deadline (the shortest\n" +
+			"of --drain-timeout, its annotation and its budgets' drainTimeout, and which) and its last events.",
 		Example: "  kubectl nodeguard why aks-user-vmss000000\n  kubectl nodeguard why aks-user-vmss000000 -o json",
 		Args:    cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
@@ -133,20 +134,30 @@ func whyCommand(f *flags) *cobra.Command {
 
 func planCommand(f *flags) *cobra.Command {
 	var selector string
-	o := plugin.PlanOptions{PodCycle: 30 * time.Second, MaxConcurrentDrains: plugin.DefaultMaxConcurrentDrains, ControllerQPS: 20}
+	o := plugin.PlanOptions{PodCycle: 30 * time.Second, MaxConcurrentDrains: plugin.DefaultMaxConcurrentDrains, ControllerQPS: 20, ReimageTime: 5 * time.Minute}
 	cmd := &cobra.Command{
 		Use:   "plan (NODE... | -l SELECTOR)",
 		Short: "Dry-run removing (or upgrading) nodes: order, blockers, lost pods, duration",
 		Long: "Plan the removal of the nodes as nodeguard would run it, without changing anything: which the NodeDisruptionBudgets admit now\n" +
 			"and in what waves the rest follow, what each drain meets and why, the pods it loses, and an estimated duration from the\n" +
 			"PodDisruptionBudget chains (each PDB's pods on the node in rounds of what it allows, --pod-cycle between rounds).\n" +
-			"With --max-surge N it plans an upgrade: at most N nodes at once, each replaced by a new node of the same labels.",
+			"With --max-surge N it plans an upgrade: at most N nodes at once, each replaced by a new node of the same labels.\n" +
+			"With --upgrade it plans an AKS upgrade of the nodes' agent pools, pool after pool, with each pool's upgrade settings as\n" +
+			"nodeguard read them from Azure (status.agentPools of the budgets of its nodes; AKS's defaults, said so, without them):\n" +
+			"AKS cordons the pool's concurrent drains (maxSurge + maxUnavailable; --max-surge overrides) at a time, the budgets admit\n" +
+			"their drains in waves, and a wave takes its longest drain, then --reimage-time, then the pool's soak. A node whose wait\n" +
+			"for the budget after its cordon, plus its drain, reaches the pool's drain timeout is flagged: AKS gives up on it.\n" +
+			"Each node's drain deadline (the shortest of --drain-timeout, its annotation and its budgets' drainTimeout) is shown.",
 		Example: "  kubectl nodeguard plan aks-user-vmss000000 aks-user-vmss000001\n" +
 			"  kubectl nodeguard plan -l kubernetes.azure.com/agentpool=user --max-surge 1\n" +
+			"  kubectl nodeguard plan -l kubernetes.azure.com/agentpool=user --upgrade --reimage-time 4m\n" +
 			"  kubectl nodeguard plan -l kubernetes.azure.com/agentpool=user -o json",
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if (len(args) == 0) == (selector == "") {
 				return fmt.Errorf("name the nodes or give -l SELECTOR, not both")
+			}
+			if o.ReimageTime < 0 {
+				return fmt.Errorf("--reimage-time %s: must not be negative", o.ReimageTime)
 			}
 			c, from, err := f.cluster(cmd.Context())
 			if err != nil {
@@ -166,9 +177,11 @@ func planCommand(f *flags) *cobra.Command {
 		},
 	}
 	cmd.Flags().StringVarP(&selector, "selector", "l", "", "Selector (label query) of the nodes to plan, e.g. -l key1=value1,key2=value2.")
-	cmd.Flags().IntVar(&o.MaxSurge, "max-surge", 0, "Plan an upgrade that surges this many nodes: at most this many go at once, each replaced by a new node of the same labels. 0 plans a removal.")
+	cmd.Flags().IntVar(&o.MaxSurge, "max-surge", 0, "Plan an upgrade that surges this many nodes: at most this many go at once, each replaced by a new node of the same labels. 0 plans a removal. With --upgrade, overrides each agent pool's concurrent drains.")
+	cmd.Flags().BoolVar(&o.Upgrade, "upgrade", false, "Plan an AKS upgrade of the nodes' agent pools with each pool's upgrade settings (maxSurge, maxUnavailable, drainTimeoutInMinutes, nodeSoakDurationInMinutes) from the budgets' status.agentPools, and flag the nodes whose wait for the budget outlasts the pool's drain timeout.")
+	cmd.Flags().DurationVar(&o.ReimageTime, "reimage-time", o.ReimageTime, "With --upgrade: from a node's drained until it is Ready and uncordoned again: AKS's reimage and boot.")
 	cmd.Flags().DurationVar(&o.PodCycle, "pod-cycle", o.PodCycle, "From an eviction until its replacement is Ready and its PDB allows the next: the time between a PDB's rounds.")
-	cmd.Flags().IntVar(&o.MaxConcurrentDrains, "max-concurrent-drains", o.MaxConcurrentDrains, "nodeguard's --max-concurrent-drains: how many nodes of a wave drain at once.")
+	cmd.Flags().IntVar(&o.MaxConcurrentDrains, "max-concurrent-drains", o.MaxConcurrentDrains, "nodeguard's --max-concurrent-drains: how many nodes of a wave drain at once (not with --upgrade: AKS drains them).")
 	cmd.Flags().IntVar(&o.ControllerQPS, "controller-qps", o.ControllerQPS, "kube-controller-manager's --kube-api-qps: its ReplicaSet controller writes about 4 requests per replaced pod at this pace, which bounds a drain of many PDB-protected pods. 0 leaves it out.")
 	return cmd
 }

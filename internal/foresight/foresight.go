@@ -79,17 +79,19 @@ type DeploymentOf func(ctx context.Context, pod *corev1.Pod) (*appsv1.Deployment
 
 // Foresee reads a node's pods and the PDBs of their namespaces as a drain
 // starting now would, and returns what it will meet, in the order of Kinds.
-// A node with nothing in the way gets none.
-func Foresee(ctx context.Context, node *corev1.Node, pods []corev1.Pod, pdbs []policyv1.PodDisruptionBudget, s Settings, deploymentOf DeploymentOf, now time.Time) ([]Finding, error) {
+// A node with nothing in the way gets none. ndbs are the
+// NodeDisruptionBudgets (all of them, or those that select the node): their
+// drainTimeout may bring the deadline closer (drain.Timeout).
+func Foresee(ctx context.Context, node *corev1.Node, pods []corev1.Pod, pdbs []policyv1.PodDisruptionBudget, ndbs []ngv1alpha1.NodeDisruptionBudget, s Settings, deploymentOf DeploymentOf, now time.Time) ([]Finding, error) {
 	plans, err := Plans(pods, pdbs, s, now)
 	if err != nil {
 		return nil, err
 	}
-	return FromPlans(ctx, node, plans, s, deploymentOf), nil
+	return FromPlans(ctx, node, plans, ndbs, s, deploymentOf), nil
 }
 
 // FromPlans is Foresee over plans already made (Plans).
-func FromPlans(ctx context.Context, node *corev1.Node, plans []*drain.Plan, s Settings, deploymentOf DeploymentOf) []Finding {
+func FromPlans(ctx context.Context, node *corev1.Node, plans []*drain.Plan, ndbs []ngv1alpha1.NodeDisruptionBudget, s Settings, deploymentOf DeploymentOf) []Finding {
 	var f []Finding
 	for _, p := range plans {
 		for i := range p.Groups {
@@ -131,7 +133,7 @@ func FromPlans(ctx context.Context, node *corev1.Node, plans []*drain.Plan, s Se
 			return "with emptyDir volumes: " + either(one, "its data is lost when it is evicted", "their data is lost when they are evicted")
 		}))
 	}
-	if d, ok := deadline(node, s, waits); ok {
+	if d, ok := deadline(node, ndbs, s, waits); ok {
 		f = append(f, d)
 	}
 	return f
@@ -202,15 +204,15 @@ func replaceOrWait(ctx context.Context, g *drain.Group, s Settings, deploymentOf
 }
 
 // deadline says when the drain stops waiting, if anything makes it wait.
-func deadline(node *corev1.Node, s Settings, waits bool) (Finding, bool) {
-	timeout, source, err := drain.Timeout(node, s.DrainTimeout)
+func deadline(node *corev1.Node, ndbs []ngv1alpha1.NodeDisruptionBudget, s Settings, waits bool) (Finding, bool) {
+	timeout, source, err := drain.Timeout(node, s.DrainTimeout, ndbs)
 	switch {
 	case err != nil:
 		return Finding{Kind: Deadline, Message: fit(err.Error())}, true
 	case !waits:
 		return Finding{}, false
 	case timeout <= 0:
-		return Finding{Kind: Deadline, Message: "no drain deadline (--drain-timeout 0): the node stays until the pods above go"}, true
+		return Finding{Kind: Deadline, Message: fmt.Sprintf("no drain deadline (%s 0): the node stays until the pods above go; no NodeDisruptionBudget of it sets a drainTimeout", source)}, true
 	}
 	return Finding{Kind: Deadline, Message: fmt.Sprintf("drain deadline %s after the deletion (%s): the pods left then are deleted without regard to PDBs or do-not-evict",
 		timeout, source)}, true

@@ -80,7 +80,7 @@ func TestACleanNodeGetsNoFinding(t *testing.T) {
 		pod("done", bare, func(p *corev1.Pod) { p.Status.Phase = corev1.PodSucceeded }),
 	}
 	pdbs := []policyv1.PodDisruptionBudget{pdb("web", "web", 1, 5, 4, 5)}
-	found, err := Foresee(context.Background(), node(nil), pods, pdbs, Settings{DaemonSets: drain.DaemonSetsLast, DrainTimeout: time.Hour}, nil, now)
+	found, err := Foresee(context.Background(), node(nil), pods, pdbs, nil, Settings{DaemonSets: drain.DaemonSetsLast, DrainTimeout: time.Hour}, nil, now)
 	if err != nil || len(found) != 0 {
 		t.Fatalf("Foresee = %+v, %v; want nothing on a node whose PDBs allow a disruption", found, err)
 	}
@@ -109,7 +109,7 @@ func TestEveryBlockerIsNamed(t *testing.T) {
 		return deployments[p.OwnerReferences[0].Name], nil
 	}
 	n := node(map[string]string{ngv1alpha1.DrainTimeoutAnnotation: "30m"})
-	found, err := Foresee(context.Background(), n, pods, pdbs, Settings{BlockedPDBPolicy: drain.BlockedPDBReplace, DaemonSets: drain.DaemonSetsLast}, deploymentOf, now)
+	found, err := Foresee(context.Background(), n, pods, pdbs, nil, Settings{BlockedPDBPolicy: drain.BlockedPDBReplace, DaemonSets: drain.DaemonSetsLast}, deploymentOf, now)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -170,7 +170,7 @@ func TestTheBlockedPDBPolicyIsResolvedAsTheDrainDoes(t *testing.T) {
 			}(), "the drain waits: Deployment shop/solo uses the Recreate strategy"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			found, err := Foresee(context.Background(), node(nil), pods, pdbs, Settings{BlockedPDBPolicy: tc.global},
+			found, err := Foresee(context.Background(), node(nil), pods, pdbs, nil, Settings{BlockedPDBPolicy: tc.global},
 				func(context.Context, *corev1.Pod) (*appsv1.Deployment, error) { return tc.d, nil }, now)
 			if err != nil || len(found) != 2 || found[0].Kind != BlockedPDB || found[1].Kind != Deadline {
 				t.Fatalf("Foresee = %+v, %v; want the blocked PDB, then no deadline", found, err)
@@ -193,7 +193,7 @@ func TestManyPodsAreCountedNotAllNamed(t *testing.T) {
 	for _, name := range []string{"a", "b", "c", "d", "e"} {
 		pods = append(pods, pod(name, bare))
 	}
-	found, err := Foresee(context.Background(), node(nil), pods, nil, Settings{}, nil, now)
+	found, err := Foresee(context.Background(), node(nil), pods, nil, nil, Settings{}, nil, now)
 	if err != nil || len(found) != 1 {
 		t.Fatalf("Foresee = %+v, %v", found, err)
 	}
@@ -209,4 +209,27 @@ func containsPrefix(list []string, prefix string) bool {
 		}
 	}
 	return false
+}
+
+// TestABudgetsDrainTimeoutBringsTheDeadlineCloser: the deadline a waiting
+// drain meets is the shortest of the node's own and its budgets', named by
+// where it comes from; a budget of other nodes has no say.
+func TestABudgetsDrainTimeoutBringsTheDeadlineCloser(t *testing.T) {
+	pods := []corev1.Pod{pod("keep", doNotEvict)}
+	n := node(map[string]string{ngv1alpha1.DrainTimeoutAnnotation: "30m"})
+	n.Labels = map[string]string{"pool": "user"}
+	ndb := func(name, pool string, timeout time.Duration) ngv1alpha1.NodeDisruptionBudget {
+		return ngv1alpha1.NodeDisruptionBudget{ObjectMeta: metav1.ObjectMeta{Name: name}, Spec: ngv1alpha1.NodeDisruptionBudgetSpec{
+			Selector:     &metav1.LabelSelector{MatchLabels: map[string]string{"pool": pool}},
+			DrainTimeout: &metav1.Duration{Duration: timeout}}}
+	}
+	ndbs := []ngv1alpha1.NodeDisruptionBudget{ndb("user", "user", 10*time.Minute), ndb("system", "system", time.Minute)}
+	found, err := Foresee(context.Background(), n, pods, nil, ndbs, Settings{DrainTimeout: time.Hour}, nil, now)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := `drain deadline 10m0s after the deletion (NodeDisruptionBudget "user" drainTimeout)`
+	if got := byKind(found)[Deadline].Message; !strings.HasPrefix(got, want) {
+		t.Errorf("deadline finding = %q, want it to start %q", got, want)
+	}
 }

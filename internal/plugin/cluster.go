@@ -103,9 +103,46 @@ func selecting(ndbs []ngv1alpha1.NodeDisruptionBudget, node *corev1.Node) []*ngv
 	return out
 }
 
+// DrainDeadline is a node's drain deadline (drain.Timeout): how long after
+// its deletion the drain stops waiting for pods that do not go by themselves.
+type DrainDeadline struct {
+	// Timeout is 0 when there is none.
+	Timeout time.Duration `json:"timeoutNanoseconds"`
+	// From names what sets it: --drain-timeout, the node's annotation, or a
+	// NodeDisruptionBudget's drainTimeout.
+	From string `json:"from"`
+	// At is when it passes, for a node being deleted.
+	At *time.Time `json:"at,omitempty"`
+}
+
+// deadline reads the node's drain deadline as the drain does: the shortest
+// of its own and its budgets' (ndbs: all of them).
+func (c *Cluster) deadline(node *corev1.Node, ndbs []ngv1alpha1.NodeDisruptionBudget) DrainDeadline {
+	timeout, from, _ := drain.Timeout(node, c.Settings.DrainTimeout, ndbs) // a bad annotation is a finding of its own
+	d := DrainDeadline{Timeout: timeout, From: from}
+	if timeout > 0 && node.DeletionTimestamp != nil {
+		at := node.DeletionTimestamp.Add(timeout)
+		d.At = &at
+	}
+	return d
+}
+
+// String says it in a few words: "30m0s after the deletion (--drain-timeout)".
+func (d DrainDeadline) String() string {
+	if d.Timeout <= 0 {
+		return fmt.Sprintf("none (%s 0, and no NodeDisruptionBudget of the node sets a drainTimeout)", d.From)
+	}
+	s := fmt.Sprintf("%s after the deletion (%s)", d.Timeout, d.From)
+	if d.At != nil {
+		s = fmt.Sprintf("%s, %s", d.At.UTC().Format(time.RFC3339), s)
+	}
+	return s
+}
+
 // foresee reads what the node's drain meets, as nodeguard's admission
-// warnings do.
-func (c *Cluster) foresee(ctx context.Context, node *corev1.Node, pdbs []policyv1.PodDisruptionBudget) ([]foresight.Finding, []*drain.Plan, error) {
+// warnings do; ndbs are the NodeDisruptionBudgets, whose drainTimeout may
+// bring the deadline closer.
+func (c *Cluster) foresee(ctx context.Context, node *corev1.Node, pdbs []policyv1.PodDisruptionBudget, ndbs []ngv1alpha1.NodeDisruptionBudget) ([]foresight.Finding, []*drain.Plan, error) {
 	var pods corev1.PodList
 	if err := c.Client.List(ctx, &pods, client.MatchingFields{"spec.nodeName": node.Name}); err != nil {
 		return nil, nil, fmt.Errorf("listing the pods of node %s: %w", node.Name, err)
@@ -114,7 +151,7 @@ func (c *Cluster) foresee(ctx context.Context, node *corev1.Node, pdbs []policyv
 	if err != nil {
 		return nil, nil, err
 	}
-	return foresight.FromPlans(ctx, node, plans, c.Settings, foresight.DeploymentsFrom(c.Client)), plans, nil
+	return foresight.FromPlans(ctx, node, plans, ndbs, c.Settings, foresight.DeploymentsFrom(c.Client)), plans, nil
 }
 
 func (c *Cluster) pdbs(ctx context.Context) ([]policyv1.PodDisruptionBudget, error) {

@@ -28,8 +28,15 @@ const DefaultMaxConcurrentDrains = 10
 // PlanOptions shape a dry run of removing nodes.
 type PlanOptions struct {
 	// MaxSurge > 0 plans an upgrade: at most MaxSurge nodes at once, each
-	// replaced by a new node of the same labels (AKS's max surge).
+	// replaced by a new node of the same labels (AKS's max surge). With
+	// Upgrade it overrides each agent pool's concurrent drains.
 	MaxSurge int
+	// Upgrade plans an AKS upgrade of the nodes' agent pools with each
+	// pool's upgrade settings as nodeguard read them (upgrade.go).
+	Upgrade bool
+	// ReimageTime is, in an upgrade, the time from a node's drained until
+	// it is Ready and uncordoned again: AKS's reimage and boot.
+	ReimageTime time.Duration
 	// PodCycle is how long a PDB takes to allow the next eviction: from an
 	// eviction until its replacement is Ready and the PDB counts it.
 	PodCycle time.Duration
@@ -59,6 +66,11 @@ type PlanReport struct {
 	Estimate time.Duration `json:"estimateNanoseconds"`
 	Summary  string        `json:"summary"`
 	Settings string        `json:"settingsFrom"`
+	// Upgrade: an AKS upgrade was planned, with the settings of Pools and
+	// ReimageTime after each wave's drains.
+	Upgrade     bool          `json:"upgrade,omitempty"`
+	ReimageTime time.Duration `json:"reimageNanoseconds,omitempty"`
+	Pools       []PoolPlan    `json:"agentPools,omitempty"`
 }
 
 // PlannedNode is one node's part in the plan.
@@ -77,6 +89,17 @@ type PlannedNode struct {
 	Estimate time.Duration `json:"estimateNanoseconds"`
 	Blocked  string        `json:"blocked,omitempty"`
 	Deleting bool          `json:"deleting,omitempty"`
+	// Deadline is its drain deadline, counted from its deletion.
+	Deadline DrainDeadline `json:"drainDeadline"`
+
+	// In an upgrade: Pool is its agent pool; Wait how long its drain waits
+	// for the budget after AKS cordoned it; ExceedsDrainTimeout whether
+	// that wait and its drain reach the pool's drain timeout, as
+	// ExceedsMessage says.
+	Pool                string        `json:"agentPool,omitempty"`
+	Wait                time.Duration `json:"waitNanoseconds,omitempty"`
+	ExceedsDrainTimeout bool          `json:"exceedsDrainTimeout,omitempty"`
+	ExceedsMessage      string        `json:"exceedsMessage,omitempty"`
 }
 
 // Plan dry-runs removing the named nodes: which the budgets admit now and in
@@ -94,16 +117,19 @@ func (c *Cluster) Plan(ctx context.Context, names []string, o PlanOptions, setti
 	if err != nil {
 		return nil, err
 	}
-	s := newSimulation(all.Items, ndbs, c.Now())
+	s := newSimulation(all.Items, ndbs, c.Now(), o.MaxSurge > 0 || o.Upgrade)
 	r := &PlanReport{Settings: settingsFrom}
+	if o.Upgrade {
+		r.Upgrade, r.ReimageTime = true, o.ReimageTime
+	}
 	planned := map[string]*PlannedNode{}
 	for _, name := range names {
 		node := s.nodes[name]
 		if node == nil {
 			return nil, fmt.Errorf("node %s not found", name)
 		}
-		p := &PlannedNode{Node: name, Deleting: node.DeletionTimestamp != nil}
-		if err := c.foreseeNode(ctx, node, pdbs, o, p); err != nil {
+		p := &PlannedNode{Node: name, Deleting: node.DeletionTimestamp != nil, Deadline: c.deadline(node, ndbs)}
+		if err := c.foreseeNode(ctx, node, pdbs, ndbs, o, p); err != nil {
 			return nil, err
 		}
 		if hold, err := c.maintenanceHold(ctx, name); err != nil {
@@ -114,8 +140,15 @@ func (c *Cluster) Plan(ctx context.Context, names []string, o PlanOptions, setti
 		planned[name] = p
 		r.Nodes = append(r.Nodes, *p)
 	}
-	r.Waves = s.waves(planned, names, o)
-	r.Estimate = waveTimes(planned, r.Waves, o)
+	if o.Upgrade {
+		if r.Pools, err = upgradePools(s, ndbs, names, o); err != nil {
+			return nil, err
+		}
+		r.Waves, r.Estimate = s.upgrade(planned, r.Pools, o)
+	} else {
+		r.Waves = s.waves(planned, names, o.MaxSurge, 0)
+		r.Estimate = waveTimes(planned, r.Waves, o)
+	}
 	for i := range r.Nodes {
 		r.Nodes[i] = *planned[r.Nodes[i].Node]
 	}
@@ -133,8 +166,8 @@ func wavesOrder(w int) int {
 }
 
 // foreseeNode fills what the node's drain meets and its estimate.
-func (c *Cluster) foreseeNode(ctx context.Context, node *corev1.Node, pdbs []policyv1.PodDisruptionBudget, o PlanOptions, p *PlannedNode) error {
-	found, plans, err := c.foresee(ctx, node, pdbs)
+func (c *Cluster) foreseeNode(ctx context.Context, node *corev1.Node, pdbs []policyv1.PodDisruptionBudget, ndbs []ngv1alpha1.NodeDisruptionBudget, o PlanOptions, p *PlannedNode) error {
+	found, plans, err := c.foresee(ctx, node, pdbs, ndbs)
 	if err != nil {
 		return err
 	}
@@ -146,7 +179,7 @@ func (c *Cluster) foreseeNode(ctx context.Context, node *corev1.Node, pdbs []pol
 	}
 	slices.Sort(p.Lost)
 	p.Lost = slices.Compact(p.Lost)
-	p.Estimate, p.Blocked = estimate(plans, found, c.Settings, node, o)
+	p.Estimate, p.Blocked = estimate(plans, found, p.Deadline.Timeout, o)
 	return nil
 }
 
@@ -156,8 +189,8 @@ func (c *Cluster) foreseeNode(ctx context.Context, node *corev1.Node, pdbs []pol
 // at once); but no less than kube-controller-manager needs to write the
 // replacements the last evictions wait for (throughput). A blocked PDB, a do-not-evict pod or a pod under several PDBs
 // make the drain wait for something that does not end by itself: until the
-// drain deadline, if there is one.
-func estimate(plans []*drain.Plan, found []foresight.Finding, s foresight.Settings, node *corev1.Node, o PlanOptions) (time.Duration, string) {
+// drain deadline (the node's drain timeout, 0: none), if there is one.
+func estimate(plans []*drain.Plan, found []foresight.Finding, deadline time.Duration, o PlanOptions) (time.Duration, string) {
 	var total time.Duration
 	var blocked []string
 	gating := 0 // replacements that must be Ready before the last evictions
@@ -188,8 +221,8 @@ func estimate(plans []*drain.Plan, found []foresight.Finding, s foresight.Settin
 	if len(blocked) == 0 {
 		return max(total, throughput(gating, o.ControllerQPS)), ""
 	}
-	if timeout, _, _ := drain.Timeout(node, s.DrainTimeout); timeout > 0 {
-		return timeout, "until its drain deadline: " + strings.Join(blocked, ", ")
+	if deadline > 0 {
+		return deadline, "until its drain deadline: " + strings.Join(blocked, ", ")
 	}
 	return 0, "never by itself: " + strings.Join(blocked, ", ")
 }
@@ -217,10 +250,13 @@ type simulation struct {
 	nodes map[string]*corev1.Node
 	ndbs  []ngv1alpha1.NodeDisruptionBudget
 	now   time.Time
+	// replace: an upgrade, where each node released comes back (a new node
+	// of its labels), rather than a removal.
+	replace bool
 }
 
-func newSimulation(nodes []corev1.Node, ndbs []ngv1alpha1.NodeDisruptionBudget, now time.Time) *simulation {
-	s := &simulation{nodes: map[string]*corev1.Node{}, ndbs: ndbs, now: now}
+func newSimulation(nodes []corev1.Node, ndbs []ngv1alpha1.NodeDisruptionBudget, now time.Time, replace bool) *simulation {
+	s := &simulation{nodes: map[string]*corev1.Node{}, ndbs: ndbs, now: now, replace: replace}
 	for i := range nodes {
 		s.nodes[nodes[i].Name] = nodes[i].DeepCopy()
 	}
@@ -250,27 +286,27 @@ func (s *simulation) admits(node *corev1.Node) (bool, string) {
 	return true, ""
 }
 
-// waves assigns each node its wave: in name order, the nodes the budgets
-// admit go together (at most MaxSurge); once they are released (or
-// replaced) the next wave goes. A node whose drain never ends keeps its
-// budgets charged. It returns the number of waves.
-func (s *simulation) waves(planned map[string]*PlannedNode, names []string, o PlanOptions) int {
+// waves assigns each node its wave, after wave last: in name order, the
+// nodes the budgets admit go together (at most surge, if positive); once
+// they are released (or replaced) the next wave goes. A node whose drain
+// never ends keeps its budgets charged. It returns the last wave.
+func (s *simulation) waves(planned map[string]*PlannedNode, names []string, surge, last int) int {
 	pending := slices.Clone(names)
 	slices.Sort(pending)
-	wave := 0
+	wave := last
 	for len(pending) > 0 {
 		wave++
 		var admitted, rest []string
 		for _, name := range pending {
 			p, node := planned[name], s.nodes[name]
 			switch {
-			case p.Deleting && wave == 1:
+			case p.Deleting && wave == last+1:
 				admitted = append(admitted, name) // its delete was admitted already
 			case p.WaitsFor != "" && strings.HasPrefix(p.WaitsFor, "maintenance Lease"):
 				rest = append(rest, name)
-			case o.MaxSurge > 0 && len(admitted) >= o.MaxSurge:
+			case surge > 0 && len(admitted) >= surge:
 				if p.WaitsFor == "" {
-					p.WaitsFor = fmt.Sprintf("max surge %d", o.MaxSurge)
+					p.WaitsFor = fmt.Sprintf("max surge %d", surge)
 				}
 				rest = append(rest, name)
 			default:
@@ -291,7 +327,7 @@ func (s *simulation) waves(planned map[string]*PlannedNode, names []string, o Pl
 		for _, name := range admitted {
 			planned[name].Wave = wave
 			if planned[name].Blocked == "" || planned[name].Estimate > 0 {
-				s.release(name, o)
+				s.release(name)
 			}
 		}
 		pending = rest
@@ -301,13 +337,13 @@ func (s *simulation) waves(planned map[string]*PlannedNode, names []string, o Pl
 
 // release takes a drained node out of the simulated cluster, or, in an
 // upgrade, puts a new node of its labels in its place.
-func (s *simulation) release(name string, o PlanOptions) {
+func (s *simulation) release(name string) {
 	old := s.nodes[name]
 	delete(s.nodes, name)
 	for i := range s.ndbs {
 		delete(s.ndbs[i].Status.DisruptedNodes, name)
 	}
-	if o.MaxSurge > 0 {
+	if s.replace {
 		s.nodes[name+" (new)"] = &corev1.Node{
 			ObjectMeta: metav1.ObjectMeta{Name: name + " (new)", Labels: old.Labels},
 			Status:     corev1.NodeStatus{Conditions: []corev1.NodeCondition{{Type: corev1.NodeReady, Status: corev1.ConditionTrue}}},
@@ -335,7 +371,7 @@ func waveTimes(planned map[string]*PlannedNode, waves int, o PlanOptions) time.D
 }
 
 func summary(r *PlanReport) string {
-	var never, blocked int
+	var never, blocked, past int
 	for _, n := range r.Nodes {
 		if n.Wave == 0 {
 			never++
@@ -343,21 +379,37 @@ func summary(r *PlanReport) string {
 		if n.Blocked != "" && n.Estimate == 0 {
 			blocked++
 		}
+		if n.ExceedsDrainTimeout {
+			past++
+		}
 	}
-	s := fmt.Sprintf("%d node(s) in %d wave(s), about %s from the PDB chains", len(r.Nodes), r.Waves, r.Estimate.Round(time.Second))
+	from := "from the PDB chains"
+	if r.Upgrade {
+		from = fmt.Sprintf("(each wave's longest drain from the PDB chains, then %s of reimage and the pool's soak)", r.ReimageTime)
+	}
+	s := fmt.Sprintf("%d node(s) in %d wave(s), about %s %s", len(r.Nodes), r.Waves, r.Estimate.Round(time.Second), from)
 	if never > 0 {
 		s += fmt.Sprintf("; %d never admitted as the budgets stand", never)
 	}
 	if blocked > 0 {
 		s += fmt.Sprintf("; %d whose drain never ends by itself", blocked)
 	}
+	if past > 0 {
+		s += fmt.Sprintf("; %d past their agent pool's drain timeout", past)
+	}
 	return s
 }
 
-// Print writes the plan as a table, then each node's blockers.
+// Print writes the plan as a table, then the drain deadlines, each agent
+// pool's upgrade settings and the nodes past their drain timeout (an
+// upgrade), and each node's blockers.
 func (r *PlanReport) Print(w io.Writer) error {
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "WAVE\tNODE\tESTIMATE\tBLOCKERS\tLOST PODS\tWAITS FOR")
+	if r.Upgrade {
+		fmt.Fprintln(tw, "WAVE\tNODE\tPOOL\tESTIMATE\tWAIT\tDEADLINE\tBLOCKERS\tLOST PODS\tWAITS FOR")
+	} else {
+		fmt.Fprintln(tw, "WAVE\tNODE\tESTIMATE\tDEADLINE\tBLOCKERS\tLOST PODS\tWAITS FOR")
+	}
 	for _, n := range r.Nodes {
 		wave := fmt.Sprint(n.Wave)
 		if n.Wave == 0 {
@@ -370,12 +422,40 @@ func (r *PlanReport) Print(w io.Writer) error {
 				est = n.Estimate.String() + " (" + n.Blocked + ")"
 			}
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%d\t%s\n", wave, n.Node, est, len(n.Blockers), len(n.Lost), dash(n.WaitsFor))
+		deadline := "none"
+		if n.Deadline.Timeout > 0 {
+			deadline = n.Deadline.Timeout.String()
+		}
+		if r.Upgrade {
+			wait := n.Wait.Round(time.Second).String()
+			if n.Wave == 0 {
+				wait = "never"
+			}
+			if n.ExceedsDrainTimeout {
+				wait += " (past drain timeout)"
+			}
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%d\t%d\t%s\n", wave, n.Node, n.Pool, est, wait, deadline, len(n.Blockers), len(n.Lost), dash(n.WaitsFor))
+			continue
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%d\t%s\n", wave, n.Node, est, deadline, len(n.Blockers), len(n.Lost), dash(n.WaitsFor))
 	}
 	if err := tw.Flush(); err != nil {
 		return err
 	}
 	fmt.Fprintf(w, "\n%s (settings from %s).\n", r.Summary, r.Settings)
+	r.printDeadlines(w)
+	if r.Upgrade {
+		printPools(w, r.Pools)
+		var past []string
+		for _, n := range r.Nodes {
+			if n.ExceedsDrainTimeout {
+				past = append(past, n.ExceedsMessage)
+			}
+		}
+		if len(past) > 0 {
+			fmt.Fprintf(w, "\nPast the drain timeout:\n  %s\n", strings.Join(past, "\n  "))
+		}
+	}
 	for _, n := range r.Nodes {
 		if len(n.Blockers) == 0 {
 			continue
@@ -386,6 +466,29 @@ func (r *PlanReport) Print(w io.Writer) error {
 		}
 	}
 	return nil
+}
+
+// printDeadlines says each drain deadline and what sets it, with its nodes:
+// usually one line for all.
+func (r *PlanReport) printDeadlines(w io.Writer) {
+	var order []string
+	nodes := map[string][]string{}
+	for _, n := range r.Nodes {
+		d := n.Deadline
+		d.At = nil // the same timeout, whenever each deletion began
+		key := d.String()
+		if _, seen := nodes[key]; !seen {
+			order = append(order, key)
+		}
+		nodes[key] = append(nodes[key], n.Node)
+	}
+	for _, key := range order {
+		if len(order) == 1 {
+			fmt.Fprintf(w, "Drain deadline: %s.\n", key)
+			return
+		}
+		fmt.Fprintf(w, "Drain deadline %s: %s.\n", key, strings.Join(nodes[key], ", "))
+	}
 }
 
 func dash(s string) string {

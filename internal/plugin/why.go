@@ -30,8 +30,10 @@ type WhyReport struct {
 	Budgets    []BudgetOfNode `json:"budgets,omitempty"`
 	Lease      string         `json:"maintenanceLease,omitempty"`
 	Blockers   []Blocker      `json:"blockers,omitempty"`
-	Events     []EventLine    `json:"events,omitempty"`
-	Settings   string         `json:"settingsFrom"`
+	// Deadline is when its drain stops waiting for pods that do not go.
+	Deadline DrainDeadline `json:"drainDeadline"`
+	Events   []EventLine   `json:"events,omitempty"`
+	Settings string        `json:"settingsFrom"`
 }
 
 // WhyCondition is one of nodeguard's node conditions.
@@ -123,10 +125,11 @@ func (c *Cluster) Why(ctx context.Context, name, settingsFrom string) (*WhyRepor
 	if err != nil {
 		return nil, err
 	}
-	found, _, err := c.foresee(ctx, node, pdbs)
+	found, _, err := c.foresee(ctx, node, pdbs, ndbs)
 	if err != nil {
 		return nil, err
 	}
+	r.Deadline = c.deadline(node, ndbs)
 	for _, f := range found {
 		r.Blockers = append(r.Blockers, Blocker{Kind: string(f.Kind), Pods: f.Pods, Message: f.Message})
 	}
@@ -228,6 +231,7 @@ func (r *WhyReport) Print(w io.Writer, now time.Time) error {
 	for _, b := range r.Blockers {
 		fmt.Fprintf(tw, "  %s\t%s\n", b.Kind, b.Message)
 	}
+	fmt.Fprintf(tw, "Drain deadline:\t%s\n", r.Deadline)
 	section(tw, fmt.Sprintf("Events (last %d)", lastEvents), len(r.Events), "none")
 	for _, e := range r.Events {
 		fmt.Fprintf(tw, "  %s ago\t%s\t%s\t%s\n", ago(now, e.Time), e.Type, e.Reason, e.Message)
