@@ -121,6 +121,11 @@ type Options struct {
 	GoneNodeGrace             time.Duration
 	VerifyInterval            time.Duration
 	RestoreHold               time.Duration
+	// AKSManagedCluster, AKSAgentPoolResync and UpgradeNodeTime are the
+	// AKS flags (aks.go).
+	AKSManagedCluster  string
+	AKSAgentPoolResync time.Duration
+	UpgradeNodeTime    time.Duration
 
 	// Getenv reads the environment (os.Getenv when nil; tests).
 	Getenv func(string) string
@@ -158,6 +163,9 @@ func NewOptions() Options {
 		GoneNodeGrace:  DefaultGoneNodeGrace,
 		VerifyInterval: DefaultVerifyInterval,
 		RestoreHold:    DefaultRestoreHold,
+
+		AKSAgentPoolResync: DefaultAgentPoolResync,
+		UpgradeNodeTime:    DefaultUpgradeNodeTime,
 	}
 }
 
@@ -210,6 +218,7 @@ func (o *Options) BindFlags(fs *flag.FlagSet) {
 		"While any node is held Down, or a restored entry is held None (--azure-admin-state-restore-hold), how often the load balancers holding its entries are re-read (one List of the resource group, or one GET per --azure-load-balancers name) "+
 			"to catch another writer (cloud-provider-azure) that put an entry back to None, or a restored one back to Down; such an entry is set again at once (Warning event LoadBalancerAdminStateReverted). "+
 			"A node joining or leaving the cluster, or a LoadBalancer Service changing, brings the next read forward to 2s later. 0 turns it off (only --azure-admin-state-resync repairs).")
+	o.bindAKSFlags(fs)
 }
 
 // Config is the resolved configuration.
@@ -237,6 +246,11 @@ type Config struct {
 	VerifyInterval time.Duration
 	// RestoreHold: how long a restored None is verified; 0 is off.
 	RestoreHold time.Duration
+
+	// ManagedCluster is --aks-managed-cluster, whose agent pools' upgrade
+	// settings are read every AgentPoolResync; nil: none are read.
+	ManagedCluster  *ManagedCluster
+	AgentPoolResync time.Duration
 }
 
 // CredentialConfig says how to authenticate.
@@ -270,6 +284,10 @@ func (o Options) Load() (*Config, error) {
 	if getenv == nil {
 		getenv = os.Getenv
 	}
+	aks, err := o.loadAKS()
+	if err != nil {
+		return nil, err
+	}
 	f, found, err := readFile(o.ConfigFile)
 	if err != nil {
 		return nil, err
@@ -286,6 +304,9 @@ func (o Options) Load() (*Config, error) {
 	subscription := pick(o.SubscriptionID, EnvSubscriptionID, f.SubscriptionID)
 	endpoint := pick(o.ARMEndpoint, EnvARMEndpoint, f.ResourceManagerEndpoint)
 	if !found && subscription == "" && endpoint == "" {
+		if aks != nil {
+			return nil, errAKSNeedsAzure
+		}
 		return nil, ErrNotConfigured
 	}
 	c := &Config{
@@ -299,6 +320,9 @@ func (o Options) Load() (*Config, error) {
 		GoneNodeGrace:  o.GoneNodeGrace,
 		VerifyInterval: o.VerifyInterval,
 		RestoreHold:    o.RestoreHold,
+
+		ManagedCluster:  aks,
+		AgentPoolResync: o.AKSAgentPoolResync,
 	}
 	if c.RestoreHold < 0 {
 		return nil, &FieldError{Field: "--azure-admin-state-restore-hold", Reason: fmt.Sprintf("%s is negative: give 0 to stop watching restored entries at once", c.RestoreHold)}
@@ -355,6 +379,9 @@ func (o Options) Load() (*Config, error) {
 	}
 	if c.Workers <= 0 {
 		c.Workers = DefaultWorkers
+	}
+	if c.AgentPoolResync <= 0 {
+		c.AgentPoolResync = DefaultAgentPoolResync
 	}
 	return c, nil
 }

@@ -106,7 +106,11 @@ func run(opts options) error {
 	if adminState != nil { // never a typed nil in the interface
 		drainRule.Instances = adminState
 	}
-	if err := setupGuard(mgr, opts, adminState, drainRule); err != nil {
+	upgrades, err := setupAgentPools(mgr, adminState)
+	if err != nil {
+		return err
+	}
+	if err := setupGuard(mgr, opts, adminState, drainRule, upgrades); err != nil {
 		return err
 	}
 	if err := setupTermination(mgr, opts, adminState, drainRule); err != nil {

@@ -25,6 +25,7 @@ import (
 
 	ngv1alpha1 "github.com/nodeguard/nodeguard/api/v1alpha1"
 	"github.com/nodeguard/nodeguard/azure"
+	"github.com/nodeguard/nodeguard/azure/agentpools"
 	"github.com/nodeguard/nodeguard/azure/taintwatch"
 	"github.com/nodeguard/nodeguard/budget"
 	"github.com/nodeguard/nodeguard/finalizer"
@@ -76,6 +77,19 @@ func identity() string {
 	return host
 }
 
+// setupAgentPools adds the reads of the AKS agent pools' upgrade settings
+// (--aks-managed-cluster, on every replica); nil when they are off.
+func setupAgentPools(mgr ctrl.Manager, adminState *azure.Manager) (*agentpools.Poller, error) {
+	if adminState == nil { // the configuration refuses the flag without Azure
+		return nil, nil
+	}
+	p, err := agentpools.FromConfig(adminState.Config())
+	if err != nil || p == nil {
+		return nil, err
+	}
+	return p, mgr.Add(p)
+}
+
 // setupGuard adds the admission webhooks, the finalizer backfill, the
 // release of nodes Karpenter left tainted after a denied NodeClaim delete, the
 // cluster-autoscaler integration (the scale-down hold and the
@@ -83,15 +97,21 @@ func identity() string {
 // controller.
 // With Azure, the DELETE webhook asks ARM whether a NotReady node's VM is gone.
 // drainRule (its claimer shared by every budget write) decides evictions.
-func setupGuard(mgr ctrl.Manager, opts options, adminState *azure.Manager, drainRule *budget.Rule) error {
+// upgrades (nil: off) gives the budget webhook and status controller the AKS
+// agent pools' upgrade settings to judge.
+func setupGuard(mgr ctrl.Manager, opts options, adminState *azure.Manager, drainRule *budget.Rule, upgrades *agentpools.Poller) error {
 	managed, claimer := opts.managed, drainRule.Claimer
 	if opts.webhookPort >= 0 {
 		wo := ngwebhook.Options{Managed: managed, DeleteTimeout: opts.deleteTimeout, Claimer: claimer, Signals: opts.signals.Table,
-			DrainRule: drainRule, IgnoreOutsideDrains: !opts.outsideDrains, Drain: opts.termination.Foresight(), WarningsWait: opts.warningsWait}
+			DrainRule: drainRule, IgnoreOutsideDrains: !opts.outsideDrains, Drain: opts.termination.Foresight(), WarningsWait: opts.warningsWait,
+			UpgradeNodeTime: opts.azure.UpgradeNodeTime}
 		if adminState != nil { // never a typed nil in the interface
 			wo.Instances = adminState
 			wo.Traffic = ngwebhook.TrafficGate{Enabled: true, Timeout: opts.termination.AdminStateTimeout,
 				Wait: opts.termination.TrafficCutFailure == finalizer.TrafficCutFailureWait}
+		}
+		if upgrades != nil {
+			wo.Upgrades = upgrades
 		}
 		if err := ngwebhook.Register(mgr, wo); err != nil {
 			return err
@@ -119,10 +139,14 @@ func setupGuard(mgr ctrl.Manager, opts options, adminState *azure.Manager, drain
 		Recorder: mgr.GetEventRecorder("nodeguard-scale-down")}).SetupWithManager(mgr); err != nil {
 		return err
 	}
-	return (&budget.StatusReconciler{Client: mgr.GetClient(), Reader: mgr.GetAPIReader(), Clock: clock.RealClock{},
+	status := &budget.StatusReconciler{Client: mgr.GetClient(), Reader: mgr.GetAPIReader(), Clock: clock.RealClock{},
 		ClaimTimeout: opts.claimTimeout, UnconfirmedTimeout: opts.unconfirmedClaimTimeout,
 		Recorder: mgr.GetEventRecorder("nodeguard-budget"), Claimer: claimer, Signals: opts.signals.Table,
-		DisruptionPending: karpenter.NodeClaimDeleting(mgr.GetAPIReader())}).SetupWithManager(mgr)
+		DisruptionPending: karpenter.NodeClaimDeleting(mgr.GetAPIReader()), UpgradeNodeTime: opts.azure.UpgradeNodeTime}
+	if upgrades != nil { // never a typed nil in the interface
+		status.Upgrades, status.UpgradeEvents = upgrades, upgrades.Events()
+	}
+	return status.SetupWithManager(mgr)
 }
 
 // The secure metrics endpoint authenticates scrapers with TokenReviews and

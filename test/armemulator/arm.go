@@ -52,6 +52,10 @@ func (s *Server) serveARM(w http.ResponseWriter, r *http.Request, f *Fault) {
 		s.getVM(w, r.URL.Path)
 		return
 	}
+	if len(lower) >= 8 && lower[0] == "subscriptions" && lower[2] == "resourcegroups" && lower[4] == "providers" && lower[5] == "microsoft.containerservice" {
+		s.serveContainerService(w, r, parts, lower)
+		return
+	}
 	if len(lower) < 6 || lower[0] != "subscriptions" || lower[2] != "resourcegroups" || lower[4] != "providers" || lower[5] != "microsoft.network" {
 		writeError(w, http.StatusNotFound, "InvalidResourceType", "unknown path "+r.URL.Path)
 		return

@@ -1,9 +1,10 @@
 // Package armemulator is an HTTP server that speaks the Azure Resource Manager
 // wire format for the network resources nodeguard touches: load balancers,
 // their backend address pools, and network interfaces, in one subscription and
-// resource group. The real Azure SDK client talks to it over HTTP exactly as to
-// Azure (a custom cloud endpoint, InsecureAllowCredentialWithHTTP,
-// DisableRPRegistration).
+// resource group, and, read only, the VMs and an AKS managed cluster's agent
+// pools with their upgrade settings (aks.go). The real Azure SDK client talks
+// to it over HTTP exactly as to Azure (a custom cloud endpoint,
+// InsecureAllowCredentialWithHTTP, DisableRPRegistration).
 //
 // It plays ARM's ETag rule: a load balancer has one ETag, which every one of
 // its backend pools reports, and a write to any pool bumps it (a pool is a
@@ -45,6 +46,8 @@ type Seed struct {
 	// VMs are the resource IDs of the VMs that exist (standalone VMs and
 	// VMSS instances); SeedForNodes lists each node's.
 	VMs []string `json:"vms,omitempty"`
+	// ManagedCluster is the AKS cluster whose agent pools are served (aks.go).
+	ManagedCluster *ManagedClusterSeed `json:"managedCluster,omitempty"`
 }
 
 // LoadBalancerSeed is one load balancer.
@@ -159,6 +162,7 @@ func New(seed Seed, opts Options) *Server {
 	if seed.Location == "" {
 		seed.Location = "westeurope"
 	}
+	seed.ManagedCluster = cloneManagedCluster(seed.ManagedCluster, seed.ResourceGroup)
 	s := &Server{seed: seed, opts: opts, lbEtag: map[string]int{}, pools: map[string]*pool{}, nics: map[string]NetworkInterfaceSeed{}, vms: map[string]bool{}, scaleSets: map[string]bool{}, groups: map[string]bool{}, ops: map[string]*operation{}, busy: map[string]*busyOp{}}
 	for _, vm := range seed.VMs {
 		s.addVM(vm)

@@ -192,7 +192,7 @@ func (s *Server) serveControl(w http.ResponseWriter, r *http.Request) {
 }
 
 // Kind names what a request path addresses: operation, backendAddressPool,
-// networkInterface, loadBalancer or other.
+// networkInterface, loadBalancer, agentPool or other.
 func Kind(path string) string {
 	p := strings.ToLower(path)
 	switch {
@@ -204,6 +204,8 @@ func Kind(path string) string {
 		return "networkInterface"
 	case strings.Contains(p, "/loadbalancers"):
 		return "loadBalancer"
+	case strings.Contains(p, "/agentpools"):
+		return "agentPool"
 	}
 	return "other"
 }

@@ -1,6 +1,6 @@
 // Command armemulator serves an emulated Azure Resource Manager for load
-// balancers, backend pools and NICs (see package armemulator), seeded from a
-// JSON file, until interrupted. It prints its base URL on the first line of
+// balancers, backend pools and NICs, and an AKS managed cluster's agent pools
+// (see package armemulator), seeded from a JSON file, until interrupted. It prints its base URL on the first line of
 // standard output.
 //
 //	armemulator --addr 127.0.0.1:8085 --seed seed.json [--async]
@@ -22,7 +22,7 @@ import (
 
 func main() {
 	addr := flag.String("addr", "127.0.0.1:0", "Address to listen on (host:port; port 0 picks a free one).")
-	seedPath := flag.String("seed", "", "JSON file with the seed (armemulator.Seed: subscription, resourceGroup, loadBalancers, interfaces). Required.")
+	seedPath := flag.String("seed", "", "JSON file with the seed (armemulator.Seed: subscription, resourceGroup, loadBalancers, interfaces, vms, managedCluster: {name, resourceGroup, agentPools: [{name, count, upgradeSettings: {maxSurge, maxUnavailable, drainTimeoutInMinutes, nodeSoakDurationInMinutes, undrainableNodeBehavior}}]}). Required.")
 	async := flag.Bool("async", false, "Serve backend pool writes as asynchronous operations (Azure-AsyncOperation + polling).")
 	polls := flag.Int("async-polls", 1, "With --async, how many status polls answer InProgress before an operation completes.")
 	flag.Parse()
