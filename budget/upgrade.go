@@ -1,6 +1,7 @@
 package budget
 
 import (
+	"errors"
 	"fmt"
 	"slices"
 	"strings"
@@ -65,6 +66,9 @@ func setUpgradeStatus(status *ngv1alpha1.NodeDisruptionBudgetStatus, ndb *ngv1al
 		return
 	}
 	pools, err := src.AgentPools()
+	if errors.Is(err, upgrade.ErrNotRead) {
+		return // what was said before the restart stands until the first read
+	}
 	if pools == nil && err != nil {
 		if inAgentPool(selected) {
 			meta.SetStatusCondition(&status.Conditions, metav1.Condition{

@@ -92,6 +92,13 @@ func TestUpgradeStatusWithoutSettings(t *testing.T) {
 			t.Errorf("status = %+v, want the pools kept and Unknown naming the error", s)
 		}
 	})
+	t.Run("before the first read, what was said stands", func(t *testing.T) {
+		s := *status.DeepCopy()
+		setUpgradeStatus(&s, b, poolNodes(), pools{err: upgrade.ErrNotRead}, time.Minute)
+		if c := meta.FindStatusCondition(s.Conditions, ngv1alpha1.ConditionUpgradeSettingsFit); len(s.AgentPools) != 1 || c == nil || c.Status != metav1.ConditionFalse {
+			t.Errorf("status = %+v, want it as it was", s)
+		}
+	})
 	t.Run("no source removes both", func(t *testing.T) {
 		s := *status.DeepCopy()
 		setUpgradeStatus(&s, b, poolNodes(), nil, time.Minute)

@@ -8,6 +8,7 @@
 package upgrade
 
 import (
+	"errors"
 	"fmt"
 	"math"
 	"strconv"
@@ -44,10 +45,14 @@ type Settings struct {
 
 // Source gives the settings of every agent pool of the cluster, by name.
 // err is the last read's failure: the settings are then unknown (nil map),
-// or as last read.
+// or as last read; ErrNotRead before the first read has ended.
 type Source interface {
 	AgentPools() (map[string]Settings, error)
 }
+
+// ErrNotRead is a Source's error before its first read has ended: what was
+// said of the settings before (a restart) stands until then.
+var ErrNotRead = errors.New("the AKS agent pools have not been read yet")
 
 // EffectiveDrainTimeout is the pool's drain timeout, AKS's default if unset.
 func (s Settings) EffectiveDrainTimeout() time.Duration {

@@ -49,8 +49,9 @@ const (
 	DefaultTimeout  = 2 * time.Minute
 )
 
-// ErrNotRead is AgentPools' error before the first read has ended.
-var ErrNotRead = errors.New("the AKS agent pools have not been read yet")
+// ErrNotRead is AgentPools' error before the first read has ended: the
+// budgets keep what they last said until then.
+var ErrNotRead = upgrade.ErrNotRead
 
 // Settings configure New.
 type Settings struct {
