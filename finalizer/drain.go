@@ -31,7 +31,7 @@ func (r *Reconciler) drain(ctx context.Context, node *corev1.Node) (reconcile.Re
 	}
 	r.markDrainInProgress(node)
 	r.pods.watch(node.Name)
-	deadline, hasDeadline := r.drainDeadline(node)
+	deadline, hasDeadline := r.drainDeadline(ctx, node)
 	pastDeadline := hasDeadline && !r.Clock.Now().Before(deadline)
 	mark := r.Evictor.Mark()
 	plan, fromWatch, err := r.plan(ctx, node, pastDeadline, false)
@@ -362,12 +362,10 @@ func waitingMessage(plan *drain.Plan, out drain.Outcome) string {
 // drainDeadline is deletion time plus the node's drain timeout: the shortest
 // of its own (annotation, else --drain-timeout) and its budgets'
 // drainTimeout; ok is false when there is none.
-func (r *Reconciler) drainDeadline(node *corev1.Node) (time.Time, bool) {
+func (r *Reconciler) drainDeadline(ctx context.Context, node *corev1.Node) (time.Time, bool) {
 	// The budgets come from the cache (the budget status controller watches
 	// them), so this costs no request. Unread, the node's own timeout holds
 	// for this pass and the next pass reads them again.
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
 	var ndbs ngv1alpha1.NodeDisruptionBudgetList
 	if err := r.Client.List(ctx, &ndbs); err != nil {
 		logf.FromContext(ctx).Error(err, "Listing NodeDisruptionBudgets for the drain deadline; the node's own timeout applies", "node", node.Name)

@@ -232,7 +232,7 @@ func (r *Reconciler) waitForDrainSlot(ctx context.Context, node *corev1.Node) (r
 	if _, done := r.drainEnded(node); done || r.slots.hasBegun(node.UID) {
 		return reconcile.Result{}, nil
 	}
-	deadline, hasDeadline := r.drainDeadline(node)
+	deadline, hasDeadline := r.drainDeadline(ctx, node)
 	if hasDeadline && !r.Clock.Now().Before(deadline) {
 		r.giveDrainSlot(ctx, node.UID)
 		return reconcile.Result{}, nil

@@ -31,10 +31,10 @@ const DefaultWarningsWait = 50 * time.Millisecond
 // will meet, for the admission warnings kubectl prints. It never holds the
 // decision: warnings not ready within Wait past it are left out.
 type Warnings struct {
-	// Pods lists a node's pods (the API server: nodeguard caches no pods),
-	// and the NodeDisruptionBudgets.
+	// Pods lists a node's pods (the API server: nodeguard caches no pods).
 	Pods client.Reader
-	// PDBs lists PodDisruptionBudgets (the manager's cache).
+	// PDBs lists PodDisruptionBudgets and NodeDisruptionBudgets (the
+	// manager's cache).
 	PDBs client.Reader
 	// Settings are the drain's settings (--blocked-pdb-policy, --drain-timeout,
 	// --daemonset-pods).
@@ -84,10 +84,9 @@ func (w *Warnings) foresee(ctx context.Context, node *corev1.Node) ([]foresight.
 	if err := w.PDBs.List(ctx, &pdbs); err != nil {
 		return nil, fmt.Errorf("listing PodDisruptionBudgets: %w", err)
 	}
-	// The budgets' drainTimeout may bring the drain deadline closer: read
-	// from the API server's watch cache, as the pods are.
+	// The budgets' drainTimeout may bring the drain deadline closer.
 	var ndbs ngv1alpha1.NodeDisruptionBudgetList
-	if err := w.Pods.List(ctx, &ndbs, &client.ListOptions{Raw: &metav1.ListOptions{ResourceVersion: "0"}}); err != nil {
+	if err := w.PDBs.List(ctx, &ndbs); err != nil {
 		return nil, fmt.Errorf("listing NodeDisruptionBudgets: %w", err)
 	}
 	return foresight.Foresee(ctx, node, pods.Items, pdbs.Items, ndbs.Items, w.Settings, foresight.DeploymentsFrom(w.Pods), w.Clock.Now())
