@@ -36,7 +36,7 @@ declare -A seconds=(
 	[TestRestoredNoneHoldsAgainstStaleCopies]=137 [TestEntriesRemovedByCloudProviderAreCut]=80
 	[TestKarpenterDeletedNodeIsCutBeforeItsEvictions]=41 [TestForgedEvictionReviewLeavesNothingBehind]=27
 	[TestForgedRecordChangesNothing]=23 [TestClusterEnforcesTheInstallsPolicies]=1 [TestTenantSpotNoticeCutsNothing]=61
-	[TestAKSUpgradeThatFitsFinishes]=110 [TestAKSUpgradeThatDoesNotFitIsSaidAndGivenUp]=80
+	[TestAKSUpgradeThatFitsFinishes]=110 [TestAKSUpgradeThatDoesNotFitIsSaidAndGivenUp]=80 [TestBudgetDrainTimeoutBoundsADoNotEvictHold]=45
 )
 
 # label NAME prefixes each line of its input with the job's name.
