@@ -41,13 +41,8 @@ func Unavailable(node *corev1.Node, signals *ngv1alpha1.Signals) (bool, string) 
 	if by, charged := ngv1alpha1.DrainCharged(node); charged {
 		return true, "drained by " + by
 	}
-	for _, c := range node.Status.Conditions {
-		if c.Type == corev1.NodeReady {
-			if c.Status == corev1.ConditionTrue {
-				return false, ""
-			}
-			return true, "not ready"
-		}
+	if ngv1alpha1.Ready(node) {
+		return false, ""
 	}
 	return true, "not ready"
 }

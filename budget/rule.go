@@ -198,7 +198,7 @@ func (r *Rule) giveBack(ctx context.Context, node string, charged []Charged) {
 // go). A node that is Ready is not asked about; an error counts as "exists"
 // (the usual rules apply).
 func (r *Rule) Gone(ctx context.Context, node *corev1.Node) (Verdict, bool) {
-	if r.Instances == nil || ready(node) {
+	if r.Instances == nil || ngv1alpha1.Ready(node) {
 		return Verdict{}, false
 	}
 	exists, err := r.Instances.InstanceExists(ctx, node)
@@ -213,11 +213,3 @@ func (r *Rule) Gone(ctx context.Context, node *corev1.Node) (Verdict, bool) {
 		"node %s is not Ready and its instance %s no longer exists: nothing is left to protect", node.Name, node.Spec.ProviderID)}, true
 }
 
-func ready(node *corev1.Node) bool {
-	for _, c := range node.Status.Conditions {
-		if c.Type == corev1.NodeReady {
-			return c.Status == corev1.ConditionTrue
-		}
-	}
-	return false
-}

@@ -216,12 +216,8 @@ func unreachable(node *corev1.Node) bool {
 			shutDown = true
 		}
 	}
-	for _, c := range node.Status.Conditions {
-		if c.Type == corev1.NodeReady {
-			return c.Status == corev1.ConditionUnknown || shutDown && c.Status == corev1.ConditionFalse
-		}
-	}
-	return false
+	c := ngv1alpha1.ReadyCondition(node)
+	return c != nil && (c.Status == corev1.ConditionUnknown || shutDown && c.Status == corev1.ConditionFalse)
 }
 
 // reportGivenUp names, once each, the terminating pods the drain stopped

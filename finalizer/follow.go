@@ -102,7 +102,7 @@ func (r *Reconciler) followed(node *corev1.Node) bool {
 	if _, charged := ngv1alpha1.DrainCharged(node); charged || givenUpMarked(node) {
 		return true
 	}
-	return drainShown(node) && r.Outside.Managed.Matches(labels.Set(node.Labels))
+	return ngv1alpha1.DrainShown(node) && r.Outside.Managed.Matches(labels.Set(node.Labels))
 }
 
 // watchedOutside reports the nodes the controller watches beside those it
@@ -123,15 +123,14 @@ func (r *Reconciler) watchedOutside(node *corev1.Node) bool {
 // cut, for good.
 func (r *Reconciler) unfollowedDrainEnded(node *corev1.Node) (by string, ended bool) {
 	by, charged := ngv1alpha1.DrainCharged(node)
-	return by, !r.followsOutside() && charged && node.DeletionTimestamp == nil && !node.Spec.Unschedulable &&
-		!signalledByOther(node, by) && nodeReady(node)
+	return by, !r.followsOutside() && charged && node.DeletionTimestamp == nil && drainOver(node, by)
 }
 
-// drainShown reports whether the node is cordoned or another writer's
-// DrainInProgress says it drains (nodeguard's own says nothing of a drain
-// it has not charged).
-func drainShown(node *corev1.Node) bool {
-	return node.Spec.Unschedulable || ngv1alpha1.DrainInProgressByOther(node)
+// drainOver reports whether the charged node is back from its drain:
+// schedulable, Ready, and with no DrainInProgress of another writer's still
+// saying it drains.
+func drainOver(node *corev1.Node, by string) bool {
+	return !ngv1alpha1.Cordoned(node) && !signalledByOther(node, by) && ngv1alpha1.Ready(node)
 }
 
 // followedMessage begins the message of the DrainInProgress condition
@@ -172,7 +171,7 @@ func (r *Reconciler) follow(ctx context.Context, node *corev1.Node) (reconcile.R
 	if !charged {
 		return r.pickUp(ctx, node)
 	}
-	if !node.Spec.Unschedulable && !signalledByOther(node, by) && nodeReady(node) {
+	if drainOver(node, by) {
 		return r.endDrain(ctx, node, by)
 	}
 	if why, reason := drainerGaveUp(node); why != "" {
@@ -393,7 +392,7 @@ func (r *Reconciler) pickUp(ctx context.Context, node *corev1.Node) (reconcile.R
 	if givenUpMarked(node) {
 		return r.afterGiveUp(ctx, node)
 	}
-	if !drainShown(node) || disruptedElsewhere(node) {
+	if !ngv1alpha1.DrainShown(node) || ngv1alpha1.ChargedElsewhere(node) != "" {
 		r.forget(ctx, node.UID)
 		return reconcile.Result{}, nil
 	}
@@ -422,11 +421,7 @@ func (r *Reconciler) pickUp(ctx context.Context, node *corev1.Node) (reconcile.R
 		return reconcile.Result{RequeueAfter: holdPoll}, nil
 	}
 	patch := client.MergeFrom(node.DeepCopy())
-	if node.Annotations == nil {
-		node.Annotations = map[string]string{}
-	}
-	node.Annotations[ngv1alpha1.DrainChargedAtAnnotation] = ngv1alpha1.FormatTime(r.Clock.Now())
-	node.Annotations[ngv1alpha1.DrainedByAnnotation] = by
+	ngv1alpha1.MarkDrainCharged(node, r.Clock.Now(), by, "")
 	if err := r.Client.Patch(ctx, node, patch); err != nil {
 		if gerr := r.Outside.Rule.Claimer.GiveBack(ctx, v.Charged, node.Name); gerr != nil {
 			err = fmt.Errorf("%w (and giving the charge back: %v)", err, gerr)
@@ -435,16 +430,6 @@ func (r *Reconciler) pickUp(ctx context.Context, node *corev1.Node) (reconcile.R
 	}
 	r.event(node, corev1.EventTypeNormal, ReasonDrainFound, "a drain by %s found under way, %s", by, v.Message)
 	return reconcile.Result{Requeue: true}, nil
-}
-
-// disruptedElsewhere reports a node whose disruption another door charged or
-// that nodeguard terminates.
-func disruptedElsewhere(node *corev1.Node) bool {
-	if node.DeletionTimestamp != nil || ngv1alpha1.ScaleDownClaimed(node) || drainingTaint(node) != nil {
-		return true
-	}
-	_, charged := node.Annotations[ngv1alpha1.NodeClaimDeleteChargedAtAnnotation]
-	return charged
 }
 
 // drainUnderWay looks for a drain of the node and names its drainer: a

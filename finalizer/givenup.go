@@ -105,7 +105,7 @@ func givenUpMarked(node *corev1.Node) bool {
 // without an eviction (the evictions the drainer sent before it gave up may
 // still be terminating, and would charge it again at once).
 func (r *Reconciler) afterGiveUp(ctx context.Context, node *corev1.Node) (reconcile.Result, error) {
-	if node.Spec.Unschedulable {
+	if ngv1alpha1.Cordoned(node) {
 		return reconcile.Result{}, nil
 	}
 	patch := client.RawPatch(types.MergePatchType, fmt.Appendf(nil, `{"metadata":{"annotations":{%q:null}}}`, ngv1alpha1.DrainGivenUpAtAnnotation))

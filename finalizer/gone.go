@@ -10,6 +10,8 @@ import (
 	"k8s.io/utils/clock"
 	logf "sigs.k8s.io/controller-runtime/pkg/log"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+
+	ngv1alpha1 "github.com/nodeguard/nodeguard/api/v1alpha1"
 )
 
 // InstanceChecker says whether a node's cloud instance still exists (the
@@ -23,7 +25,7 @@ type InstanceChecker interface {
 // under a drain): no kubelet will finish its pods and there is no traffic to
 // cut. A Ready node is not asked about; an error counts as "exists".
 func (r *Reconciler) instanceGone(ctx context.Context, node *corev1.Node) bool {
-	if r.Instances == nil || nodeReady(node) {
+	if r.Instances == nil || ngv1alpha1.Ready(node) {
 		return false
 	}
 	exists, err := r.Instances.InstanceExists(ctx, node)
@@ -42,15 +44,6 @@ func (r *Reconciler) releaseGone(ctx context.Context, node *corev1.Node) (reconc
 	r.event(node, corev1.EventTypeNormal, ReasonInstanceGone,
 		"the node is not Ready and its VM %s no longer exists: releasing it at once, without a drain; the pod garbage collector removes its pods", node.Spec.ProviderID)
 	return r.removeFinalizer(ctx, node)
-}
-
-func nodeReady(node *corev1.Node) bool {
-	for _, c := range node.Status.Conditions {
-		if c.Type == corev1.NodeReady {
-			return c.Status == corev1.ConditionTrue
-		}
-	}
-	return false
 }
 
 // DefaultInstanceCacheTTL is how long the termination trusts an answer that a

@@ -26,7 +26,7 @@ import (
 // retries at once, not after a turn in a queue a fleet's deletion keeps long.
 func (r *Reconciler) cordon(ctx context.Context, node *corev1.Node) (reconcile.Result, error) {
 	for attempt := 1; ; attempt++ {
-		if node.Spec.Unschedulable && drainingTaint(node) != nil {
+		if ngv1alpha1.Cordoned(node) && drainingTaint(node) != nil {
 			return reconcile.Result{}, nil
 		}
 		err := r.patchCordon(ctx, node)

@@ -192,13 +192,13 @@ func (h *EvictionHandler) decide(ctx context.Context, req admission.Request, dry
 	if d, wait, err := h.deletingCutWait(ctx, &node, req); wait || err != nil {
 		return d, err
 	}
-	if cached := node; !drains(&cached) || h.scaleDownHeld(&cached) {
+	if cached := node; !ngv1alpha1.DrainShown(&cached) || h.scaleDownHeld(&cached) {
 		// A drainer cordons (or cluster-autoscaler taints), then evicts at
 		// once, and a scale-down's claim is the leader's write: the cache
 		// may not show either yet, and only a read from the API server can.
 		var fresh corev1.Node
 		if err := h.Reader.Get(ctx, client.ObjectKey{Name: nodeName}, &fresh); err != nil {
-			if drains(&cached) || h.scaleDownHeld(&cached) {
+			if ngv1alpha1.DrainShown(&cached) || h.scaleDownHeld(&cached) {
 				return decision{}, fmt.Errorf("reading node %s: %w", nodeName, err)
 			}
 			// Refusing here would stop evictions cluster-wide whenever the
@@ -210,7 +210,7 @@ func (h *EvictionHandler) decide(ctx context.Context, req admission.Request, dry
 			return allow(reasonUnconfirmed, "node %s is schedulable in nodeguard's cache (its fresh read failed: %v)", nodeName, err)
 		}
 		node = fresh
-		if !drains(&node) && !h.scaleDownHeld(&node) {
+		if !ngv1alpha1.DrainShown(&node) && !h.scaleDownHeld(&node) {
 			return allow(reasonSchedulable, "node %s is schedulable", node.Name)
 		}
 	}
@@ -377,35 +377,16 @@ func newerThan(a, b *corev1.Node) bool {
 	return err1 == nil && err2 == nil && av > bv
 }
 
-// drains reports whether the node shows a drain: it is cordoned, or another
-// writer's KEP-5683 DrainInProgress condition is True. The DrainInProgress
-// nodeguard itself writes on a drain it follows is no drain's signal
-// (ngv1alpha1.OwnDrainInProgress): nodeguard writes it only on a node whose
-// drain is charged already, and one left behind on a node whose charge is
-// gone (its marks removed by hand) must not charge the node again.
-func drains(node *corev1.Node) bool {
-	return node.Spec.Unschedulable || ngv1alpha1.DrainInProgressByOther(node)
-}
-
 // disruptedBy names the disruption the node is already under, whose door
 // charged its budgets (or that no budget holds back): nodeguard terminates
 // it, its NodeClaim's or its scale-down's deletion was charged, or it carries
 // a signal taint (an out-of-service, shutdown or spot eviction cannot wait).
 // "" when none.
 func disruptedBy(node *corev1.Node, signals *ngv1alpha1.Signals) string {
-	switch {
-	case node.DeletionTimestamp != nil:
-		return "being deleted"
-	case ngv1alpha1.ScaleDownClaimed(node):
-		return "its scale-down by cluster-autoscaler was charged"
-	}
-	if _, charged := node.Annotations[ngv1alpha1.NodeClaimDeleteChargedAtAnnotation]; charged {
-		return "its NodeClaim's deletion was charged"
+	if by := ngv1alpha1.ChargedElsewhere(node); by != "" {
+		return by
 	}
 	for _, t := range node.Spec.Taints {
-		if ngv1alpha1.IsDrainingTaint(t) {
-			return "drained by nodeguard"
-		}
 		if s, ok := signals.Of(t); ok && !signals.AwaitsDisruptionClaim(node, t) {
 			return "taint " + s.String()
 		}
@@ -503,14 +484,7 @@ func (h *EvictionHandler) holders(ctx context.Context, ndb *ngv1alpha1.NodeDisru
 func (h *EvictionHandler) mark(ctx context.Context, node *corev1.Node, user, pod string, charged []budget.Charged) (*corev1.Node, error) {
 	marked := node.DeepCopy()
 	patch := client.MergeFrom(node)
-	if marked.Annotations == nil {
-		marked.Annotations = map[string]string{}
-	}
-	marked.Annotations[ngv1alpha1.DrainChargedAtAnnotation] = ngv1alpha1.FormatTime(h.Clock.Now())
-	marked.Annotations[ngv1alpha1.DrainedByAnnotation] = user
-	marked.Annotations[ngv1alpha1.DrainFirstEvictionAnnotation] = pod
-	delete(marked.Annotations, ngv1alpha1.DrainAskedAtAnnotation)
-	delete(marked.Annotations, ngv1alpha1.DrainConfirmedAtAnnotation)
+	ngv1alpha1.MarkDrainCharged(marked, h.Clock.Now(), user, pod)
 	if err := h.Client.Patch(ctx, marked, patch); err != nil {
 		if gerr := h.Rule.Claimer.GiveBack(ctx, charged, node.Name); gerr != nil {
 			logf.FromContext(ctx).Error(gerr, "Giving back the charges of a drain whose mark failed", "node", node.Name)

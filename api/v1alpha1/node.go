@@ -314,3 +314,71 @@ func drainInProgress(node *corev1.Node) *corev1.NodeCondition {
 	}
 	return nil
 }
+
+// Ready reports whether the node's Ready condition is True. A node without
+// one (its kubelet never reported) is not Ready.
+func Ready(node *corev1.Node) bool {
+	c := ReadyCondition(node)
+	return c != nil && c.Status == corev1.ConditionTrue
+}
+
+// ReadyCondition returns the node's Ready condition, nil when it has none.
+func ReadyCondition(node *corev1.Node) *corev1.NodeCondition {
+	for i := range node.Status.Conditions {
+		if node.Status.Conditions[i].Type == corev1.NodeReady {
+			return &node.Status.Conditions[i]
+		}
+	}
+	return nil
+}
+
+// Cordoned reports whether the node is unschedulable (kubectl cordon, a
+// drainer's first step).
+func Cordoned(node *corev1.Node) bool { return node.Spec.Unschedulable }
+
+// DrainShown reports whether the node shows a drain: it is cordoned, or
+// another writer's KEP-5683 DrainInProgress condition is True. The
+// DrainInProgress nodeguard itself writes on a drain it follows is no drain's
+// signal (OwnDrainInProgress): nodeguard writes it only on a node whose drain
+// is charged already, and one left behind on a node whose charge is gone
+// must not charge the node again.
+func DrainShown(node *corev1.Node) bool {
+	return Cordoned(node) || DrainInProgressByOther(node)
+}
+
+// ChargedElsewhere names the disruption of the node another door already
+// charged to its budgets, "" when none: it is being deleted (nodeguard
+// terminates it), its scale-down by cluster-autoscaler or its NodeClaim's
+// deletion was charged, or nodeguard drains it (the draining taint).
+func ChargedElsewhere(node *corev1.Node) string {
+	switch {
+	case node.DeletionTimestamp != nil:
+		return "being deleted"
+	case ScaleDownClaimed(node):
+		return "its scale-down by cluster-autoscaler was charged"
+	}
+	if _, charged := node.Annotations[NodeClaimDeleteChargedAtAnnotation]; charged {
+		return "its NodeClaim's deletion was charged"
+	}
+	if slices.ContainsFunc(node.Spec.Taints, IsDrainingTaint) {
+		return "drained by nodeguard"
+	}
+	return ""
+}
+
+// MarkDrainCharged writes the marks of a drain charged to the node's budgets
+// onto node (the caller patches it): when, by whom, and the pod of the
+// eviction review that charged it ("" for a drain found under way, which
+// counts as confirmed); the renewal and confirmation of an earlier charge go.
+func MarkDrainCharged(node *corev1.Node, at time.Time, by, firstEviction string) {
+	if node.Annotations == nil {
+		node.Annotations = map[string]string{}
+	}
+	node.Annotations[DrainChargedAtAnnotation] = FormatTime(at)
+	node.Annotations[DrainedByAnnotation] = by
+	if firstEviction != "" {
+		node.Annotations[DrainFirstEvictionAnnotation] = firstEviction
+	}
+	delete(node.Annotations, DrainAskedAtAnnotation)
+	delete(node.Annotations, DrainConfirmedAtAnnotation)
+}

@@ -289,10 +289,8 @@ func (s *SpotTainter) outlived(node *corev1.Node, noticeAt time.Time) (time.Time
 	if s.Clock.Now().Before(deadline) {
 		return time.Time{}, false
 	}
-	for _, c := range node.Status.Conditions {
-		if c.Type == corev1.NodeReady {
-			return c.LastHeartbeatTime.Time, c.Status == corev1.ConditionTrue && !c.LastHeartbeatTime.Time.Before(deadline)
-		}
+	if c := ngv1alpha1.ReadyCondition(node); c != nil {
+		return c.LastHeartbeatTime.Time, c.Status == corev1.ConditionTrue && !c.LastHeartbeatTime.Time.Before(deadline)
 	}
 	return time.Time{}, false
 }

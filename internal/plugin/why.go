@@ -140,7 +140,7 @@ func (c *Cluster) Why(ctx context.Context, name, settingsFrom string) (*WhyRepor
 // state names what marks the node: cordoned, draining, not ready.
 func state(node *corev1.Node) []string {
 	var s []string
-	if node.Spec.Unschedulable {
+	if ngv1alpha1.Cordoned(node) {
 		s = append(s, "cordoned")
 	}
 	if slices.ContainsFunc(node.Spec.Taints, ngv1alpha1.IsDrainingTaint) {
