@@ -212,4 +212,3 @@ func (r *Rule) Gone(ctx context.Context, node *corev1.Node) (Verdict, bool) {
 	return Verdict{Allowed: true, Why: WhyInstanceGone, Message: fmt.Sprintf(
 		"node %s is not Ready and its instance %s no longer exists: nothing is left to protect", node.Name, node.Spec.ProviderID)}, true
 }
-
