@@ -1,12 +1,3 @@
-// Package finalizer is the termination controller: it takes a node that was
-// admitted for deletion (deletion timestamp plus the nodeguard.io/termination
-// finalizer), holds its maintenance Lease, cordons and taints it, cuts its
-// load-balancer traffic, drains its pods serially per PodDisruptionBudget
-// (package drain), optionally waits for its volumes to detach, and only then
-// removes the finalizer, which releases the node.
-//
-// Every phase is re-derived from the cluster on each pass, so a restart at any
-// point resumes where the work stands.
 package finalizer
 
 import (

@@ -94,86 +94,113 @@ type Outcome struct {
 // and the pass does not wait for it (Outcome.Deferred).
 func (e *Evictor) Evict(ctx context.Context, node string, plan *Plan) Outcome {
 	var (
-		mu  sync.Mutex
-		out Outcome
-		wg  sync.WaitGroup
+		t  tally
+		wg sync.WaitGroup
 	)
-	record := func(pod *corev1.Pod, pdb *types.NamespacedName, err error) (stop bool) {
-		mu.Lock()
-		defer mu.Unlock()
-		switch result := classify(err); result {
-		case ResultEvicted, ResultGone:
-			out.Evicted++
-		case ResultBlocked:
-			if pdb != nil {
-				out.Blocked = append(out.Blocked, *pdb)
-			}
-			return true
-		case ResultMultiplePDBs:
-			out.MultiplePDBs = append(out.MultiplePDBs, pod)
-		default:
-			out.Errs = append(out.Errs, fmt.Errorf("evicting pod %s/%s: %w", pod.Namespace, pod.Name, err))
-			return pdb != nil // keep a PDB queue in order: retry next pass
-		}
-		return false
-	}
 	queued := map[types.UID]bool{}
 	for _, g := range plan.Groups {
 		queued[g.UID] = true
 		if g.Blocked {
-			mu.Lock()
-			out.Blocked = append(out.Blocked, g.PDB)
-			mu.Unlock()
-			if g.ByDesign {
-				// No status change will free it: replacement first (or a
-				// new spec and the pass it wakes) does, never a wake-up
-				// that could evict a pod a rollout is about to replace.
-				e.park(g.UID, node, nil)
-			} else {
-				e.parkAfter(ctx, g.UID, node, g.Pods, plan.WakeMark)
-			}
+			t.blocked(g.PDB)
+			e.parkBlocked(ctx, node, g, plan.WakeMark)
 			continue
 		}
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			lock := e.lockFor(g.UID)
-			if !lock.TryLock() {
-				// Another queue evicts under this PDB (another node's pass, or
-				// parked queues woken by its status): this queue goes once it
-				// is done, without the pass. A pass that waited would hold
-				// its node's next pass, and so its release once its pods are
-				// gone, for as long as other nodes' evictions take.
-				mu.Lock()
-				out.Deferred++
-				mu.Unlock()
-				if e.deferQueue(node, g, plan.WakeMark) {
-					go e.runDeferred(ctx, node, g.UID, lock)
-				}
-				return
-			}
-			defer lock.Unlock()
-			e.evictQueue(ctx, node, g, plan.WakeMark, func(pod *corev1.Pod, err error) bool { return record(pod, &g.PDB, err) })
-		}()
+		wg.Go(func() { e.runQueue(ctx, node, g, plan.WakeMark, &t) })
 	}
 	e.unparkOthers(node, queued)
+	e.evictUnprotected(ctx, node, plan.Unprotected, &t, &wg)
+	wg.Wait()
+	return t.out
+}
+
+// tally gathers a pass's Outcome from its concurrent evictions.
+type tally struct {
+	mu  sync.Mutex
+	out Outcome
+}
+
+// record counts one eviction's result (pdb nil: an unprotected pod), and
+// says whether the PDB's queue stops there.
+func (t *tally) record(pod *corev1.Pod, pdb *types.NamespacedName, err error) (stop bool) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	switch result := classify(err); result {
+	case ResultEvicted, ResultGone:
+		t.out.Evicted++
+	case ResultBlocked:
+		if pdb != nil {
+			t.out.Blocked = append(t.out.Blocked, *pdb)
+		}
+		return true
+	case ResultMultiplePDBs:
+		t.out.MultiplePDBs = append(t.out.MultiplePDBs, pod)
+	default:
+		t.out.Errs = append(t.out.Errs, fmt.Errorf("evicting pod %s/%s: %w", pod.Namespace, pod.Name, err))
+		return pdb != nil // keep a PDB queue in order: retry next pass
+	}
+	return false
+}
+
+func (t *tally) blocked(pdb types.NamespacedName) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.out.Blocked = append(t.out.Blocked, pdb)
+}
+
+func (t *tally) deferred() {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.out.Deferred++
+}
+
+// parkBlocked parks the queue of a PDB that allows nothing now.
+func (e *Evictor) parkBlocked(ctx context.Context, node string, g Group, wakeMark uint64) {
+	if g.ByDesign {
+		// No status change will free it: replacement first (or a new spec
+		// and the pass it wakes) does, never a wake-up that could evict a
+		// pod a rollout is about to replace.
+		e.park(g.UID, node, nil)
+		return
+	}
+	e.parkAfter(ctx, g.UID, node, g.Pods, wakeMark)
+}
+
+// runQueue evicts one PDB's queue of the node under the PDB's lock.
+func (e *Evictor) runQueue(ctx context.Context, node string, g Group, wakeMark uint64, t *tally) {
+	lock := e.lockFor(g.UID)
+	if !lock.TryLock() {
+		// Another queue evicts under this PDB (another node's pass, or
+		// parked queues woken by its status): this queue goes once it is
+		// done, without the pass. A pass that waited would hold its node's
+		// next pass, and so its release once its pods are gone, for as long
+		// as other nodes' evictions take.
+		t.deferred()
+		if e.deferQueue(node, g, wakeMark) {
+			go e.runDeferred(ctx, node, g.UID, lock)
+		}
+		return
+	}
+	defer lock.Unlock()
+	e.evictQueue(ctx, node, g, wakeMark, func(pod *corev1.Pod, err error) bool { return t.record(pod, &g.PDB, err) })
+}
+
+// evictUnprotected evicts the pods no PDB protects, e.Parallel at a time.
+func (e *Evictor) evictUnprotected(ctx context.Context, node string, pods []*corev1.Pod, t *tally, wg *sync.WaitGroup) {
 	sem := make(chan struct{}, max(e.Parallel, 1))
-	for _, pod := range plan.Unprotected {
+	for _, pod := range pods {
 		if e.wasEvicted(node, pod.UID) {
 			// Granted in an earlier pass whose going the plan's pods do
 			// not show yet: terminating, not sent again.
-			record(pod, nil, nil)
+			t.record(pod, nil, nil)
 			continue
 		}
 		wg.Add(1)
 		sem <- struct{}{}
 		go func() {
 			defer func() { <-sem; wg.Done() }()
-			record(pod, nil, e.evictOnce(ctx, node, pod))
+			t.record(pod, nil, e.evictOnce(ctx, node, pod))
 		}()
 	}
-	wg.Wait()
-	return out
 }
 
 // deferQueue leaves the node's queue for its PDB's lock, and reports whether
