@@ -19,8 +19,8 @@ import (
 	ngv1alpha1 "github.com/nodeguard/nodeguard/api/v1alpha1"
 	"github.com/nodeguard/nodeguard/azure"
 	"github.com/nodeguard/nodeguard/finalizer/drain"
-	"github.com/nodeguard/nodeguard/internal/karpenter"
-	"github.com/nodeguard/nodeguard/internal/requeue"
+	"github.com/nodeguard/nodeguard/karpenter"
+	"github.com/nodeguard/nodeguard/kube/requeue"
 )
 
 // Waiting intervals. The node's pods (a watch per draining node), PDB status

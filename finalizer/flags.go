@@ -6,7 +6,7 @@ import (
 	"time"
 
 	"github.com/nodeguard/nodeguard/finalizer/drain"
-	"github.com/nodeguard/nodeguard/internal/foresight"
+	"github.com/nodeguard/nodeguard/finalizer/foresight"
 )
 
 // Flags are the termination controller's command-line settings: its Options

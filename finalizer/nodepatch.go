@@ -7,7 +7,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 
 	ngv1alpha1 "github.com/nodeguard/nodeguard/api/v1alpha1"
-	"github.com/nodeguard/nodeguard/internal/nodepatch"
+	"github.com/nodeguard/nodeguard/kube/nodepatch"
 )
 
 // cordonPatch sets the node unschedulable and appends the draining taint,

@@ -15,7 +15,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	ngv1alpha1 "github.com/nodeguard/nodeguard/api/v1alpha1"
-	"github.com/nodeguard/nodeguard/internal/nodepatch"
+	"github.com/nodeguard/nodeguard/kube/nodepatch"
 )
 
 // cordon marks the node unschedulable and adds the draining taint, which

@@ -19,7 +19,7 @@ import (
 
 	ngv1alpha1 "github.com/nodeguard/nodeguard/api/v1alpha1"
 	"github.com/nodeguard/nodeguard/budget"
-	"github.com/nodeguard/nodeguard/internal/karpenter"
+	"github.com/nodeguard/nodeguard/karpenter"
 )
 
 // DeletePath serves the validating webhook for Node DELETE.

@@ -20,7 +20,7 @@ import (
 
 	ngv1alpha1 "github.com/nodeguard/nodeguard/api/v1alpha1"
 	"github.com/nodeguard/nodeguard/budget"
-	"github.com/nodeguard/nodeguard/internal/karpenter"
+	"github.com/nodeguard/nodeguard/karpenter"
 )
 
 // NodeClaimDeletePath serves the validating webhook for Karpenter's NodeClaim

@@ -22,7 +22,7 @@ import (
 
 	ngv1alpha1 "github.com/nodeguard/nodeguard/api/v1alpha1"
 	"github.com/nodeguard/nodeguard/budget"
-	"github.com/nodeguard/nodeguard/internal/karpenter"
+	"github.com/nodeguard/nodeguard/karpenter"
 	"github.com/nodeguard/nodeguard/test/builder"
 	"github.com/nodeguard/nodeguard/test/harness"
 	ngwebhook "github.com/nodeguard/nodeguard/webhook"

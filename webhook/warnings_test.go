@@ -20,7 +20,7 @@ import (
 	ngv1alpha1 "github.com/nodeguard/nodeguard/api/v1alpha1"
 	"github.com/nodeguard/nodeguard/budget"
 	"github.com/nodeguard/nodeguard/finalizer/drain"
-	"github.com/nodeguard/nodeguard/internal/foresight"
+	"github.com/nodeguard/nodeguard/finalizer/foresight"
 	"github.com/nodeguard/nodeguard/test/builder"
 	"github.com/nodeguard/nodeguard/test/harness"
 	ngwebhook "github.com/nodeguard/nodeguard/webhook"

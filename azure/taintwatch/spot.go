@@ -27,7 +27,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/source"
 
 	ngv1alpha1 "github.com/nodeguard/nodeguard/api/v1alpha1"
-	"github.com/nodeguard/nodeguard/internal/requeue"
+	"github.com/nodeguard/nodeguard/kube/requeue"
 )
 
 // involvedNameIndex indexes cached PreemptScheduled events by node name.

@@ -24,7 +24,7 @@ import (
 
 	ngv1alpha1 "github.com/nodeguard/nodeguard/api/v1alpha1"
 	"github.com/nodeguard/nodeguard/azure"
-	"github.com/nodeguard/nodeguard/internal/requeue"
+	"github.com/nodeguard/nodeguard/kube/requeue"
 )
 
 const (

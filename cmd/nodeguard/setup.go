@@ -32,7 +32,7 @@ import (
 	"github.com/nodeguard/nodeguard/finalizer/drain"
 	"github.com/nodeguard/nodeguard/internal/autoscaler"
 	"github.com/nodeguard/nodeguard/internal/clientca"
-	"github.com/nodeguard/nodeguard/internal/karpenter"
+	"github.com/nodeguard/nodeguard/karpenter"
 	ngwebhook "github.com/nodeguard/nodeguard/webhook"
 )
 

@@ -44,7 +44,7 @@ import (
 	ngv1alpha1 "github.com/nodeguard/nodeguard/api/v1alpha1"
 	"github.com/nodeguard/nodeguard/azure"
 	"github.com/nodeguard/nodeguard/budget"
-	"github.com/nodeguard/nodeguard/internal/requeue"
+	"github.com/nodeguard/nodeguard/kube/requeue"
 )
 
 // Waiting intervals. Budget status changes and node changes trigger passes at

@@ -22,8 +22,8 @@ import (
 
 	ngv1alpha1 "github.com/nodeguard/nodeguard/api/v1alpha1"
 	"github.com/nodeguard/nodeguard/budget"
-	"github.com/nodeguard/nodeguard/internal/nodepatch"
-	"github.com/nodeguard/nodeguard/internal/requeue"
+	"github.com/nodeguard/nodeguard/kube/nodepatch"
+	"github.com/nodeguard/nodeguard/kube/requeue"
 )
 
 // ScaleDownReconciler keeps cluster-autoscaler from picking a node that a

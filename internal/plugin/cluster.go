@@ -1,7 +1,7 @@
 // Package plugin is `kubectl nodeguard`: it reads the cluster, never writes
 // it, and says why a node is still there (why), what removing nodes will run
 // into and how long it may take (plan), and what each NodeDisruptionBudget
-// counts out (budgets). What a drain will meet comes from internal/foresight,
+// counts out (budgets). What a drain will meet comes from finalizer/foresight,
 // the same reading nodeguard's admission warnings give.
 package plugin
 
@@ -22,7 +22,7 @@ import (
 	ngv1alpha1 "github.com/nodeguard/nodeguard/api/v1alpha1"
 	"github.com/nodeguard/nodeguard/budget"
 	"github.com/nodeguard/nodeguard/finalizer/drain"
-	"github.com/nodeguard/nodeguard/internal/foresight"
+	"github.com/nodeguard/nodeguard/finalizer/foresight"
 )
 
 // Cluster is what the commands read.

@@ -17,7 +17,7 @@ import (
 	ngv1alpha1 "github.com/nodeguard/nodeguard/api/v1alpha1"
 	"github.com/nodeguard/nodeguard/budget"
 	"github.com/nodeguard/nodeguard/finalizer/drain"
-	"github.com/nodeguard/nodeguard/internal/foresight"
+	"github.com/nodeguard/nodeguard/finalizer/foresight"
 )
 
 // DefaultMaxConcurrentDrains is nodeguard's default --max-concurrent-drains

@@ -19,7 +19,7 @@ import (
 
 	ngv1alpha1 "github.com/nodeguard/nodeguard/api/v1alpha1"
 	"github.com/nodeguard/nodeguard/finalizer/drain"
-	"github.com/nodeguard/nodeguard/internal/foresight"
+	"github.com/nodeguard/nodeguard/finalizer/foresight"
 	"github.com/nodeguard/nodeguard/upgrade"
 )
 
