@@ -35,7 +35,8 @@ type InstanceChecker interface {
 // DELETE, a cluster-autoscaler scale-down, the first eviction of someone
 // else's drain), and the only code that charges
 // NodeDisruptionBudgets for a disruption and gives a refused one back.
-// Build it with NewRule.
+// nodeguard builds its two rules once, with NewRules; the order of the checks
+// lives here only (Decide, DecideBeforeBudgets).
 type Rule struct {
 	Claimer *Claimer
 	// Budgets lists the NodeDisruptionBudgets that select the node. It must
@@ -69,6 +70,29 @@ func NewRule(claimer *Claimer, leases client.Reader, instances InstanceChecker, 
 	return &Rule{Claimer: claimer, Budgets: claimer.Reader, Leases: leases, Instances: instances, Clock: clk}
 }
 
+// Rules are the two rules nodeguard's doors apply, built once at start-up
+// (NewRules) and shared by every door: a Rule keeps no state of its own.
+type Rules struct {
+	// Deletion decides the doors that delete a node: a Node DELETE, a
+	// Karpenter NodeClaim DELETE, a cluster-autoscaler scale-down. A
+	// maintenance Lease someone else holds refuses them.
+	Deletion *Rule
+	// Drain decides someone else's drain (the eviction webhook, the drains
+	// the termination controller finds under way). It reads no Lease: whoever
+	// holds the node's Lease and drains it is the drainer.
+	Drain *Rule
+}
+
+// NewRules builds both rules over one claimer, so that every budget write
+// joins its group commit; leases reads maintenance Leases fresh for the
+// deletion rule, instances (nil: no cloud) serves both.
+func NewRules(claimer *Claimer, leases client.Reader, instances InstanceChecker, clk clock.PassiveClock) Rules {
+	return Rules{
+		Deletion: NewRule(claimer, leases, instances, clk),
+		Drain:    NewRule(claimer, nil, instances, clk),
+	}
+}
+
 // Verdict is the rule's answer for one node.
 type Verdict struct {
 	Allowed bool
@@ -99,7 +123,7 @@ type Verdict struct {
 // lives for one round trip, which a concurrent request meets as "retry",
 // never as room beyond the budget.
 func (r *Rule) Decide(ctx context.Context, node *corev1.Node, dryRun bool) (Verdict, error) {
-	if v, gone := r.Gone(ctx, node); gone {
+	if v, gone := r.gone(ctx, node); gone {
 		return v, nil
 	}
 	type hold struct {
@@ -109,7 +133,7 @@ func (r *Rule) Decide(ctx context.Context, node *corev1.Node, dryRun bool) (Verd
 	}
 	holds := make(chan hold, 1)
 	go func() {
-		v, held, err := r.Held(ctx, node)
+		v, held, err := r.held(ctx, node)
 		holds <- hold{v, held, err}
 	}()
 	v, err := r.charge(ctx, node, dryRun)
@@ -122,9 +146,22 @@ func (r *Rule) Decide(ctx context.Context, node *corev1.Node, dryRun bool) (Verd
 	return v, err
 }
 
-// Held reports whether someone other than nodeguard holds the node's
+// DecideBeforeBudgets applies the checks Decide makes before the budgets, in
+// its order, and charges nothing: a gone instance is let go, a maintenance
+// hold refuses. decided is false when neither applies: the budgets would
+// decide. (The Node DELETE door asks it of a node it first guards with its
+// finalizer: the delete is refused to be retried, unless one of these
+// decides it.)
+func (r *Rule) DecideBeforeBudgets(ctx context.Context, node *corev1.Node) (v Verdict, decided bool, err error) {
+	if v, gone := r.gone(ctx, node); gone {
+		return v, true, nil
+	}
+	return r.held(ctx, node)
+}
+
+// held reports whether someone other than nodeguard holds the node's
 // maintenance Lease, with the refusal that says so.
-func (r *Rule) Held(ctx context.Context, node *corev1.Node) (Verdict, bool, error) {
+func (r *Rule) held(ctx context.Context, node *corev1.Node) (Verdict, bool, error) {
 	if r.Leases == nil {
 		return Verdict{}, false, nil
 	}
@@ -191,13 +228,13 @@ func (r *Rule) giveBack(ctx context.Context, node string, charged []Charged) {
 	}
 }
 
-// Gone reports whether a node that is not Ready has no instance any more,
+// gone reports whether a node that is not Ready has no instance any more,
 // with the admission that says so: the cloud node lifecycle controller
 // deletes exactly such nodes, every 5 s, and must never be refused (the node
 // has nothing left to protect, and the pod garbage collector waits for it to
 // go). A node that is Ready is not asked about; an error counts as "exists"
 // (the usual rules apply).
-func (r *Rule) Gone(ctx context.Context, node *corev1.Node) (Verdict, bool) {
+func (r *Rule) gone(ctx context.Context, node *corev1.Node) (Verdict, bool) {
 	if r.Instances == nil || ngv1alpha1.Ready(node) {
 		return Verdict{}, false
 	}

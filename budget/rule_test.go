@@ -120,6 +120,56 @@ func TestRuleHoldAndGoneInstance(t *testing.T) {
 	}
 }
 
+// TestDecideBeforeBudgetsChargesNothing: the checks Decide makes before the
+// budgets, for a door that charges nothing yet: a maintenance hold refuses, a
+// gone instance is let go, and otherwise nothing is decided; no budget
+// status is written either way.
+func TestDecideBeforeBudgetsChargesNothing(t *testing.T) {
+	lease := &coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Namespace: ngv1alpha1.MaintenanceLeaseNamespace, Name: "held"},
+		Spec: coordinationv1.LeaseSpec{HolderIdentity: ptr.To(ngv1alpha1.AdminHolderPrefix + "-alice")}}
+	rule, _, writes := ruleFixture(t, lease)
+	rule.Instances = instances{"held": true, "x": true}
+	for _, tc := range []struct {
+		node    *corev1.Node
+		decided bool
+		why     string
+	}{
+		{node("held"), true, WhyMaintenanceHold},
+		{node("gone", notReady), true, WhyInstanceGone},
+		{node("x"), false, ""},
+	} {
+		v, decided, err := rule.DecideBeforeBudgets(context.Background(), tc.node)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if decided != tc.decided || v.Why != tc.why || len(v.Charged) != 0 {
+			t.Errorf("node %s: decided %v, verdict %+v; want decided %v, why %q", tc.node.Name, decided, v, tc.decided, tc.why)
+		}
+	}
+	if writes.Load() != 0 {
+		t.Errorf("DecideBeforeBudgets wrote %d budget statuses, want none", writes.Load())
+	}
+}
+
+// TestNewRulesDrainRuleReadsNoLease: of the two rules built at start-up, the
+// deletion rule is refused by a maintenance Lease someone else holds, and
+// the drain rule is not (whoever holds the Lease and drains is the drainer):
+// the budgets decide its drain.
+func TestNewRulesDrainRuleReadsNoLease(t *testing.T) {
+	lease := &coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Namespace: ngv1alpha1.MaintenanceLeaseNamespace, Name: "held"},
+		Spec: coordinationv1.LeaseSpec{HolderIdentity: ptr.To(ngv1alpha1.AdminHolderPrefix + "-alice")}}
+	fixture, c, _ := ruleFixture(t, lease)
+	rules := NewRules(fixture.Claimer, c, nil, fixture.Clock)
+	v, err := rules.Deletion.Decide(context.Background(), node("held"), true)
+	if err != nil || v.Why != WhyMaintenanceHold {
+		t.Errorf("deletion rule: verdict %+v, error %v; want the hold's refusal", v, err)
+	}
+	v, err = rules.Drain.Decide(context.Background(), node("held"), true)
+	if err != nil || v.Why != WhyBudget || v.Denier == nil || v.Denier.Name != "z" {
+		t.Errorf("drain rule: verdict %+v, error %v; want budget z's refusal, the Lease unread", v, err)
+	}
+}
+
 // TestNewRuleListsTheBudgetsFresh (issue #61): the rule a door builds with
 // NewRule finds the budgets selecting a node through the claimer's fresh
 // Reader, not its informer: a budget the informer has not seen yet (created a

@@ -71,6 +71,12 @@ func readyNodeObject(name string) *corev1.Node { return builder.Node(name, build
 
 // claim claims node of budget through c and returns (charged, denial code):
 // code 0 when admitted; it fails the test on any other error.
+// deletionRule is the Node DELETE's rule over claimer: it reads maintenance
+// Leases from the test's API server.
+func deletionRule(claimer *budget.Claimer) *budget.Rule {
+	return budget.NewRules(claimer, env.Client, nil, clock.RealClock{}).Deletion
+}
+
 func claim(t *testing.T, c *budget.Claimer, name, node string) (bool, int32) {
 	t.Helper()
 	charged, err := c.Claim(context.Background(), name, readyNodeObject(node), false)
@@ -341,8 +347,8 @@ func TestDryRunDeleteNeverGivesBackARealClaim(t *testing.T) {
 		t.Fatalf("filling dry-b: charged %v, denial %d", ok, code)
 	}
 
-	h := &ngwebhook.DeleteHandler{Client: env.Client, Reader: env.Client,
-		Claimer: &budget.Claimer{Client: env.Client, Reader: staleFor{Reader: env.Client, ndb: before}, Clock: clock.RealClock{}},
+	stale := &budget.Claimer{Client: env.Client, Reader: staleFor{Reader: env.Client, ndb: before}, Clock: clock.RealClock{}}
+	h := &ngwebhook.DeleteHandler{Client: env.Client, Reader: env.Client, Rule: deletionRule(stale),
 		Managed: labels.Everything(), Clock: clock.RealClock{}, Timeout: ngwebhook.DefaultDeleteTimeout}
 	resp := h.Handle(ctx, deleteRequest(t, node, true))
 	if resp.Allowed || resp.Result == nil || resp.Result.Code != http.StatusTooManyRequests || !strings.Contains(resp.Result.Message, "dry-b") {
@@ -394,7 +400,7 @@ func TestDeleteKeepsAFinalizerAddedMeanwhile(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	h := &ngwebhook.DeleteHandler{Client: env.Client, Reader: env.Client, Claimer: newReplica(),
+	h := &ngwebhook.DeleteHandler{Client: env.Client, Reader: env.Client, Rule: deletionRule(newReplica()),
 		Managed: labels.Everything(), Clock: clock.RealClock{}, Timeout: ngwebhook.DefaultDeleteTimeout}
 	resp := h.Handle(ctx, deleteRequest(t, read, false))
 	if resp.Allowed || resp.Result == nil || resp.Result.Code != http.StatusTooManyRequests || !strings.Contains(resp.Result.Message, "changed") {
@@ -437,7 +443,7 @@ func TestRefusedDeleteGivesBackOnlyItsOwnClaim(t *testing.T) {
 	node := builder.Node("own-x", builder.Ready(), builder.WithLabels("own-a", "yes", "own-b", "yes"))
 	node.Finalizers = []string{ngv1alpha1.TerminationFinalizer}
 	handler := func(c *budget.Claimer) *ngwebhook.DeleteHandler {
-		return &ngwebhook.DeleteHandler{Client: env.Client, Reader: env.Client, Claimer: c,
+		return &ngwebhook.DeleteHandler{Client: env.Client, Reader: env.Client, Rule: deletionRule(c),
 			Managed: labels.Everything(), Clock: clock.RealClock{}, Timeout: ngwebhook.DefaultDeleteTimeout}
 	}
 

@@ -45,24 +45,17 @@ const DefaultDeleteTimeout = 4 * time.Second
 type DeleteHandler struct {
 	// Client patches nodes.
 	Client client.Client
-	// Reader reads maintenance Leases fresh from the API server.
+	// Reader reads a Karpenter node's NodeClaim fresh from the API server.
 	Reader client.Reader
-	// Claimer charges the budgets; the rule lists them through its Reader,
-	// fresh from the API server (budget.NewRule).
-	Claimer  *budget.Claimer
+	// Rule decides the deletion: the deletion doors' rule (budget.Rules),
+	// which reads maintenance Leases.
+	Rule     *budget.Rule
 	Managed  labels.Selector
 	Recorder events.EventRecorder
 	Clock    clock.PassiveClock
 	Timeout  time.Duration
-	// Instances, when set, says whether a NotReady node's instance is gone.
-	Instances budget.InstanceChecker
 	// Warnings, when set, tells an admitted delete what its drain will meet.
 	Warnings *Warnings
-}
-
-// rule is the disruption rule this handler applies.
-func (h *DeleteHandler) rule() *budget.Rule {
-	return budget.NewRule(h.Claimer, h.Reader, h.Instances, h.Clock)
 }
 
 // decision is the outcome of a Node or NodeClaim DELETE, for the response,
@@ -141,12 +134,13 @@ func (h *DeleteHandler) decide(ctx context.Context, node *corev1.Node, dryRun bo
 		return h.judge(ctx, node, dryRun)
 	}
 	// A node without the finalizer is guarded from its next delete on; the
-	// instance and the Lease still decide this one.
-	if v, gone := h.rule().Gone(ctx, node); gone {
-		return fromVerdict(node, v), nil
+	// rule's checks before the budgets still decide this one.
+	v, decided, err := h.Rule.DecideBeforeBudgets(ctx, node)
+	if err != nil {
+		return decision{}, err
 	}
-	if v, held, err := h.rule().Held(ctx, node); held || err != nil {
-		return fromVerdict(node, v), err
+	if decided {
+		return fromVerdict(node, v), nil
 	}
 	if missing {
 		return h.addFinalizer(ctx, node)
@@ -158,7 +152,7 @@ func (h *DeleteHandler) decide(ctx context.Context, node *corev1.Node, dryRun bo
 
 // judge applies the disruption rule to a guarded node's delete.
 func (h *DeleteHandler) judge(ctx context.Context, node *corev1.Node, dryRun bool) (decision, error) {
-	v, err := h.rule().Decide(ctx, node, dryRun)
+	v, err := h.Rule.Decide(ctx, node, dryRun)
 	if err != nil {
 		return decision{}, err
 	}

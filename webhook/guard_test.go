@@ -83,7 +83,8 @@ func setupGuard(t *testing.T, mgr ctrl.Manager, leader, backfill bool, tune func
 	t.Helper()
 	// One claimer for the webhook and the status controller, as cmd/nodeguard wires them.
 	claimer := budget.NewClaimer(mgr, nil)
-	if err := ngwebhook.Register(mgr, ngwebhook.Options{Managed: labels.Everything(), DeleteTimeout: ngwebhook.DefaultDeleteTimeout, Claimer: claimer}); err != nil {
+	if err := ngwebhook.Register(mgr, ngwebhook.Options{Managed: labels.Everything(), DeleteTimeout: ngwebhook.DefaultDeleteTimeout,
+		Rules: doorRules(mgr, claimer, nil)}); err != nil {
 		t.Fatal(err)
 	}
 	if !leader {
@@ -102,6 +103,16 @@ func setupGuard(t *testing.T, mgr ctrl.Manager, leader, backfill bool, tune func
 			t.Fatal(err)
 		}
 	}
+}
+
+// doorRules builds the doors' rules once, as cmd/nodeguard does, over claimer
+// (nil: one of their own): the deletion rule reads maintenance Leases fresh,
+// the drain rule none.
+func doorRules(mgr ctrl.Manager, claimer *budget.Claimer, instances budget.InstanceChecker) budget.Rules {
+	if claimer == nil {
+		claimer = budget.NewClaimer(mgr, nil)
+	}
+	return budget.NewRules(claimer, mgr.GetAPIReader(), instances, clock.RealClock{})
 }
 
 // newManager makes a manager whose webhook server listens on a free local port

@@ -65,16 +65,13 @@ type NodeClaimDeleteHandler struct {
 	Client client.Client
 	// Nodes reads nodes (the manager's cache is fine).
 	Nodes client.Reader
-	// Reader reads maintenance Leases fresh from the API server.
-	Reader client.Reader
-	// Claimer charges the budgets; the rule lists them through its Reader,
-	// fresh from the API server (budget.NewRule).
-	Claimer   *budget.Claimer
-	Managed   labels.Selector
-	Recorder  events.EventRecorder
-	Clock     clock.PassiveClock
-	Timeout   time.Duration
-	Instances budget.InstanceChecker
+	// Rule decides the disruption: the deletion doors' rule (budget.Rules),
+	// which reads maintenance Leases.
+	Rule     *budget.Rule
+	Managed  labels.Selector
+	Recorder events.EventRecorder
+	Clock    clock.PassiveClock
+	Timeout  time.Duration
 }
 
 // Handle implements admission.Handler.
@@ -176,8 +173,7 @@ func (h *NodeClaimDeleteHandler) decideForNode(ctx context.Context, claim *nodeC
 	case !h.Managed.Matches(labels.Set(node.Labels)):
 		return decision{allowed: true, message: fmt.Sprintf("node %s is not managed by nodeguard", node.Name)}, nil
 	}
-	rule := budget.NewRule(h.Claimer, h.Reader, h.Instances, h.Clock)
-	v, err := rule.Decide(ctx, node, dryRun)
+	v, err := h.Rule.Decide(ctx, node, dryRun)
 	if err != nil {
 		return decision{}, err
 	}

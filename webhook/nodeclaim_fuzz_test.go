@@ -44,9 +44,10 @@ func FuzzNodeClaimReview(f *testing.F) {
 		WithStatusSubresource(&ngv1alpha1.NodeDisruptionBudget{}).
 		WithObjects(fullBudget(now), readyNode("ready-0"), readyNode("held-0"), adminHold("held-0", now)).
 		Build()
+	clk := clocktesting.NewFakePassiveClock(now)
 	h := fuzzHandler(&NodeClaimDeleteHandler{
-		Nodes: c, Reader: c,
-		Claimer: &budget.Claimer{Client: c, Reader: c, Clock: clocktesting.NewFakePassiveClock(now)},
+		Nodes:   c,
+		Rule:    budget.NewRules(&budget.Claimer{Client: c, Reader: c, Clock: clk}, c, nil, clk).Deletion,
 		Managed: labels.Everything(), Clock: clocktesting.NewFakePassiveClock(now), Timeout: time.Second,
 	})
 	f.Fuzz(func(t *testing.T, body []byte, pad uint8) {

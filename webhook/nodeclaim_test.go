@@ -107,7 +107,7 @@ func TestNodeClaimDeleteAppliesTheBudget(t *testing.T) {
 	harness.SkipWithoutEnv(t, env)
 	mgr, addr, answers := newManager(t)
 	if err := ngwebhook.Register(mgr, ngwebhook.Options{Managed: labels.Everything(), DeleteTimeout: ngwebhook.DefaultDeleteTimeout,
-		Instances: goneInstances{"karp-3": true}}); err != nil {
+		Rules: doorRules(mgr, nil, goneInstances{"karp-3": true})}); err != nil {
 		t.Fatal(err)
 	}
 	if err := (&budget.StatusReconciler{Client: mgr.GetClient(), Clock: clock.RealClock{}, ClaimTimeout: budget.DefaultClaimTimeout}).SetupWithManager(mgr); err != nil {
@@ -161,7 +161,8 @@ func TestNodeClaimDeleteAppliesTheBudget(t *testing.T) {
 func TestKarpenterNodeDeleteIsAdmittedOnlyWhileItsNodeClaimIsDeleting(t *testing.T) {
 	harness.SkipWithoutEnv(t, env)
 	mgr, addr, answers := newManager(t)
-	if err := ngwebhook.Register(mgr, ngwebhook.Options{Managed: labels.Everything(), DeleteTimeout: ngwebhook.DefaultDeleteTimeout}); err != nil {
+	if err := ngwebhook.Register(mgr, ngwebhook.Options{Managed: labels.Everything(), DeleteTimeout: ngwebhook.DefaultDeleteTimeout,
+		Rules: doorRules(mgr, nil, nil)}); err != nil {
 		t.Fatal(err)
 	}
 	if err := (&budget.StatusReconciler{Client: mgr.GetClient(), Clock: clock.RealClock{}, ClaimTimeout: budget.DefaultClaimTimeout}).SetupWithManager(mgr); err != nil {

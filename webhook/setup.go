@@ -2,6 +2,7 @@ package webhook
 
 import (
 	"context"
+	"errors"
 	"time"
 
 	authenticationv1 "k8s.io/api/authentication/v1"
@@ -29,20 +30,16 @@ type Options struct {
 	Managed labels.Selector
 	// DeleteTimeout is the time budget of one DELETE decision.
 	DeleteTimeout time.Duration
-	// Instances says whether a node's cloud instance exists (nil: no cloud).
-	Instances budget.InstanceChecker
-	// Claimer charges budgets; share it with the status controller (nil: a
-	// claimer of the webhook's own, with Signals).
-	Claimer *budget.Claimer
+	// Rules decide the doors: Deletion the Node and NodeClaim DELETEs, Drain
+	// the first eviction of someone else's drain. Built once at start-up
+	// (budget.NewRules), over the claimer the status controller shares.
+	Rules budget.Rules
 	// Signals are the configured signal taints (nil: the defaults).
 	Signals *ngv1alpha1.Signals
 	// IgnoreOutsideDrains admits every eviction (--outside-drains=false);
 	// otherwise the evictions of drains nodeguard did not start count
 	// against the budgets.
 	IgnoreOutsideDrains bool
-	// DrainRule decides the first eviction of someone else's drain (nil: a
-	// rule over Claimer and Instances).
-	DrainRule *budget.Rule
 	// Traffic is how evictions of a charged drain wait for its traffic cut
 	// (zero: no Azure, no wait).
 	Traffic TrafficGate
@@ -63,19 +60,18 @@ type Options struct {
 // serves them; the Backfill controller is set up separately (it runs on the
 // leader only).
 func Register(mgr ctrl.Manager, opts Options) error {
+	if opts.Rules.Deletion == nil || opts.Rules.Drain == nil {
+		return errors.New("webhook.Register: Options.Rules has no deletion or no drain rule")
+	}
 	recorder := mgr.GetEventRecorder("nodeguard-webhook")
 	server := mgr.GetWebhookServer()
-	claimer := opts.Claimer
-	if claimer == nil {
-		claimer = budget.NewClaimer(mgr, opts.Signals)
-	}
 	warnings, err := warningsFor(mgr, opts)
 	if err != nil {
 		return err
 	}
 	// The handlers read nodes from the cache, and budget claims start from
 	// the cached budgets (the set a decision charges is listed fresh:
-	// budget.NewRule): their informers start with the manager, on every
+	// budget.Rule): their informers start with the manager, on every
 	// replica (the controllers that would start them run on the leader
 	// only), so that a replica's readiness waits for them and its first
 	// admission does not.
@@ -91,22 +87,18 @@ func Register(mgr ctrl.Manager, opts Options) error {
 	server.Register(DeletePath, &webhook.Admission{Handler: &DeleteHandler{
 		Client:   mgr.GetClient(),
 		Reader:   mgr.GetAPIReader(),
-		Claimer:  claimer,
+		Rule:     opts.Rules.Deletion,
 		Managed:  opts.Managed,
 		Recorder: recorder,
 		Clock:    clock.RealClock{},
 		Timeout:  opts.DeleteTimeout,
-
-		Instances: opts.Instances,
-		Warnings:  warnings,
+		Warnings: warnings,
 	}})
 	server.Register(NodeClaimDeletePath, &webhook.Admission{Handler: &NodeClaimDeleteHandler{
-		Client: mgr.GetClient(), Nodes: mgr.GetClient(), Reader: mgr.GetAPIReader(),
-		Claimer: claimer,
+		Client: mgr.GetClient(), Nodes: mgr.GetClient(), Rule: opts.Rules.Deletion,
 		Managed: opts.Managed, Recorder: recorder, Clock: clock.RealClock{}, Timeout: opts.DeleteTimeout,
-		Instances: opts.Instances,
 	}})
-	return registerEviction(mgr, opts, claimer, recorder)
+	return registerEviction(mgr, opts, recorder)
 }
 
 // warningsFor foresees drains with the drain's settings, if given. The
@@ -123,7 +115,7 @@ func warningsFor(mgr ctrl.Manager, opts Options) (*Warnings, error) {
 }
 
 // registerEviction serves the eviction webhook, with the pod locator it reads.
-func registerEviction(mgr ctrl.Manager, opts Options, claimer *budget.Claimer, recorder events.EventRecorder) error {
+func registerEviction(mgr ctrl.Manager, opts Options, recorder events.EventRecorder) error {
 	if opts.IgnoreOutsideDrains {
 		mgr.GetWebhookServer().Register(EvictionPath, &webhook.Admission{Handler: &EvictionHandler{Off: true}})
 		return nil
@@ -136,13 +128,9 @@ func registerEviction(mgr ctrl.Manager, opts Options, claimer *budget.Claimer, r
 	if err := mgr.Add(pods); err != nil {
 		return err
 	}
-	rule := opts.DrainRule
-	if rule == nil {
-		rule = budget.NewRule(claimer, nil, opts.Instances, clock.RealClock{})
-	}
 	mgr.GetWebhookServer().Register(EvictionPath, &webhook.Admission{Handler: &EvictionHandler{
 		Pods: pods, Nodes: mgr.GetClient(), Reader: mgr.GetAPIReader(), Client: mgr.GetClient(),
-		Rule:    rule,
+		Rule:    opts.Rules.Drain,
 		Managed: opts.Managed, Signals: opts.Signals, Traffic: opts.Traffic,
 		Self:     selfUsername(cs),
 		Recorder: recorder, Clock: clock.RealClock{}, Timeout: evictionTimeout(opts.DeleteTimeout),

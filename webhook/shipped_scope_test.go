@@ -147,7 +147,8 @@ func TestWithNodeguardDownADeletingNodeCanBeDeletedAgain(t *testing.T) {
 func startManagingGuard(t *testing.T, managed labels.Selector) *guard {
 	t.Helper()
 	mgr, addr, answers := newManager(t)
-	if err := ngwebhook.Register(mgr, ngwebhook.Options{Managed: managed, DeleteTimeout: ngwebhook.DefaultDeleteTimeout}); err != nil {
+	if err := ngwebhook.Register(mgr, ngwebhook.Options{Managed: managed, DeleteTimeout: ngwebhook.DefaultDeleteTimeout,
+		Rules: doorRules(mgr, nil, nil)}); err != nil {
 		t.Fatal(err)
 	}
 	if err := (&budget.StatusReconciler{Client: mgr.GetClient(), Clock: clock.RealClock{}, ClaimTimeout: budget.DefaultClaimTimeout}).SetupWithManager(mgr); err != nil {

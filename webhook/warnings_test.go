@@ -18,7 +18,6 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	ngv1alpha1 "github.com/nodeguard/nodeguard/api/v1alpha1"
-	"github.com/nodeguard/nodeguard/budget"
 	"github.com/nodeguard/nodeguard/finalizer/drain"
 	"github.com/nodeguard/nodeguard/finalizer/foresight"
 	"github.com/nodeguard/nodeguard/test/builder"
@@ -35,7 +34,7 @@ func TestAdmittedDeleteWarnsOfWhatTheDrainWillMeet(t *testing.T) {
 	harness.SkipWithoutEnv(t, env)
 	mgr, addr, answers := newManager(t)
 	if err := ngwebhook.Register(mgr, ngwebhook.Options{Managed: labels.Everything(), DeleteTimeout: ngwebhook.DefaultDeleteTimeout,
-		Claimer: budget.NewClaimer(mgr, nil), WarningsWait: 10 * time.Second,
+		Rules: doorRules(mgr, nil, nil), WarningsWait: 10 * time.Second,
 		Drain: &foresight.Settings{BlockedPDBPolicy: drain.BlockedPDBWait, DaemonSets: drain.DaemonSetsLast}}); err != nil {
 		t.Fatal(err)
 	}

@@ -100,20 +100,15 @@ func run(opts options) error {
 	if err != nil {
 		return fmt.Errorf("configuring Azure admin state: %w", err)
 	}
-	// One claimer for every budget write: they join one group commit.
-	claimer := budget.NewClaimer(mgr, opts.signals.Table)
-	drainRule := budget.NewRule(claimer, nil, nil, clock.RealClock{})
-	if adminState != nil { // never a typed nil in the interface
-		drainRule.Instances = adminState
-	}
+	rules := newRules(mgr, opts, adminState)
 	upgrades, err := setupAgentPools(mgr, adminState)
 	if err != nil {
 		return err
 	}
-	if err := setupGuard(mgr, opts, adminState, drainRule, upgrades); err != nil {
+	if err := setupGuard(mgr, opts, adminState, rules, upgrades); err != nil {
 		return err
 	}
-	if err := setupTermination(mgr, opts, adminState, drainRule); err != nil {
+	if err := setupTermination(mgr, opts, adminState, rules.Drain); err != nil {
 		return err
 	}
 	if err := mgr.AddHealthzCheck("ping", healthz.Ping); err != nil {
@@ -140,6 +135,19 @@ func run(opts options) error {
 		ctrl.Log.Error(ferr, "Some events were not written before nodeguard stopped")
 	}
 	return err
+}
+
+// newRules builds, once, the rules every door decides by (budget.Rules), over
+// one claimer for every budget write, so that they join one group commit:
+// the deletion doors' rule reads maintenance Leases fresh; the drain rule
+// reads none (whoever holds the Lease and drains is the drainer). With
+// Azure, both ask ARM whether a NotReady node's VM is gone.
+func newRules(mgr ctrl.Manager, opts options, adminState *azure.Manager) budget.Rules {
+	var instances budget.InstanceChecker
+	if adminState != nil { // never a typed nil in the interface
+		instances = adminState
+	}
+	return budget.NewRules(budget.NewClaimer(mgr, opts.signals.Table), mgr.GetAPIReader(), instances, clock.RealClock{})
 }
 
 // cachesSynced is a readiness check that passes once the manager's informer

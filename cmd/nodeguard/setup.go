@@ -95,22 +95,20 @@ func setupAgentPools(mgr ctrl.Manager, adminState *azure.Manager) (*agentpools.P
 // cluster-autoscaler integration (the scale-down hold and the
 // scale-down-disabled annotation) and the NodeDisruptionBudget status
 // controller.
-// With Azure, the DELETE webhook asks ARM whether a NotReady node's VM is gone.
-// drainRule (its claimer shared by every budget write) decides evictions.
+// rules decide every door; their claimer is shared by every budget write.
 // upgrades (nil: off) gives the budget webhook and status controller the AKS
 // agent pools' upgrade settings to judge.
-func setupGuard(mgr ctrl.Manager, opts options, adminState *azure.Manager, drainRule *budget.Rule, upgrades *agentpools.Poller) error {
-	managed, claimer := opts.managed, drainRule.Claimer
+func setupGuard(mgr ctrl.Manager, opts options, adminState *azure.Manager, rules budget.Rules, upgrades *agentpools.Poller) error {
+	managed, claimer := opts.managed, rules.Deletion.Claimer
 	if opts.webhookPort >= 0 {
-		wo := ngwebhook.Options{Managed: managed, DeleteTimeout: opts.deleteTimeout, Claimer: claimer, Signals: opts.signals.Table,
-			DrainRule: drainRule, IgnoreOutsideDrains: !opts.outsideDrains, Drain: opts.termination.Foresight(), WarningsWait: opts.warningsWait,
+		wo := ngwebhook.Options{Managed: managed, DeleteTimeout: opts.deleteTimeout, Rules: rules, Signals: opts.signals.Table,
+			IgnoreOutsideDrains: !opts.outsideDrains, Drain: opts.termination.Foresight(), WarningsWait: opts.warningsWait,
 			UpgradeNodeTime: opts.azure.UpgradeNodeTime}
-		if adminState != nil { // never a typed nil in the interface
-			wo.Instances = adminState
+		if adminState != nil {
 			wo.Traffic = ngwebhook.TrafficGate{Enabled: true, Timeout: opts.termination.AdminStateTimeout,
 				Wait: opts.termination.TrafficCutFailure == finalizer.TrafficCutFailureWait}
 		}
-		if upgrades != nil {
+		if upgrades != nil { // never a typed nil in the interface
 			wo.Upgrades = upgrades
 		}
 		if err := ngwebhook.Register(mgr, wo); err != nil {
@@ -125,12 +123,11 @@ func setupGuard(mgr ctrl.Manager, opts options, adminState *azure.Manager, drain
 		Recorder: mgr.GetEventRecorder("nodeguard-webhook")}); err != nil {
 		return err
 	}
-	hold := &autoscaler.HoldReconciler{Client: mgr.GetClient(), Reader: mgr.GetAPIReader(),
-		Claimer: claimer, Managed: managed, Recorder: mgr.GetEventRecorder("nodeguard-scale-down"), Clock: clock.RealClock{},
+	hold := &autoscaler.HoldReconciler{Client: mgr.GetClient(), Rule: rules.Deletion,
+		Managed: managed, Recorder: mgr.GetEventRecorder("nodeguard-scale-down"), Clock: clock.RealClock{},
 		AdminStateTimeout: opts.termination.AdminStateTimeout, Disabled: !opts.scaleDownHold, Signals: opts.signals}
 	if adminState != nil { // never a typed nil in the interface
 		hold.AdminState = adminState
-		hold.Instances = adminState
 	}
 	if err := hold.SetupWithManager(mgr); err != nil {
 		return err

@@ -66,18 +66,16 @@ type TrafficCut interface {
 // nodes and lets a scale-down through one budget claim at a time.
 type HoldReconciler struct {
 	Client client.Client
-	// Reader reads maintenance Leases fresh from the API server.
-	Reader   client.Reader
-	Claimer  *budget.Claimer
+	// Rule decides a scale-down: the deletion doors' rule (budget.Rules),
+	// which reads maintenance Leases and lets a node whose instance is gone
+	// go uncharged; its Claimer gives a cancelled scale-down's claim back.
+	Rule     *budget.Rule
 	Managed  labels.Selector
 	Recorder events.EventRecorder
 	Clock    clock.PassiveClock
 	// AdminState is nil when Azure is not configured: the hold then waits for
 	// the budget claim only.
 	AdminState TrafficCut
-	// Instances, when set, says whether a NotReady node's instance is gone
-	// (a scale-down of such a node charges no budget).
-	Instances budget.InstanceChecker
 	// AdminStateTimeout bounds the wait for Azure to confirm Down, counted
 	// from the claim; past it the hold is released with a Warning event.
 	AdminStateTimeout time.Duration
@@ -226,11 +224,10 @@ func (r *HoldReconciler) letGo(ctx context.Context, node *corev1.Node) error {
 	})
 }
 
-// claim charges the scale-down to every budget selecting the node, as a Node
-// DELETE would (maintenance hold first, then each budget in name order,
-// giving back earlier charges when a later budget denies), and marks the node
-// claimed: from then on its scale-down taint counts it unavailable, and the
-// budgets' status drops the charge.
+// claim charges the scale-down to every budget selecting the node by the
+// rule a Node DELETE is decided by, and marks the node claimed: from then on
+// its scale-down taint counts it unavailable, and the budgets' status drops
+// the charge.
 func (r *HoldReconciler) claim(ctx context.Context, node *corev1.Node) (reconcile.Result, bool, error) {
 	if _, claimed := node.Annotations[ngv1alpha1.ScaleDownClaimedAnnotation]; claimed {
 		return reconcile.Result{}, true, nil
@@ -261,8 +258,7 @@ func (r *HoldReconciler) claim(ctx context.Context, node *corev1.Node) (reconcil
 // judge applies the disruption rule to the scale-down, with an event on each
 // budget it charged and on the one that refused.
 func (r *HoldReconciler) judge(ctx context.Context, node *corev1.Node) (budget.Verdict, error) {
-	rule := budget.NewRule(r.Claimer, r.Reader, r.Instances, r.Clock)
-	v, err := rule.Decide(ctx, node, false)
+	v, err := r.Rule.Decide(ctx, node, false)
 	if err != nil || r.Recorder == nil {
 		return v, err
 	}
@@ -283,7 +279,7 @@ func (r *HoldReconciler) giveBack(ctx context.Context, node *corev1.Node) error 
 	if err != nil {
 		return err
 	}
-	return r.Claimer.ReleaseAll(ctx, budgets, node.Name)
+	return r.Rule.Claimer.ReleaseAll(ctx, budgets, node.Name)
 }
 
 // awaitTrafficCut waits, for at most AdminStateTimeout from the claim, until

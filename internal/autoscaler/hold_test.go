@@ -52,8 +52,9 @@ func startHold(t *testing.T, disabled bool) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	hold := &autoscaler.HoldReconciler{Client: mgr.GetClient(), Reader: mgr.GetAPIReader(),
-		Claimer: &budget.Claimer{Client: mgr.GetClient(), Reader: mgr.GetAPIReader(), Clock: clock.RealClock{}},
+	claimer := &budget.Claimer{Client: mgr.GetClient(), Reader: mgr.GetAPIReader(), Clock: clock.RealClock{}}
+	hold := &autoscaler.HoldReconciler{Client: mgr.GetClient(),
+		Rule:    budget.NewRules(claimer, mgr.GetAPIReader(), nil, clock.RealClock{}).Deletion,
 		Managed: labels.Everything(), Recorder: mgr.GetEventRecorder("test"), Clock: clock.RealClock{},
 		AdminStateTimeout: 30 * time.Second, Disabled: disabled}
 	if err := hold.SetupWithManager(mgr); err != nil {
@@ -226,8 +227,8 @@ func TestNodeWrittenDuringTheHoldPassIsNotAFailure(t *testing.T) {
 	harness.SkipWithoutEnv(t, env)
 	name := createNodes(t, fresh("conflict"), 1)[0]
 	c, raced := harness.NodePatchRacedOnce(t, env, func(n *corev1.Node) { n.Labels["example.com/other-writer"] = "x" })
-	hold := &autoscaler.HoldReconciler{Client: c, Reader: env.Client,
-		Claimer: &budget.Claimer{Client: env.Client, Reader: env.Client, Clock: clock.RealClock{}},
+	claimer := &budget.Claimer{Client: env.Client, Reader: env.Client, Clock: clock.RealClock{}}
+	hold := &autoscaler.HoldReconciler{Client: c, Rule: budget.NewRules(claimer, env.Client, nil, clock.RealClock{}).Deletion,
 		Managed: labels.Everything(), Clock: clock.RealClock{}, AdminStateTimeout: 30 * time.Second}
 	req := reconcile.Request{NamespacedName: types.NamespacedName{Name: name}}
 
