@@ -10,7 +10,6 @@ import (
 	admissionv1 "k8s.io/api/admission/v1"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/client-go/tools/events"
 	"k8s.io/utils/clock"
@@ -58,19 +57,6 @@ type DeleteHandler struct {
 	Warnings *Warnings
 }
 
-// decision is the outcome of a Node or NodeClaim DELETE, for the response,
-// events and metrics.
-type decision struct {
-	allowed bool
-	code    int32
-	message string
-	reason  string
-	// claimed are the charges this request made (for events).
-	claimed []budget.Charged
-	// denier is the budget that denied, if any.
-	denier *ngv1alpha1.NodeDisruptionBudget
-}
-
 // Handle implements admission.Handler.
 func (h *DeleteHandler) Handle(ctx context.Context, req admission.Request) admission.Response {
 	start := time.Now()
@@ -103,13 +89,13 @@ func (h *DeleteHandler) Handle(ctx context.Context, req admission.Request) admis
 		observe(req.Operation, resultAllowed, d.reason, start)
 		if d.reason == reasonKarpenter { // Karpenter drains it, not nodeguard
 			foreseen.drop()
-			return admission.Allowed(d.message)
+			return d.response()
 		}
-		return admission.Allowed(d.message).WithWarnings(foreseen.collect(ctx, h.Warnings.wait())...)
+		return d.response().WithWarnings(foreseen.collect(ctx, h.Warnings.wait())...)
 	}
 	foreseen.drop()
 	observe(req.Operation, resultDenied, d.reason, start)
-	return denied(d.code, d.message)
+	return d.response()
 }
 
 // decide runs the DELETE steps in order; the first that decides wins.
@@ -140,7 +126,7 @@ func (h *DeleteHandler) decide(ctx context.Context, node *corev1.Node, dryRun bo
 		return decision{}, err
 	}
 	if decided {
-		return fromVerdict(node, v), nil
+		return fromVerdict(v, h.wording(node)), nil
 	}
 	if missing {
 		return h.addFinalizer(ctx, node)
@@ -156,16 +142,12 @@ func (h *DeleteHandler) judge(ctx context.Context, node *corev1.Node, dryRun boo
 	if err != nil {
 		return decision{}, err
 	}
-	return fromVerdict(node, v), nil
+	return fromVerdict(v, h.wording(node)), nil
 }
 
-// fromVerdict words the rule's verdict for a Node DELETE.
-func fromVerdict(node *corev1.Node, v budget.Verdict) decision {
-	d := decision{allowed: v.Allowed, code: v.Code, reason: v.Why, message: v.Message, claimed: v.Charged, denier: v.Denier}
-	if v.Why == budget.WhyBudget {
-		d.message = fmt.Sprintf("deleting node %s: %s", node.Name, v.Message)
-	}
-	return d
+// wording is the Node DELETE's words around the rule's verdict.
+func (h *DeleteHandler) wording(node *corev1.Node) wording {
+	return wording{refusing: "deleting node " + node.Name}
 }
 
 // addFinalizer puts the finalizer (and the time it was added) on a node that
@@ -195,36 +177,17 @@ func (h *DeleteHandler) addFinalizer(ctx context.Context, node *corev1.Node) (de
 
 // record emits the events of a decision on the node and on the budgets.
 func (h *DeleteHandler) record(node *corev1.Node, d decision) {
-	if h.Recorder == nil {
-		return
-	}
+	events := doorEvents{recorder: h.Recorder, action: actionAdmit,
+		refusedReason: ReasonDeletionDenied, admittedReason: ReasonDeletionAdmitted}
 	switch {
 	case d.reason == reasonFinalizerAdded:
-		h.Recorder.Eventf(node, nil, corev1.EventTypeNormal, ReasonFinalizerAdded, actionAdmit, "%s", d.message)
+		events.onNode(node, ReasonFinalizerAdded, d.message)
 	case !d.allowed:
-		if d.denier != nil {
-			h.Recorder.Eventf(d.denier, node, corev1.EventTypeWarning, budget.ReasonDisruptionDenied, actionAdmit, "%s", d.message)
-		}
-		h.Recorder.Eventf(node, nil, corev1.EventTypeWarning, ReasonDeletionDenied, actionAdmit, "%s", d.message)
+		events.refused(node, d)
 	case d.reason == reasonUnavailableNode || d.reason == reasonInstanceGone || d.reason == reasonKarpenter:
-		h.Recorder.Eventf(node, nil, corev1.EventTypeNormal, ReasonDeletionAdmitted, actionAdmit, "deletion admitted: %s", d.message)
+		events.admitted(node, nil, nil, "deletion admitted: "+d.message)
 	case len(d.claimed) > 0:
-		for _, c := range d.claimed {
-			h.Recorder.Eventf(c.Budget, node, corev1.EventTypeNormal, budget.ReasonDisruptionClaimed, actionAdmit, "charged the deletion of node %s", node.Name)
-		}
-		h.Recorder.Eventf(node, nil, corev1.EventTypeNormal, ReasonDeletionAdmitted, actionAdmit, "deletion admitted %s", d.message)
+		events.admitted(node, d.claimed, func(string) string { return "charged the deletion of node " + node.Name },
+			"deletion admitted "+d.message)
 	}
-}
-
-// denied is a refusal with an HTTP status code kubectl shows: 429 for "not
-// now", 403 for "not allowed".
-func denied(code int32, msg string) admission.Response {
-	reason := metav1.StatusReasonForbidden
-	if code == http.StatusTooManyRequests {
-		reason = metav1.StatusReasonTooManyRequests
-	}
-	return admission.Response{AdmissionResponse: admissionv1.AdmissionResponse{
-		Allowed: false,
-		Result:  &metav1.Status{Status: metav1.StatusFailure, Code: code, Reason: reason, Message: msg},
-	}}
 }

@@ -148,10 +148,10 @@ func (h *EvictionHandler) Handle(ctx context.Context, req admission.Request) adm
 	}
 	if d.allowed {
 		observeEviction(resultAllowed, d.reason, start)
-		return admission.Allowed(d.message)
+	} else {
+		observeEviction(resultDenied, d.reason, start)
 	}
-	observeEviction(resultDenied, d.reason, start)
-	return denied(d.code, d.message)
+	return d.response()
 }
 
 // evictionDryRun reports a dry run, asked either of the request or in the
@@ -424,21 +424,20 @@ func (h *EvictionHandler) chargeFirst(ctx context.Context, node *corev1.Node, po
 
 // charge applies the rule to the drain. A maintenance Lease someone else holds
 // does not refuse it: a Lease holder that cordons and drains the node is the
-// drainer (the rule's Leases are not read here).
+// drainer (the drain rule reads no Lease: budget.Rules), so a budget is all
+// that refuses.
 func (h *EvictionHandler) charge(ctx context.Context, node *corev1.Node, pod, user string, dryRun bool) (decision, error) {
 	v, err := h.Rule.Decide(ctx, node, dryRun)
 	if err != nil {
 		return decision{}, err
 	}
-	d := decision{allowed: v.Allowed, code: v.Code, reason: v.Why, claimed: v.Charged, denier: v.Denier}
-	switch {
-	case !v.Allowed:
-		d.message = fmt.Sprintf("evicting pod %s from node %s (drain by %s): %s%s", pod, node.Name, user, v.Message, h.holders(ctx, v.Denier))
-	case v.Why == reasonInstanceGone:
-		d.message = v.Message
-	default:
-		d.reason = reasonCharged
-		d.message = fmt.Sprintf("the drain of node %s by %s is %s", node.Name, user, v.Message)
+	d := fromVerdict(v, wording{
+		refusing:  fmt.Sprintf("evicting pod %s from node %s (drain by %s)", pod, node.Name, user),
+		admitting: fmt.Sprintf("the drain of node %s by %s is", node.Name, user),
+		drain:     true,
+	})
+	if !d.allowed {
+		d.message += h.holders(ctx, d.denier)
 	}
 	if !dryRun {
 		h.record(node, user, d)
@@ -518,21 +517,14 @@ func (h *EvictionHandler) awaitTrafficCut(node *corev1.Node, pod string) decisio
 
 // record emits the events of a charge decision on the node and the budgets.
 func (h *EvictionHandler) record(node *corev1.Node, user string, d decision) {
-	if h.Recorder == nil {
-		return
-	}
+	events := doorEvents{recorder: h.Recorder, action: actionAdmitEviction,
+		refusedReason: ReasonDrainDenied, admittedReason: ReasonDrainCharged}
 	switch {
 	case !d.allowed:
-		if d.denier != nil {
-			h.Recorder.Eventf(d.denier, node, corev1.EventTypeWarning, budget.ReasonDisruptionDenied, actionAdmitEviction, "%s", d.message)
-		}
-		h.Recorder.Eventf(node, nil, corev1.EventTypeWarning, ReasonDrainDenied, actionAdmitEviction, "%s", d.message)
+		events.refused(node, d)
 	case d.reason == reasonCharged:
-		for _, c := range d.claimed {
-			h.Recorder.Eventf(c.Budget, node, corev1.EventTypeNormal, budget.ReasonDisruptionClaimed, actionAdmitEviction,
-				"drain of node %s by %s counted against NodeDisruptionBudget %s", node.Name, user, c.Budget.Name)
-		}
-		h.Recorder.Eventf(node, nil, corev1.EventTypeNormal, ReasonDrainCharged, actionAdmitEviction,
-			"%s: the node counts unavailable and its traffic is cut until it is schedulable and Ready again", d.message)
+		events.admitted(node, d.claimed, func(ndb string) string {
+			return fmt.Sprintf("drain of node %s by %s counted against NodeDisruptionBudget %s", node.Name, user, ndb)
+		}, d.message+": the node counts unavailable and its traffic is cut until it is schedulable and Ready again")
 	}
 }

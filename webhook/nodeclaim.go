@@ -99,13 +99,13 @@ func (h *NodeClaimDeleteHandler) Handle(ctx context.Context, req admission.Reque
 	}
 	if d.allowed {
 		observeNodeClaim(resultAllowed, d.reason)
-		return admission.Allowed(d.message)
+	} else {
+		observeNodeClaim(resultDenied, d.reason)
 	}
-	observeNodeClaim(resultDenied, d.reason)
-	return denied(d.code, d.message)
+	return d.response()
 }
 
-// mark leaves the decision on the node (internal/karpenter's marks): a
+// mark leaves the decision on the node (package karpenter's marks): a
 // denial, for the release of a node Karpenter keeps tainted; a charge, the
 // disruption under way until Karpenter deletes the Node.
 func (h *NodeClaimDeleteHandler) mark(ctx context.Context, node *corev1.Node, d decision) {
@@ -177,33 +177,21 @@ func (h *NodeClaimDeleteHandler) decideForNode(ctx context.Context, claim *nodeC
 	if err != nil {
 		return decision{}, err
 	}
-	d := decision{allowed: v.Allowed, code: v.Code, reason: v.Why, message: v.Message, claimed: v.Charged, denier: v.Denier}
-	switch {
-	case v.Why == budget.WhyBudget:
-		d.message = fmt.Sprintf("deleting NodeClaim %s (node %s): %s", claim.Metadata.Name, node.Name, v.Message)
-	case v.Allowed && v.Why == "":
-		d.message = fmt.Sprintf("NodeClaim %s (node %s) %s", claim.Metadata.Name, node.Name, v.Message)
-	}
-	return d, nil
+	what := fmt.Sprintf("NodeClaim %s (node %s)", claim.Metadata.Name, node.Name)
+	return fromVerdict(v, wording{refusing: "deleting " + what, admitting: what}), nil
 }
 
 // record emits the decision's events on the node and the budgets.
 func (h *NodeClaimDeleteHandler) record(node *corev1.Node, claim string, d decision) {
-	if h.Recorder == nil {
-		return
-	}
+	events := doorEvents{recorder: h.Recorder, action: actionAdmit,
+		refusedReason: ReasonNodeClaimDeletionDenied, admittedReason: ReasonNodeClaimDeletionAdmitted}
 	switch {
 	case !d.allowed:
-		if d.denier != nil {
-			h.Recorder.Eventf(d.denier, node, corev1.EventTypeWarning, budget.ReasonDisruptionDenied, actionAdmit, "%s", d.message)
-		}
-		h.Recorder.Eventf(node, nil, corev1.EventTypeWarning, ReasonNodeClaimDeletionDenied, actionAdmit, "%s", d.message)
+		events.refused(node, d)
 	case len(d.claimed) > 0 || d.reason == reasonInstanceGone:
-		for _, c := range d.claimed {
-			h.Recorder.Eventf(c.Budget, node, corev1.EventTypeNormal, budget.ReasonDisruptionClaimed, actionAdmit,
-				"charged the deletion of NodeClaim %s (node %s)", claim, node.Name)
-		}
-		h.Recorder.Eventf(node, nil, corev1.EventTypeNormal, ReasonNodeClaimDeletionAdmitted, actionAdmit, "%s", d.message)
+		events.admitted(node, d.claimed, func(string) string {
+			return fmt.Sprintf("charged the deletion of NodeClaim %s (node %s)", claim, node.Name)
+		}, d.message)
 	}
 }
 
