@@ -1,6 +1,7 @@
 package webhook
 
 import (
+	"fmt"
 	"net/http"
 
 	admissionv1 "k8s.io/api/admission/v1"
@@ -22,6 +23,11 @@ type decision struct {
 	claimed []budget.Charged
 	// denier is the budget that denied, if any.
 	denier *ngv1alpha1.NodeDisruptionBudget
+}
+
+// admit is an admission the door decides by itself, before the rule.
+func admit(reason, format string, args ...any) decision {
+	return decision{allowed: true, reason: reason, message: fmt.Sprintf(format, args...)}
 }
 
 // wording is a door's own words around the rule's verdict, which speaks of

@@ -6,8 +6,6 @@ import (
 	"fmt"
 	"net/http"
 	"slices"
-	"strconv"
-	"strings"
 	"sync"
 	"time"
 
@@ -15,7 +13,6 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
-	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/tools/events"
 	"k8s.io/utils/clock"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -26,6 +23,7 @@ import (
 
 	ngv1alpha1 "github.com/nodeguard/nodeguard/api/v1alpha1"
 	"github.com/nodeguard/nodeguard/budget"
+	"github.com/nodeguard/nodeguard/internal/autoscaler"
 )
 
 // EvictionPath serves the validating webhook for pods/eviction.
@@ -57,7 +55,8 @@ const DefaultEvictionTimeout = 4 * time.Second
 // retries. A node cluster-autoscaler scales down is charged by the
 // scale-down hold (internal/autoscaler): its evictions wait (429) for that
 // claim. With Azure, evictions from a charged node wait (429) until its
-// traffic cut is confirmed or timed out.
+// traffic cut is confirmed or timed out. The steps are decided here; the
+// charge and the mark are evictioncharge.go's, the waits evictionwait.go's.
 type EvictionHandler struct {
 	// Off admits every eviction (--outside-drains=false).
 	Off  bool
@@ -67,7 +66,8 @@ type EvictionHandler struct {
 	Nodes  client.Reader
 	Reader client.Reader
 	// Client writes the drain mark.
-	Client  client.Client
+	Client client.Client
+	// Rule is the drain rule (budget.Rules.Drain): it reads no Lease.
 	Rule    *budget.Rule
 	Managed labels.Selector
 	Signals *ngv1alpha1.Signals
@@ -87,20 +87,6 @@ type EvictionHandler struct {
 	first  singleflight.Group
 	recent sync.Map
 	asked  sync.Map
-}
-
-// recentMarkLifetime bounds how long a written mark stands in for the cache.
-const recentMarkLifetime = 30 * time.Second
-
-// TrafficGate is how evictions from a charged node wait for its traffic cut.
-type TrafficGate struct {
-	// Enabled when Azure is configured: nodeguard cuts the node's traffic.
-	Enabled bool
-	// Timeout (--admin-state-timeout) bounds the wait from the charge.
-	Timeout time.Duration
-	// Wait (--traffic-cut-failure=wait) waits past Timeout until the cut is
-	// recorded.
-	Wait bool
 }
 
 // eviction is the part of a policy/v1 (or v1beta1) Eviction the decision reads.
@@ -169,212 +155,95 @@ func evictionDryRun(req admission.Request) bool {
 
 // decide runs the steps in order; the first that decides wins.
 func (h *EvictionHandler) decide(ctx context.Context, req admission.Request, dryRun bool) (decision, error) {
-	allow := func(reason, format string, args ...any) (decision, error) {
-		return decision{allowed: true, reason: reason, message: fmt.Sprintf(format, args...)}, nil
+	pod := req.Namespace + "/" + req.Name
+	d, node, err := h.podNode(ctx, req)
+	if node == nil || err != nil {
+		return d, err
 	}
+	if d, wait, err := h.deletingCutWait(ctx, node, req); wait || err != nil {
+		return d, err
+	}
+	if d, node, err = h.drainingNode(ctx, node, pod); node == nil || err != nil {
+		return d, err
+	}
+	if node.DeletionTimestamp == nil && autoscaler.ScaleDownHeld(node, h.Signals) {
+		return h.scaleDownWait(node, pod), nil
+	}
+	if why := disruptedBy(node, h.Signals); why != "" {
+		return admit(reasonDisrupted, "node %s is already being disrupted (%s): its evictions charge nothing more", node.Name, why), nil
+	}
+	return h.chargedDrain(ctx, node, pod, req.UserInfo.Username, dryRun)
+}
+
+// podNode reads the evicted pod's node from the cache; no node when d
+// decides already: the pod or its node does not exist, or nodeguard does not
+// manage the node.
+func (h *EvictionHandler) podNode(ctx context.Context, req admission.Request) (decision, *corev1.Node, error) {
 	nodeName, err := h.Pods.NodeOf(ctx, req.Namespace, req.Name)
 	if err != nil {
-		return decision{}, err
+		return decision{}, nil, err
 	}
 	if nodeName == "" {
-		return allow(reasonNoNode, "pod %s/%s does not exist or runs on no node", req.Namespace, req.Name)
+		return admit(reasonNoNode, "pod %s/%s does not exist or runs on no node", req.Namespace, req.Name), nil, nil
 	}
 	var node corev1.Node
 	if err := h.Nodes.Get(ctx, client.ObjectKey{Name: nodeName}, &node); err != nil {
 		if client.IgnoreNotFound(err) == nil {
-			return allow(reasonNoNode, "node %s of pod %s/%s does not exist", nodeName, req.Namespace, req.Name)
+			return admit(reasonNoNode, "node %s of pod %s/%s does not exist", nodeName, req.Namespace, req.Name), nil, nil
 		}
-		return decision{}, fmt.Errorf("reading node %s: %w", nodeName, err)
+		return decision{}, nil, fmt.Errorf("reading node %s: %w", nodeName, err)
 	}
 	if !h.Managed.Matches(labels.Set(node.Labels)) {
-		return allow(reasonUnmanaged, "node %s is not managed by nodeguard", node.Name)
+		return admit(reasonUnmanaged, "node %s is not managed by nodeguard", node.Name), nil, nil
 	}
-	if d, wait, err := h.deletingCutWait(ctx, &node, req); wait || err != nil {
-		return d, err
+	return decision{}, &node, nil
+}
+
+// drainingNode returns the node a drain is seen on: the cached one when it
+// shows the drain, else the node read fresh. A drainer cordons (or
+// cluster-autoscaler taints), then evicts at once, and a scale-down's claim
+// is the leader's write: the cache may not show either yet, and only a read
+// from the API server can. No node when d decides already: the node is
+// schedulable.
+func (h *EvictionHandler) drainingNode(ctx context.Context, cached *corev1.Node, pod string) (decision, *corev1.Node, error) {
+	scaleDownHeld := autoscaler.ScaleDownHeld(cached, h.Signals)
+	if ngv1alpha1.DrainShown(cached) && !scaleDownHeld {
+		return decision{}, cached, nil
 	}
-	if cached := node; !ngv1alpha1.DrainShown(&cached) || h.scaleDownHeld(&cached) {
-		// A drainer cordons (or cluster-autoscaler taints), then evicts at
-		// once, and a scale-down's claim is the leader's write: the cache
-		// may not show either yet, and only a read from the API server can.
-		var fresh corev1.Node
-		if err := h.Reader.Get(ctx, client.ObjectKey{Name: nodeName}, &fresh); err != nil {
-			if ngv1alpha1.DrainShown(&cached) || h.scaleDownHeld(&cached) {
-				return decision{}, fmt.Errorf("reading node %s: %w", nodeName, err)
-			}
-			// Refusing here would stop evictions cluster-wide whenever the
-			// API server is slow to nodeguard (throttled, timed out): the
-			// cache says schedulable, so admit, as failurePolicy Ignore does
-			// when nodeguard is unreachable.
-			logf.FromContext(ctx).Info("Admitting an eviction from a node the cache shows schedulable; its fresh read failed",
-				"pod", req.Namespace+"/"+req.Name, "node", nodeName, "error", err.Error())
-			return allow(reasonUnconfirmed, "node %s is schedulable in nodeguard's cache (its fresh read failed: %v)", nodeName, err)
+	var fresh corev1.Node
+	if err := h.Reader.Get(ctx, client.ObjectKey{Name: cached.Name}, &fresh); err != nil {
+		if ngv1alpha1.DrainShown(cached) || scaleDownHeld {
+			return decision{}, nil, fmt.Errorf("reading node %s: %w", cached.Name, err)
 		}
-		node = fresh
-		if !ngv1alpha1.DrainShown(&node) && !h.scaleDownHeld(&node) {
-			return allow(reasonSchedulable, "node %s is schedulable", node.Name)
-		}
+		// Refusing here would stop evictions cluster-wide whenever the API
+		// server is slow to nodeguard (throttled, timed out): the cache says
+		// schedulable, so admit, as failurePolicy Ignore does when nodeguard
+		// is unreachable.
+		logf.FromContext(ctx).Info("Admitting an eviction from a node the cache shows schedulable; its fresh read failed",
+			"pod", pod, "node", cached.Name, "error", err.Error())
+		return admit(reasonUnconfirmed, "node %s is schedulable in nodeguard's cache (its fresh read failed: %v)", cached.Name, err), nil, nil
 	}
-	if node.DeletionTimestamp == nil && h.scaleDownHeld(&node) {
-		return h.scaleDownWait(&node, req.Namespace+"/"+req.Name), nil
+	if !ngv1alpha1.DrainShown(&fresh) && !autoscaler.ScaleDownHeld(&fresh, h.Signals) {
+		return admit(reasonSchedulable, "node %s is schedulable", fresh.Name), nil, nil
 	}
-	pod := req.Namespace + "/" + req.Name
-	if why := disruptedBy(&node, h.Signals); why != "" {
-		return allow(reasonDisrupted, "node %s is already being disrupted (%s): its evictions charge nothing more", node.Name, why)
-	}
-	h.withRecentMark(&node)
-	if _, charged := ngv1alpha1.DrainCharged(&node); !charged {
-		d, marked, err := h.chargeFirst(ctx, &node, pod, req.UserInfo.Username, dryRun)
+	return decision{}, &fresh, nil
+}
+
+// chargedDrain charges a drain at its first eviction and marks the node,
+// or, at a later one, renews the ask of a charge not yet confirmed; either
+// waits for the node's traffic cut.
+func (h *EvictionHandler) chargedDrain(ctx context.Context, node *corev1.Node, pod, user string, dryRun bool) (decision, error) {
+	h.withRecentMark(node)
+	if _, charged := ngv1alpha1.DrainCharged(node); !charged {
+		d, marked, err := h.chargeFirst(ctx, node, pod, user, dryRun)
 		if err != nil || !d.allowed || marked == nil || dryRun {
 			return d, err
 		}
-		node = *marked
+		node = marked
 	} else if !dryRun {
-		h.noteAsked(ctx, &node)
+		h.noteAsked(ctx, node)
 	}
-	return h.awaitTrafficCut(&node, pod), nil
-}
-
-// askedRefresh is how often the evictions of an unconfirmed drain renew
-// DrainAskedAtAnnotation: well inside --unconfirmed-claim-timeout (15 s), and
-// no more often than kubectl drain retries (every 5 s).
-const askedRefresh = 5 * time.Second
-
-// noteAsked records that the drain of a charged node whose charge is not yet
-// confirmed is still asking (its drainer retries behind a 429 of nodeguard's
-// or of a PodDisruptionBudget's), so that the termination controller does not
-// take it for a forged review and withdraw the charge. Best effort: a failed
-// write is logged, and the drainer's next retry writes again.
-func (h *EvictionHandler) noteAsked(ctx context.Context, node *corev1.Node) {
-	if !ngv1alpha1.DrainUnconfirmed(node) {
-		h.asked.Delete(node.UID) // confirmed: no renewal is written again
-		return
-	}
-	now := h.Clock.Now()
-	last, ok := ngv1alpha1.AnnotationTime(node, ngv1alpha1.DrainAskedAtAnnotation)
-	if !ok {
-		last, _ = ngv1alpha1.AnnotationTime(node, ngv1alpha1.DrainChargedAtAnnotation)
-	}
-	if now.Sub(last) < askedRefresh {
-		return
-	}
-	if v, wrote := h.asked.Load(node.UID); wrote && now.Sub(v.(time.Time)) < askedRefresh {
-		return // this replica wrote it; the cache has not shown it yet
-	}
-	h.asked.Store(node.UID, now)
-	patch := client.RawPatch(types.MergePatchType, fmt.Appendf(nil, `{"metadata":{"annotations":{%q:%q}}}`,
-		ngv1alpha1.DrainAskedAtAnnotation, ngv1alpha1.FormatTime(now)))
-	if err := h.Client.Patch(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: node.Name}}, patch); err != nil {
-		logf.FromContext(ctx).Info("Recording that an unconfirmed drain still asks", "node", node.Name, "error", err.Error())
-	}
-}
-
-// deletingCutWait holds the evictions from a node deleted under nodeguard's
-// finalizer until its traffic cut has ended, as nodeguard's own drain waits
-// for it: Karpenter (or any drainer of a deleted node) evicts as soon as the
-// node is deleted, while nodeguard is still setting its entries Down. The
-// cached node may lag the termination controller's TrafficCut condition,
-// which comes just before nodeguard's own evictions: a fresh read decides
-// before a refusal. Once nodeguard's finalizer is gone the cut is over (or
-// was not needed).
-func (h *EvictionHandler) deletingCutWait(ctx context.Context, node *corev1.Node, req admission.Request) (decision, bool, error) {
-	if !h.Traffic.Enabled || !ngv1alpha1.TerminatingUnderFinalizer(node) || h.cutOver(node) ||
-		(h.Self != "" && req.UserInfo.Username == h.Self) {
-		return decision{}, false, nil
-	}
-	var fresh corev1.Node
-	if err := h.Reader.Get(ctx, client.ObjectKey{Name: node.Name}, &fresh); err != nil {
-		if client.IgnoreNotFound(err) == nil {
-			return decision{}, false, nil
-		}
-		return decision{}, false, fmt.Errorf("reading node %s: %w", node.Name, err)
-	}
-	if !ngv1alpha1.TerminatingUnderFinalizer(&fresh) || h.cutOver(&fresh) {
-		return decision{}, false, nil
-	}
-	return decision{code: http.StatusTooManyRequests, reason: reasonTrafficCut, message: fmt.Sprintf(
-		"evicting pod %s/%s: node %s is being deleted and its load-balancer traffic is being cut (AdminState Down) before its pods go; retry in a few seconds",
-		req.Namespace, req.Name, node.Name)}, true, nil
-}
-
-// cutOver reports whether a deleted node's traffic cut has ended (the
-// TrafficCut condition) or, unless the policy is wait, --admin-state-timeout
-// has passed since its deletion.
-func (h *EvictionHandler) cutOver(node *corev1.Node) bool {
-	if _, ended := ngv1alpha1.TrafficCutEnded(node, h.Traffic.Wait); ended {
-		return true
-	}
-	return !h.Traffic.Wait && !h.Clock.Now().Before(node.DeletionTimestamp.Add(h.Traffic.Timeout))
-}
-
-// scaleDownHeld reports whether the node carries cluster-autoscaler's
-// scale-down taint and nodeguard's hold (--cluster-autoscaler-scale-down-hold)
-// has not let the scale-down go yet: its budget claim is not made, or the
-// node's traffic cut is not confirmed (nodeguard's delay-deletion annotation
-// is still on; internal/autoscaler removes it once both are done, or past
-// --admin-state-timeout). cluster-autoscaler does not cordon by default: it
-// taints and evicts at once, and its evictions must wait, or a scale-down the
-// budgets refuse would drain the node all the same, and its pods would go
-// while the load balancer still sends them connections. cluster-autoscaler
-// retries a refused eviction every 10 s for --max-pod-eviction-time (2 min),
-// then abandons the scale-down and removes its taint.
-func (h *EvictionHandler) scaleDownHeld(node *corev1.Node) bool {
-	if !ngv1alpha1.ScaleDownTainted(node) || !h.Signals.ScaleDownClaims() || otherSignal(node, h.Signals) {
-		return false
-	}
-	_, claimed := node.Annotations[ngv1alpha1.ScaleDownClaimedAnnotation]
-	_, holding := node.Annotations[ngv1alpha1.DelayDeletionAnnotation]
-	return !claimed || holding
-}
-
-// otherSignal reports whether the node carries a signal taint besides
-// cluster-autoscaler's that charges nothing (an out-of-service, shutdown or
-// spot-evicted node): such a node cannot wait for a scale-down's hold.
-func otherSignal(node *corev1.Node, signals *ngv1alpha1.Signals) bool {
-	return slices.ContainsFunc(node.Spec.Taints, func(t corev1.Taint) bool {
-		_, signal := signals.Of(t)
-		return signal && t.Key != ngv1alpha1.ClusterAutoscalerTaintKey && !signals.AwaitsDisruptionClaim(node, t)
-	})
-}
-
-// scaleDownWait is the 429 for an eviction from a node whose scale-down is
-// held: not yet charged to its budgets, or its traffic not yet cut.
-func (h *EvictionHandler) scaleDownWait(node *corev1.Node, pod string) decision {
-	if _, claimed := node.Annotations[ngv1alpha1.ScaleDownClaimedAnnotation]; claimed {
-		return decision{code: http.StatusTooManyRequests, reason: reasonTrafficCut, message: fmt.Sprintf(
-			"evicting pod %s: node %s's load-balancer traffic is being cut (AdminState Down) before its pods go; retry in a few seconds",
-			pod, node.Name)}
-	}
-	return decision{code: http.StatusTooManyRequests, reason: reasonScaleDownUnclaimed, message: fmt.Sprintf(
-		"cluster-autoscaler's scale-down of node %s is not admitted by its NodeDisruptionBudgets yet (nodeguard claims it when the node is tainted %s); retry: "+
-			"a scale-down the budgets keep refusing fails its drain, and cluster-autoscaler keeps the node", node.Name, ngv1alpha1.ClusterAutoscalerTaintKey)}
-}
-
-// withRecentMark puts the drain mark this replica wrote on a node the cache
-// shows without it yet.
-func (h *EvictionHandler) withRecentMark(node *corev1.Node) {
-	v, ok := h.recent.Load(node.UID)
-	if !ok {
-		return
-	}
-	marked := v.(*corev1.Node)
-	at, _ := ngv1alpha1.AnnotationTime(marked, ngv1alpha1.DrainChargedAtAnnotation)
-	if _, cached := ngv1alpha1.DrainCharged(node); cached || h.Clock.Since(at) > recentMarkLifetime || newerThan(node, marked) {
-		// The cache shows the mark, or a version of the node after it (the
-		// drain ended and its marks went): the mark stands in no more.
-		h.recent.Delete(node.UID)
-		return
-	}
-	*node = *marked
-}
-
-// newerThan reports whether a is a later version of the node than b.
-// ResourceVersions are opaque, but etcd's are increasing numbers; one that
-// does not parse is never newer, and the mark then stands in until its
-// lifetime ends, as before.
-func newerThan(a, b *corev1.Node) bool {
-	av, err1 := strconv.ParseUint(a.ResourceVersion, 10, 64)
-	bv, err2 := strconv.ParseUint(b.ResourceVersion, 10, 64)
-	return err1 == nil && err2 == nil && av > bv
+	return h.awaitTrafficCut(node, pod), nil
 }
 
 // disruptedBy names the disruption the node is already under, whose door
@@ -392,139 +261,4 @@ func disruptedBy(node *corev1.Node, signals *ngv1alpha1.Signals) string {
 		}
 	}
 	return ""
-}
-
-// firstCharge is the outcome of charging a node's drain, shared by the
-// evictions that asked at once.
-type firstCharge struct {
-	d      decision
-	marked *corev1.Node
-}
-
-// chargeFirst charges the drain of the node to its budgets and marks it, once
-// for all the evictions that ask at the same time; it returns the marked node
-// (nil when the rule let the drain go without a mark: the node's instance is
-// gone). A dry run decides alone and writes nothing.
-func (h *EvictionHandler) chargeFirst(ctx context.Context, node *corev1.Node, pod, user string, dryRun bool) (decision, *corev1.Node, error) {
-	if dryRun {
-		d, err := h.charge(ctx, node, pod, user, true)
-		return d, nil, err
-	}
-	v, err, _ := h.first.Do(string(node.UID), func() (any, error) {
-		d, err := h.charge(ctx, node, pod, user, false)
-		if err != nil || !d.allowed || d.reason == reasonInstanceGone {
-			return firstCharge{d: d}, err
-		}
-		marked, err := h.mark(ctx, node, user, pod, d.claimed)
-		return firstCharge{d: d, marked: marked}, err
-	})
-	fc, _ := v.(firstCharge)
-	return fc.d, fc.marked, err
-}
-
-// charge applies the rule to the drain. A maintenance Lease someone else holds
-// does not refuse it: a Lease holder that cordons and drains the node is the
-// drainer (the drain rule reads no Lease: budget.Rules), so a budget is all
-// that refuses.
-func (h *EvictionHandler) charge(ctx context.Context, node *corev1.Node, pod, user string, dryRun bool) (decision, error) {
-	v, err := h.Rule.Decide(ctx, node, dryRun)
-	if err != nil {
-		return decision{}, err
-	}
-	d := fromVerdict(v, wording{
-		refusing:  fmt.Sprintf("evicting pod %s from node %s (drain by %s)", pod, node.Name, user),
-		admitting: fmt.Sprintf("the drain of node %s by %s is", node.Name, user),
-		drain:     true,
-	})
-	if !d.allowed {
-		d.message += h.holders(ctx, d.denier)
-	}
-	if !dryRun {
-		h.record(node, user, d)
-	}
-	return d, nil
-}
-
-// holders names the nodes the refusing budget counts out, for the refusal.
-func (h *EvictionHandler) holders(ctx context.Context, ndb *ngv1alpha1.NodeDisruptionBudget) string {
-	if ndb == nil {
-		return ""
-	}
-	sel, err := budget.Selector(ndb)
-	if err != nil {
-		return ""
-	}
-	var nodes corev1.NodeList
-	if err := h.Nodes.List(ctx, &nodes, client.MatchingLabelsSelector{Selector: sel}); err != nil {
-		return ""
-	}
-	var out []string
-	for i := range nodes.Items {
-		if unavailable, why := budget.Unavailable(&nodes.Items[i], h.Signals); unavailable {
-			out = append(out, fmt.Sprintf("%s (%s)", nodes.Items[i].Name, why))
-		}
-	}
-	for name := range ndb.Status.DisruptedNodes {
-		if !slices.ContainsFunc(out, func(s string) bool { return strings.HasPrefix(s, name+" ") }) {
-			out = append(out, name+" (charged)")
-		}
-	}
-	if len(out) == 0 {
-		return ""
-	}
-	slices.Sort(out)
-	return "; held by " + strings.Join(out, ", ")
-}
-
-// mark records on the node that its drain was charged, by whom, and for the
-// eviction of which pod (what confirms the charge: see
-// ngv1alpha1.DrainFirstEvictionAnnotation). A failed write gives the charges
-// back: the eviction is refused with "retry".
-func (h *EvictionHandler) mark(ctx context.Context, node *corev1.Node, user, pod string, charged []budget.Charged) (*corev1.Node, error) {
-	marked := node.DeepCopy()
-	patch := client.MergeFrom(node)
-	ngv1alpha1.MarkDrainCharged(marked, h.Clock.Now(), user, pod)
-	if err := h.Client.Patch(ctx, marked, patch); err != nil {
-		if gerr := h.Rule.Claimer.GiveBack(ctx, charged, node.Name); gerr != nil {
-			logf.FromContext(ctx).Error(gerr, "Giving back the charges of a drain whose mark failed", "node", node.Name)
-		}
-		return nil, fmt.Errorf("marking the drain of node %s charged: %w", node.Name, err)
-	}
-	h.recent.Store(node.UID, marked)
-	return marked, nil
-}
-
-// awaitTrafficCut refuses evictions from a charged node ("retry") until its
-// traffic cut has ended (the TrafficCut condition) or, unless the policy is
-// wait, --admin-state-timeout after the charge.
-func (h *EvictionHandler) awaitTrafficCut(node *corev1.Node, pod string) decision {
-	if !h.Traffic.Enabled {
-		return decision{allowed: true, reason: reasonCharged, message: fmt.Sprintf("the drain of node %s is charged to its budgets", node.Name)}
-	}
-	if _, ended := ngv1alpha1.TrafficCutEnded(node, h.Traffic.Wait); ended {
-		return decision{allowed: true, reason: reasonCharged, message: fmt.Sprintf("the drain of node %s is charged and its traffic cut ended (condition %s)", node.Name, ngv1alpha1.TrafficCutCondition)}
-	}
-	chargedAt, ok := ngv1alpha1.AnnotationTime(node, ngv1alpha1.DrainChargedAtAnnotation)
-	left := chargedAt.Add(h.Traffic.Timeout).Sub(h.Clock.Now())
-	if ok && left <= 0 && !h.Traffic.Wait {
-		return decision{allowed: true, reason: reasonCharged, message: fmt.Sprintf(
-			"the drain of node %s is charged; Azure did not confirm its traffic cut within --admin-state-timeout (%s)", node.Name, h.Traffic.Timeout)}
-	}
-	return decision{code: http.StatusTooManyRequests, reason: reasonTrafficCut, message: fmt.Sprintf(
-		"evicting pod %s: node %s's load-balancer traffic is being cut (AdminState Down) before its pods go; retry in a few seconds",
-		pod, node.Name)}
-}
-
-// record emits the events of a charge decision on the node and the budgets.
-func (h *EvictionHandler) record(node *corev1.Node, user string, d decision) {
-	events := doorEvents{recorder: h.Recorder, action: actionAdmitEviction,
-		refusedReason: ReasonDrainDenied, admittedReason: ReasonDrainCharged}
-	switch {
-	case !d.allowed:
-		events.refused(node, d)
-	case d.reason == reasonCharged:
-		events.admitted(node, d.claimed, func(ndb string) string {
-			return fmt.Sprintf("drain of node %s by %s counted against NodeDisruptionBudget %s", node.Name, user, ndb)
-		}, d.message+": the node counts unavailable and its traffic is cut until it is schedulable and Ready again")
-	}
 }
