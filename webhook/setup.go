@@ -57,8 +57,7 @@ type Options struct {
 }
 
 // Register serves the webhooks on the manager's webhook server. Every replica
-// serves them; the Backfill controller is set up separately (it runs on the
-// leader only).
+// serves them; what the leader runs beside them is SetupLeader's.
 func Register(mgr ctrl.Manager, opts Options) error {
 	if opts.Rules.Deletion == nil || opts.Rules.Drain == nil {
 		return errors.New("webhook.Register: Options.Rules has no deletion or no drain rule")
@@ -99,6 +98,16 @@ func Register(mgr ctrl.Manager, opts Options) error {
 		Managed: opts.Managed, Recorder: recorder, Clock: clock.RealClock{}, Timeout: opts.DeleteTimeout,
 	}})
 	return registerEviction(mgr, opts, recorder)
+}
+
+// SetupLeader adds what the leader runs beside the webhooks: the backfill of
+// the finalizer on nodes the webhook did not see (SetupBackfill), and the
+// check of the webhooks' objectSelector against --node-selector (ScopeCheck).
+func SetupLeader(mgr ctrl.Manager, managed labels.Selector) error {
+	if err := SetupBackfill(mgr, managed); err != nil {
+		return err
+	}
+	return mgr.Add(&ScopeCheck{Reader: mgr.GetAPIReader(), Managed: managed, Recorder: mgr.GetEventRecorder("nodeguard-webhook")})
 }
 
 // warningsFor foresees drains with the drain's settings, if given. The

@@ -5,28 +5,23 @@ package main
 
 import (
 	"context"
-	"errors"
 	"flag"
 	"fmt"
-	"net/http"
 	"os"
-	"sync/atomic"
-	"time"
 
 	"k8s.io/utils/clock"
 	ctrl "sigs.k8s.io/controller-runtime"
-	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/healthz"
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
 
 	"github.com/nodeguard/nodeguard/azure"
 	"github.com/nodeguard/nodeguard/budget"
 	"github.com/nodeguard/nodeguard/internal/buildinfo"
-	"github.com/nodeguard/nodeguard/internal/clientca"
 	"github.com/nodeguard/nodeguard/internal/leader"
 	"github.com/nodeguard/nodeguard/internal/memlimit"
 	"github.com/nodeguard/nodeguard/internal/recorder"
 	"github.com/nodeguard/nodeguard/internal/uninstall"
+	ngwebhook "github.com/nodeguard/nodeguard/webhook"
 )
 
 func main() {
@@ -77,14 +72,11 @@ func run(opts options) error {
 		return fmt.Errorf("loading kubeconfig: %w", err)
 	}
 	leaseKey := opts.leader.Lease()
-	var clientCA *clientca.Bundle
-	if opts.webhookClientCA != "" {
-		if clientCA, err = clientca.Load(opts.webhookClientCA); err != nil {
-			return err
-		}
-		clientca.QuietLoopbackHandshakeErrors(os.Stderr)
+	webhookServer, err := opts.webhook.NewServer(serverTLS)
+	if err != nil {
+		return err
 	}
-	mgr, err := ctrl.NewManager(cfg, managerOptions(opts, leaseKey, clientCA))
+	mgr, err := ctrl.NewManager(cfg, managerOptions(opts, leaseKey, webhookServer))
 	if err != nil {
 		return fmt.Errorf("creating manager: %w", err)
 	}
@@ -114,17 +106,7 @@ func run(opts options) error {
 	if err := mgr.AddHealthzCheck("ping", healthz.Ping); err != nil {
 		return err
 	}
-	readyz := healthz.Ping
-	if opts.webhookPort >= 0 {
-		readyz = mgr.GetWebhookServer().StartedChecker()
-	}
-	if err := mgr.AddReadyzCheck("webhook", readyz); err != nil {
-		return err
-	}
-	// The webhook server starts before the caches; until they sync, every
-	// decision read from them waits out its time budget and answers
-	// "retry", so a replica is not Ready (no Service traffic) before then.
-	if err := mgr.AddReadyzCheck("caches", cachesSynced(mgr.GetCache())); err != nil {
+	if err := ngwebhook.AddReadyzChecks(mgr, opts.webhook.Serving()); err != nil {
 		return err
 	}
 	err = mgr.Start(ctrl.SetupSignalHandler())
@@ -148,22 +130,4 @@ func newRules(mgr ctrl.Manager, opts options, adminState *azure.Manager) budget.
 		instances = adminState
 	}
 	return budget.NewRules(budget.NewClaimer(mgr, opts.signals.Table), mgr.GetAPIReader(), instances, clock.RealClock{})
-}
-
-// cachesSynced is a readiness check that passes once the manager's informer
-// caches have synced, and from then on without asking again.
-func cachesSynced(c cache.Cache) healthz.Checker {
-	var synced atomic.Bool
-	return func(req *http.Request) error {
-		if synced.Load() {
-			return nil
-		}
-		ctx, cancel := context.WithTimeout(req.Context(), 100*time.Millisecond)
-		defer cancel()
-		if !c.WaitForCacheSync(ctx) {
-			return errors.New("informer caches not synced yet")
-		}
-		synced.Store(true)
-		return nil
-	}
 }

@@ -12,13 +12,10 @@ import (
 	"github.com/nodeguard/nodeguard/azure/taintwatch"
 	"github.com/nodeguard/nodeguard/budget"
 	"github.com/nodeguard/nodeguard/finalizer"
+	"github.com/nodeguard/nodeguard/internal/autoscaler"
 	"github.com/nodeguard/nodeguard/internal/leader"
 	"github.com/nodeguard/nodeguard/webhook"
 )
-
-// maxWebhookTimeout is the largest timeoutSeconds a webhook configuration
-// may have.
-const maxWebhookTimeout = 30 * time.Second
 
 // minGracefulShutdown is the shortest stop with a grace: on shutdown Go's HTTP
 // server waits up to 6 s for connections opened but not yet used, which
@@ -32,24 +29,20 @@ type options struct {
 	probeAddr               string
 	pprofAddr               string
 	memoryLimitRatio        float64
-	webhookPort             int
-	webhookCertDir          string
 	gracefulShutdown        time.Duration
 	nodeSelector            string
 	managed                 labels.Selector // --node-selector, parsed
-	deleteTimeout           time.Duration
-	warningsWait            time.Duration
 	claimTimeout            time.Duration
 	unconfirmedClaimTimeout time.Duration
 	signalTaints            string
-	scaleDownHold           bool
 	outsideDrains           bool
-	webhookClientCA         string
 	signalAdminState        string
 	// signals are --signal-taints, --signal-admin-state and
 	// --cluster-autoscaler-scale-down-hold, built once by validate and
 	// handed to every component that reads them.
 	signals     azure.Signals
+	webhook     webhook.Flags
+	autoscaler  autoscaler.Options
 	azure       azure.Options
 	taintWatch  taintwatch.Options
 	termination finalizer.Flags
@@ -67,25 +60,17 @@ func (o *options) bind(fs *flag.FlagSet) {
 		"Address of Go's /debug/pprof endpoints (plain HTTP, no authentication: bind it to localhost or a port-forward only); \"0\" disables it.")
 	fs.Float64Var(&o.memoryLimitRatio, "memory-limit-ratio", 0.9,
 		"Fraction of the container's memory limit (its cgroup's) set as the Go runtime's soft memory limit, so that garbage collection tightens before the kernel kills the process at the limit; 0 leaves the runtime's default. GOMEMLIMIT, when set, wins.")
-	fs.IntVar(&o.webhookPort, "webhook-port", 9443,
-		"Port of the admission webhook server (HTTPS); a negative value disables it.")
-	fs.StringVar(&o.webhookCertDir, "webhook-cert-dir", "/tmp/k8s-webhook-server/serving-certs",
-		"Directory holding the webhook serving certificate as tls.crt and tls.key (for example a mounted cert-manager Secret); rotated files are reloaded without a restart.")
-	fs.StringVar(&o.webhookClientCA, "webhook-client-ca", "",
-		"PEM file of the CA(s) that sign the API server's client certificate for webhooks (kube-apiserver --admission-control-config-file). When set, the webhook server refuses, in the TLS handshake, every caller without a certificate they verify; a changed file is reloaded without a restart. Empty: any caller may connect (restrict it with the NetworkPolicy).")
+	o.webhook.BindFlags(fs)
 	o.leader.BindFlags(fs)
 	fs.StringVar(&o.nodeSelector, "node-selector", "",
 		"Label selector of the nodes nodeguard manages (finalizer, budgets, drain), e.g. 'kubernetes.azure.com/mode=user'. Empty manages every node.")
-	fs.DurationVar(&o.deleteTimeout, "delete-admission-timeout", webhook.DefaultDeleteTimeout,
-		"Time budget of one node DELETE, NodeClaim DELETE or eviction decision, including retries of conflicting budget claims; past it the request is denied with 429 'retry'. Keep it below those webhooks' timeoutSeconds (5 in the shipped manifests; the Helm chart derives both from webhook.timeoutSeconds), or the API server gives up first (and admits an eviction: its failurePolicy is Ignore).")
-	fs.DurationVar(&o.warningsWait, "delete-warnings-wait", webhook.DefaultWarningsWait,
-		"How long an admitted node DELETE's answer waits, past its decision, for the warnings of what the node's drain will meet (kubectl prints them: blocked PDBs, do-not-evict pods, pods under several PDBs, pods without a controller or with emptyDir data, the drain deadline). They are computed while the delete is decided; those not ready in time are left out (nodeguard_delete_warnings_left_out_total). 0 turns them off.")
 	fs.DurationVar(&o.claimTimeout, "disruption-claim-timeout", budget.DefaultClaimTimeout,
 		"How long a NodeDisruptionBudget keeps charging an admitted deletion whose node has not started deleting (a later admission step denied it) before giving it back.")
 	fs.DurationVar(&o.unconfirmedClaimTimeout, "unconfirmed-claim-timeout", budget.DefaultUnconfirmedClaimTimeout,
 		"How long after its admission a disruption claim may wait for its node to show the disruption under way (deleting, draining, or scaled down) before it is given back (Warning event DisruptionClaimUnconfirmed): "+
 			"an admitted delete sets the node's deletionTimestamp within milliseconds, so such a claim is a delete a later admission step denied, or a forged admission review. "+
 			"The node is read fresh from the API server first. The same timeout withdraws the charge of a drain nodeguard did not start when no eviction from the node was carried out, or asked again, since its charging eviction review (Warning event DrainChargeWithdrawn). 0 turns it off (only --disruption-claim-timeout applies); otherwise at least 5s (the webhook timeout) and below --disruption-claim-timeout, and raised to three times --delete-admission-timeout when lower (an admission that charged a budget is over by then).")
+	o.autoscaler.BindFlags(fs)
 	o.termination = finalizer.NewFlags()
 	o.termination.BindFlags(fs)
 	fs.StringVar(&o.signalTaints, "signal-taints", ngv1alpha1.FormatSignalTaints(ngv1alpha1.DefaultSignalTaints),
@@ -95,10 +80,6 @@ func (o *options) bind(fs *flag.FlagSet) {
 		"Who sets load-balancer admin state for the signal taints: 'nodeguard', or 'cloud-provider' when cloud-provider-azure sets it itself "+
 			"(its design sets Down for the out-of-service, shutdown and spot-eviction taints). With 'cloud-provider' nodeguard still cuts the traffic of the nodes it drains. "+
 			"Either way nodeguard never restores None on a node that carries a signal taint either of them honours.")
-	fs.BoolVar(&o.scaleDownHold, "cluster-autoscaler-scale-down-hold", true,
-		"Charge cluster-autoscaler's scale-downs to NodeDisruptionBudgets: keep the annotation "+ngv1alpha1.DelayDeletionAnnotation+" on every managed node, "+
-			"and remove it from a node tainted "+ngv1alpha1.ClusterAutoscalerTaintKey+" once every budget of the node admitted the scale-down and its traffic cut is confirmed. "+
-			"cluster-autoscaler waits for it up to its --node-deletion-delay-timeout (2m by default) before it deletes the VM. false removes the annotations nodeguard set.")
 	fs.BoolVar(&o.outsideDrains, "outside-drains", true,
 		"Count drains nodeguard did not start (kubectl drain, AKS upgrades, reboot daemons) against NodeDisruptionBudgets and cut their traffic first: "+
 			"the first eviction from a cordoned node charges the node's budgets (429 while they have no room) until the node is schedulable and Ready again. "+
@@ -114,7 +95,7 @@ func (o *options) bind(fs *flag.FlagSet) {
 
 // unconfirmedFloor is the shortest --unconfirmed-claim-timeout: three times
 // --delete-admission-timeout.
-func (o *options) unconfirmedFloor() time.Duration { return 3 * o.deleteTimeout }
+func (o *options) unconfirmedFloor() time.Duration { return 3 * o.webhook.DeleteTimeout }
 
 func (o *options) validate() error {
 	if o.memoryLimitRatio < 0 || o.memoryLimitRatio > 1 {
@@ -128,7 +109,7 @@ func (o *options) validate() error {
 	if err != nil {
 		return fmt.Errorf("--signal-admin-state %w", err)
 	}
-	o.signals = azure.Signals{Table: ngv1alpha1.NewSignals(table, o.scaleDownHold), Mode: mode}
+	o.signals = azure.Signals{Table: ngv1alpha1.NewSignals(table, o.autoscaler.Hold), Mode: mode}
 	o.taintWatch.Signals = o.signals
 	if o.managed, err = labels.Parse(o.nodeSelector); err != nil {
 		return fmt.Errorf("--node-selector %q: %w", o.nodeSelector, err)
@@ -137,8 +118,8 @@ func (o *options) validate() error {
 	if err := o.taintWatch.Validate(); err != nil {
 		return err
 	}
-	if o.deleteTimeout <= 0 || o.deleteTimeout >= maxWebhookTimeout {
-		return fmt.Errorf("--delete-admission-timeout (%s) must be positive and below the longest webhook timeoutSeconds the API server allows (%s)", o.deleteTimeout, maxWebhookTimeout)
+	if err := o.webhook.Validate(); err != nil {
+		return err
 	}
 	if g := o.gracefulShutdown; g < 0 || (g > 0 && g < minGracefulShutdown) {
 		return fmt.Errorf("--graceful-shutdown-timeout (%s) must be 0 (exit at once) or at least %s", g, minGracefulShutdown)

@@ -31,7 +31,6 @@ import (
 	"github.com/nodeguard/nodeguard/finalizer"
 	"github.com/nodeguard/nodeguard/finalizer/drain"
 	"github.com/nodeguard/nodeguard/internal/autoscaler"
-	"github.com/nodeguard/nodeguard/internal/clientca"
 	"github.com/nodeguard/nodeguard/karpenter"
 	ngwebhook "github.com/nodeguard/nodeguard/webhook"
 )
@@ -94,15 +93,14 @@ func setupAgentPools(mgr ctrl.Manager, adminState *azure.Manager) (*agentpools.P
 // release of nodes Karpenter left tainted after a denied NodeClaim delete, the
 // cluster-autoscaler integration (the scale-down hold and the
 // scale-down-disabled annotation) and the NodeDisruptionBudget status
-// controller.
-// rules decide every door; their claimer is shared by every budget write.
-// upgrades (nil: off) gives the budget webhook and status controller the AKS
-// agent pools' upgrade settings to judge.
+// controller. rules decide every door; their claimer is shared by every
+// budget write. upgrades (nil: off) gives the budget webhook and status
+// controller the AKS agent pools' upgrade settings to judge.
 func setupGuard(mgr ctrl.Manager, opts options, adminState *azure.Manager, rules budget.Rules, upgrades *agentpools.Poller) error {
 	managed, claimer := opts.managed, rules.Deletion.Claimer
-	if opts.webhookPort >= 0 {
-		wo := ngwebhook.Options{Managed: managed, DeleteTimeout: opts.deleteTimeout, Rules: rules, Signals: opts.signals.Table,
-			IgnoreOutsideDrains: !opts.outsideDrains, Drain: opts.termination.Foresight(), WarningsWait: opts.warningsWait,
+	if opts.webhook.Serving() {
+		wo := ngwebhook.Options{Managed: managed, Rules: rules, Signals: opts.signals.Table, IgnoreOutsideDrains: !opts.outsideDrains,
+			DeleteTimeout: opts.webhook.DeleteTimeout, WarningsWait: opts.webhook.WarningsWait, Drain: opts.termination.Foresight(),
 			UpgradeNodeTime: opts.azure.UpgradeNodeTime}
 		if adminState != nil {
 			wo.Traffic = ngwebhook.TrafficGate{Enabled: true, Timeout: opts.termination.AdminStateTimeout,
@@ -115,25 +113,17 @@ func setupGuard(mgr ctrl.Manager, opts options, adminState *azure.Manager, rules
 			return err
 		}
 	}
-	// The finalizer's backfill; the release of nodes Karpenter left tainted.
-	if err := errors.Join(ngwebhook.SetupBackfill(mgr, managed), karpenter.SetupRelease(mgr)); err != nil {
+	// The finalizer's backfill and the webhooks' scope check; the release of
+	// nodes Karpenter left tainted.
+	if err := errors.Join(ngwebhook.SetupLeader(mgr, managed), karpenter.SetupRelease(mgr)); err != nil {
 		return err
 	}
-	if err := mgr.Add(&ngwebhook.ScopeCheck{Reader: mgr.GetAPIReader(), Managed: managed,
-		Recorder: mgr.GetEventRecorder("nodeguard-webhook")}); err != nil {
-		return err
-	}
-	hold := &autoscaler.HoldReconciler{Client: mgr.GetClient(), Rule: rules.Deletion,
-		Managed: managed, Recorder: mgr.GetEventRecorder("nodeguard-scale-down"), Clock: clock.RealClock{},
-		AdminStateTimeout: opts.termination.AdminStateTimeout, Disabled: !opts.scaleDownHold, Signals: opts.signals}
+	scaleDown := opts.autoscaler // --cluster-autoscaler-scale-down-hold
+	scaleDown.Managed, scaleDown.Rule, scaleDown.Signals, scaleDown.AdminStateTimeout = managed, rules.Deletion, opts.signals, opts.termination.AdminStateTimeout
 	if adminState != nil { // never a typed nil in the interface
-		hold.AdminState = adminState
+		scaleDown.AdminState = adminState
 	}
-	if err := hold.SetupWithManager(mgr); err != nil {
-		return err
-	}
-	if err := (&autoscaler.ScaleDownReconciler{Client: mgr.GetClient(), Managed: managed, Clock: clock.RealClock{},
-		Recorder: mgr.GetEventRecorder("nodeguard-scale-down")}).SetupWithManager(mgr); err != nil {
+	if err := autoscaler.Setup(mgr, scaleDown); err != nil {
 		return err
 	}
 	status := &budget.StatusReconciler{Client: mgr.GetClient(), Reader: mgr.GetAPIReader(), Clock: clock.RealClock{},
@@ -151,20 +141,17 @@ func setupGuard(mgr ctrl.Manager, opts options, adminState *azure.Manager, rules
 // +kubebuilder:rbac:groups=authentication.k8s.io,resources=tokenreviews,verbs=create
 // +kubebuilder:rbac:groups=authorization.k8s.io,resources=subjectaccessreviews,verbs=create
 
-// managerOptions configures the manager; clientCA, when not nil, makes the
-// webhook server require client certificates it signed.
-func managerOptions(opts options, lease types.NamespacedName, clientCA *clientca.Bundle) ctrl.Options {
-	// HTTP/2 is off for the webhook and metrics servers (CVE-2023-44487/39325);
-	// TLS 1.2 is the minimum.
-	tlsOpts := []func(*tls.Config){func(c *tls.Config) {
-		c.NextProtos = []string{"http/1.1"}
-		c.MinVersion = tls.VersionTLS12
-	}}
-	webhookTLS := tlsOpts
-	if clientCA != nil {
-		webhookTLS = append(slices.Clip(tlsOpts), clientCA.RequireClientCert)
-	}
-	metrics := metricsserver.Options{BindAddress: opts.metricsAddr, SecureServing: opts.metricsSecure, TLSOpts: tlsOpts}
+// serverTLS is the TLS of the webhook and metrics servers: HTTP/2 is off
+// (CVE-2023-44487/39325); TLS 1.2 is the minimum.
+var serverTLS = []func(*tls.Config){func(c *tls.Config) {
+	c.NextProtos = []string{"http/1.1"}
+	c.MinVersion = tls.VersionTLS12
+}}
+
+// managerOptions configures the manager, with the webhook server built from
+// the webhook's flags.
+func managerOptions(opts options, lease types.NamespacedName, webhookServer webhook.Server) ctrl.Options {
+	metrics := metricsserver.Options{BindAddress: opts.metricsAddr, SecureServing: opts.metricsSecure, TLSOpts: serverTLS}
 	if opts.metricsSecure {
 		metrics.FilterProvider = filters.WithAuthenticationAndAuthorization
 	}
@@ -173,7 +160,7 @@ func managerOptions(opts options, lease types.NamespacedName, clientCA *clientca
 		Metrics:                 metrics,
 		HealthProbeBindAddress:  opts.probeAddr,
 		PprofBindAddress:        opts.pprofAddr,
-		WebhookServer:           webhook.NewServer(webhook.Options{Port: opts.webhookPort, CertDir: opts.webhookCertDir, TLSOpts: webhookTLS}),
+		WebhookServer:           webhookServer,
 		GracefulShutdownTimeout: ptr.To(opts.gracefulShutdown),
 		Cache: cache.Options{
 			// Managed fields are most of a Node's bytes and nodeguard never
