@@ -1,8 +1,3 @@
-// Package webhook is nodeguard's admission webhook for Nodes: it keeps the
-// termination finalizer on every managed node (finalizer.go, backfill.go) and
-// admits a node deletion only within every matching NodeDisruptionBudget and
-// outside another party's maintenance hold (delete.go). It also refuses a
-// NodeDisruptionBudget whose spec the deletes could not evaluate (budget.go).
 package webhook
 
 import (
