@@ -1,15 +1,3 @@
-// Package azure sets the Azure Load Balancer backend admin state of nodes:
-// Down while a node is leaving service, None otherwise. A Manager keeps the
-// desired state per node (keyed by UID), and its workers apply it per backend
-// pool: lock, fresh Get, set AdminState on every entry whose node's desired
-// state differs, and at most one CreateOrUpdate with If-Match. Errors are
-// classified in errors.go: 404 is stale (dropped quietly); 429 parks the pool
-// until Retry-After, and when another operation keeps the load balancer busy
-// it spends no retry; 412 is re-read at once; 409 and a canceled long-running
-// write retry after a fresh Get; everything else is terminal.
-//
-// Sub-packages: config (azure.json, flags, credentials), armclient (the ARM
-// client, throttling gate and call metrics) and backends (node → entries).
 package azure
 
 import (

@@ -3,6 +3,8 @@ package azure
 import (
 	"fmt"
 	"time"
+
+	corev1 "k8s.io/api/core/v1"
 )
 
 // Event reasons on the Node (an API: keep them stable).
@@ -127,4 +129,32 @@ func revertedRestoreEvent(pool, entry string, restoredAt time.Time) event {
 func ignoredRecordEvent(r IgnoredRecord) event {
 	return event{warning: true, reason: ReasonRecordIgnored,
 		note: fmt.Sprintf("%v. nodeguard reads a pool's record only from the Lease it keeps for that pool (%s), and ignores this one: what it lists changes nothing nodeguard does.", r, leaseName(r.Pool))}
+}
+
+// pendingEvent is an event for a node, emitted once m.mu is released.
+type pendingEvent struct {
+	node *nodeState
+	ev   event
+}
+
+// emit records events, one per node, reason and pool per tick.
+func (m *Manager) emit(ev *tickEvents, events []pendingEvent) {
+	if m.recorder == nil {
+		return
+	}
+	for _, e := range events {
+		k := fmt.Sprintf("%s/%d/%s/%s", e.node.uid, e.node.gen, e.ev.reason, e.ev.pool)
+		ev.mu.Lock()
+		dup := ev.seen[k]
+		ev.seen[k] = true
+		ev.mu.Unlock()
+		if dup {
+			continue
+		}
+		typ := corev1.EventTypeNormal
+		if e.ev.warning {
+			typ = corev1.EventTypeWarning
+		}
+		m.recorder.Eventf(regarding(e.node), nil, typ, e.ev.reason, eventAction, "%s", e.ev.note)
+	}
 }

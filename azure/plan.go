@@ -52,94 +52,154 @@ type poolPlan struct {
 // With noDown (the record could not be saved), no entry is set Down nor
 // recorded for a new node: those nodes are held, and the restores go ahead.
 func planPool(pool *armnetwork.BackendAddressPool, keys []string, snap snapshot, rec poolRecord, noDown bool) poolPlan {
-	plan := poolPlan{changed: map[string]bool{}, matched: map[string]bool{}, restoredAgain: poolRecord{}, held: map[string]bool{}, left: map[string]bool{}}
+	p := newPlanning(snap, rec, noDown)
+	for i, k := range keys {
+		p.entry(pool.Properties.LoadBalancerBackendAddresses[i], k)
+	}
+	p.entriesGone()
+	p.records()
+	return p.plan
+}
+
+// planning is planPool's state while it goes through the pool's entries.
+type planning struct {
+	snap   snapshot
+	rec    poolRecord
+	noDown bool
+	plan   poolPlan
+	// before is the record as it must stand before the write.
+	before poolRecord
+	// leaving: entries that leave the record once the write succeeded;
+	// restoring: entries this write restores that stay recorded as
+	// restored; seen: the entries found in the pool.
+	leaving, restoring, seen map[string]bool
+}
+
+func newPlanning(snap snapshot, rec poolRecord, noDown bool) *planning {
 	before := maps.Clone(rec)
 	if before == nil {
 		before = poolRecord{}
 	}
-	release := map[string]bool{}
-	restore := map[string]bool{}
-	seen := map[string]bool{}
-	for i, k := range keys {
-		e := pool.Properties.LoadBalancerBackendAddresses[i]
-		name := entryName(e)
-		if name == "" {
+	return &planning{
+		snap: snap, rec: rec, noDown: noDown, before: before,
+		plan:    poolPlan{changed: map[string]bool{}, matched: map[string]bool{}, restoredAgain: poolRecord{}, held: map[string]bool{}, left: map[string]bool{}},
+		leaving: map[string]bool{}, restoring: map[string]bool{}, seen: map[string]bool{},
+	}
+}
+
+// entry plans one entry of the pool, k the node it belongs to ("" when
+// none).
+func (p *planning) entry(e *armnetwork.LoadBalancerBackendAddress, k string) {
+	name := entryName(e)
+	if name == "" {
+		return
+	}
+	p.seen[name] = true
+	o, owned := p.rec[name]
+	if owned {
+		p.plan.matched[string(o.UID)] = true
+	}
+	if k != "" {
+		p.plan.matched[k] = true
+	}
+	down := isDown(e.Properties.AdminState)
+	switch {
+	case k != "" && p.snap.desired[k] == AdminStateDown:
+		p.setDown(e, name, k, o, owned, down)
+	case owned && o.restored():
+		p.keepRestored(e, name, k, o, down)
+	case owned && (o.UID == types.UID(k) || p.snap.due[o.UID]):
+		p.restore(e, name, k, o, down)
+	case owned && !down:
+		p.leaving[name] = true
+	}
+}
+
+// setDown plans the entry of node k, whose desired state is Down: set Down
+// and recorded for k unless it is Down already. A Down recorded for another
+// node (a gone one with the same identity), or restored, passes to k as a
+// Down. With noDown, k is held instead.
+func (p *planning) setDown(e *armnetwork.LoadBalancerBackendAddress, name, k string, o owner, owned, down bool) {
+	takeOver := owned && (o.UID != types.UID(k) || o.restored())
+	if p.noDown {
+		if !down || takeOver {
+			p.plan.held[k] = true
+		}
+		return
+	}
+	if !down {
+		setState(e, AdminStateDown)
+		p.plan.changed[k] = true
+	}
+	if !down || takeOver {
+		p.before[name] = owner{UID: types.UID(k), Node: p.snap.names[types.UID(k)]}
+	}
+}
+
+// keepRestored plans an entry restored to None and still recorded: set None
+// again while its hold lasts, out of the record once it is over.
+func (p *planning) keepRestored(e *armnetwork.LoadBalancerBackendAddress, name, k string, o owner, down bool) {
+	switch {
+	case p.snap.desired[string(o.UID)] == AdminStateDown:
+		// Its node is Down again: its own work records the entry.
+	case !p.snap.holdsRestore(o, k):
+		p.leaving[name] = true
+	case down:
+		setState(e, AdminStateNone)
+		p.plan.changed[string(o.UID)] = true
+		p.plan.restoredAgain[name] = o
+	}
+}
+
+// restore plans an entry recorded Down for its node, now None, or for a
+// gone node that is due: set None, then recorded as restored while
+// --azure-admin-state-restore-hold lasts (a gone node's leaves the record).
+func (p *planning) restore(e *armnetwork.LoadBalancerBackendAddress, name, k string, o owner, down bool) {
+	if down {
+		setState(e, AdminStateNone)
+		p.plan.changed[string(o.UID)] = true
+	}
+	if o.UID == types.UID(k) && p.snap.hold > 0 {
+		p.restoring[name] = true
+	} else {
+		p.leaving[name] = true
+	}
+}
+
+// entriesGone takes the recorded entries that are no longer in the pool
+// (their owner removed them) out of the record; a Down among them is noted
+// as left.
+func (p *planning) entriesGone() {
+	for name, o := range p.rec {
+		if p.seen[name] {
 			continue
 		}
-		seen[name] = true
-		o, owned := rec[name]
-		if owned {
-			plan.matched[string(o.UID)] = true
-		}
-		if k != "" {
-			plan.matched[k] = true
-		}
-		down := isDown(e.Properties.AdminState)
-		switch {
-		case k != "" && snap.desired[k] == AdminStateDown:
-			if noDown {
-				if !down || (owned && (o.UID != types.UID(k) || o.restored())) {
-					plan.held[k] = true
-				}
-				continue
-			}
-			if !down {
-				setState(e, AdminStateDown)
-				plan.changed[k] = true
-			}
-			if !down || (owned && (o.UID != types.UID(k) || o.restored())) {
-				before[name] = owner{UID: types.UID(k), Node: snap.names[types.UID(k)]}
-			}
-		case owned && o.restored():
-			switch {
-			case snap.desired[string(o.UID)] == AdminStateDown:
-				// Its node is Down again: its own work records the entry.
-			case !snap.holdsRestore(o, k):
-				release[name] = true
-			case down:
-				setState(e, AdminStateNone)
-				plan.changed[string(o.UID)] = true
-				plan.restoredAgain[name] = o
-			}
-		case owned && (o.UID == types.UID(k) || snap.due[o.UID]):
-			if down {
-				setState(e, AdminStateNone)
-				plan.changed[string(o.UID)] = true
-			}
-			if o.UID == types.UID(k) && snap.hold > 0 {
-				restore[name] = true
-			} else {
-				release[name] = true
-			}
-		case owned && !down:
-			release[name] = true
+		p.plan.matched[string(o.UID)] = true
+		p.leaving[name] = true
+		if !o.restored() {
+			p.plan.left[string(o.UID)] = true
 		}
 	}
-	for name, o := range rec {
-		if !seen[name] {
-			plan.matched[string(o.UID)] = true
-			release[name] = true
-			if !o.restored() {
-				plan.left[string(o.UID)] = true
-			}
-		}
-	}
-	after := maps.Clone(before)
-	for name := range release {
+}
+
+// records sets the record to save before the write and the one once it
+// succeeded, each left nil when unchanged.
+func (p *planning) records() {
+	after := maps.Clone(p.before)
+	for name := range p.leaving {
 		delete(after, name)
 	}
-	for name := range restore {
+	for name := range p.restoring {
 		o := after[name]
-		o.RestoredAt, o.GoneSince = ngv1alpha1.FormatTime(snap.now), ""
+		o.RestoredAt, o.GoneSince = ngv1alpha1.FormatTime(p.snap.now), ""
 		after[name] = o
 	}
-	if !maps.Equal(before, rec) {
-		plan.before = before
+	if !maps.Equal(p.before, p.rec) {
+		p.plan.before = p.before
 	}
-	if !maps.Equal(after, before) {
-		plan.after = after
+	if !maps.Equal(after, p.before) {
+		p.plan.after = after
 	}
-	return plan
 }
 
 // holdsRestore reports whether a restored entry, matched to node k, is

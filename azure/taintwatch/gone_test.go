@@ -128,7 +128,7 @@ func TestUnreadableRecordIsSkipped(t *testing.T) {
 	}
 }
 
-// recordLeaseName is the name of a pool's record Lease (azure/records.go).
+// recordLeaseName is the name of a pool's record Lease (azure/leaserecords.go).
 func recordLeaseName(pool string) string {
 	sum := sha256.Sum256([]byte(pool))
 	return "lb-admin-state-" + hex.EncodeToString(sum[:10])
