@@ -12,6 +12,30 @@ import (
 	"github.com/Azure/azure-sdk-for-go/sdk/azidentity"
 )
 
+// Credential kinds (--azure-credential).
+const (
+	CredentialAuto             = "auto"
+	CredentialWorkloadIdentity = "workload-identity"
+	CredentialManagedIdentity  = "managed-identity"
+	CredentialClientSecret     = "client-secret"
+	// CredentialNone sends a placeholder token: for ARM emulators only.
+	CredentialNone = "none"
+)
+
+// CredentialConfig says how to authenticate.
+type CredentialConfig struct {
+	// Kind is the chosen kind (never CredentialAuto).
+	Kind          string
+	TenantID      string
+	ClientID      string
+	ClientSecret  string
+	TokenFile     string
+	AuthorityHost string
+	// ManagedIdentityID is a user-assigned identity: a resource ID when it
+	// contains "/subscriptions/", else a client ID; empty: system-assigned.
+	ManagedIdentityID string
+}
+
 // chooseCredential picks the credential in cloud-provider-azure's order:
 // workload identity (a federated token file is configured), then managed
 // identity (useManagedIdentityExtension), then client secret.
