@@ -1,8 +1,3 @@
-// Package plugin is `kubectl nodeguard`: it reads the cluster, never writes
-// it, and says why a node is still there (why), what removing nodes will run
-// into and how long it may take (plan), and what each NodeDisruptionBudget
-// counts out (budgets). What a drain will meet comes from finalizer/foresight,
-// the same reading nodeguard's admission warnings give.
 package plugin
 
 import (
