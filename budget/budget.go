@@ -1,6 +1,21 @@
-// Package budget evaluates NodeDisruptionBudgets: which nodes a budget selects,
-// which of them are unavailable, how many more may be disrupted, and (in
-// claim.go) the conditional status write that admits one node against a budget.
+// Package budget decides whether a node may be disrupted now, against the
+// NodeDisruptionBudgets that select it, and keeps their status:
+//
+//   - rule.go: Rule, the one decision every door calls (an instance gone,
+//     a maintenance Lease hold, the budgets, a dry run); the order of its
+//     checks lives there only;
+//   - budget.go: which nodes a budget selects, which of them are unavailable,
+//     and how many more may be disrupted (Evaluate); window.go its
+//     disruption windows; maintenance.go the maintenance Lease holds;
+//   - charge.go: the budgets selecting a node, charged all or none, and given
+//     back; claim.go: the conditional status write that admits one node
+//     against one budget (Claimer), with commit.go its group commit, apply.go
+//     a round's changes applied in order, and prune.go when a claim may leave
+//     status.disruptedNodes;
+//   - status.go: the status controller, with condition.go its conditions,
+//     warnings.go its Warning events, upgrade.go the judgement of the AKS
+//     upgrade settings (status.agentPools, UpgradeSettingsFit) and nodes.go
+//     the cached nodes it reads; events.go and metrics.go.
 package budget
 
 import (

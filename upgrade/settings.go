@@ -1,10 +1,3 @@
-// Package upgrade is what nodeguard knows of AKS upgrades: an agent pool's
-// upgrade settings, how many of its nodes an upgrade drains at once, and
-// whether the settings and a NodeDisruptionBudget can both hold (an upgrade
-// that waits on the budget longer than its drain timeout fails the node).
-// The settings are read from Azure Resource Manager (azure/agentpools); this
-// package only judges them, so the budget controller and the kubectl plugin
-// judge alike.
 package upgrade
 
 import (

@@ -1,9 +1,3 @@
-// Package v1alpha1 holds the nodeguard.io/v1alpha1 API (NodeDisruptionBudget)
-// and the well-known names nodeguard puts on core objects. It imports only
-// apimachinery, so that any package can use it.
-//
-// +kubebuilder:object:generate=true
-// +groupName=nodeguard.io
 package v1alpha1
 
 import (

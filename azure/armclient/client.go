@@ -1,7 +1,3 @@
-// Package armclient is nodeguard's Azure Resource Manager client for load
-// balancers, backend address pools and NICs: the armnetwork SDK clients with a
-// throttling gate (429 → *ThrottleError), If-Match on pool writes, polling of
-// long-running writes to completion, and a metrics wrapper.
 package armclient
 
 import (

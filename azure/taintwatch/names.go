@@ -1,23 +1,3 @@
-// Package taintwatch is nodeguard's taint watcher. It turns a node's signals into
-// load-balancer admin state and into the spot-eviction taint:
-//
-//   - Watcher (leader only) watches Nodes and reacts only to changes of the
-//     inputs of azure.DesiredState: the signal taints (--signal-taints), nodeguard's
-//     draining taint, and deletion under nodeguard's finalizer. It hands a
-//     node that must be Down to the admin-state manager at once, after
-//     recording that nodeguard took it Down (ngv1alpha1.AdminStateDownAnnotation;
-//     not on a node being deleted, which is never restored while it exists).
-//     When every signal is gone it restores None, but only on nodes carrying
-//     that annotation, so nodeguard never overrides another tool's choice.
-//     Cordon and other unschedulable signals are ignored on purpose.
-//   - SpotTainter (leader only) turns the first trusted PreemptScheduled
-//     event of a spot node into the spot-eviction taint, with an
-//     optimistic-lock patch, and takes the taint off again when the node
-//     outlives the notice. The taint is the durable record: later events and
-//     restarts add nothing.
-//
-// Setup wires both. Without Azure configuration only SpotTainter and the
-// signal gauges run.
 package taintwatch
 
 import (

@@ -1,5 +1,6 @@
 // Package leader reports leader election in metrics: whether this replica leads,
-// and how often leadership has moved between replicas.
+// and how often leadership has moved between replicas (this file). options.go
+// holds the leader election flags and sets the manager's election from them.
 package leader
 
 import (

@@ -2,7 +2,12 @@
 // cannot be deleted: webhooks first, then the drains in progress are let finish,
 // then nodeguard is stopped, the bindings of the admission policies that guard
 // its finalizer are deleted, and its finalizer, taint and annotations are
-// removed.
+// removed. Last, it warns of the load-balancer entries nodeguard set Down
+// that nobody will restore.
+//
+// This file runs the steps; nodes.go writes a node (retried on conflicts,
+// and while a deleted policy binding still refuses); command.go is
+// `nodeguard uninstall` and options.go its flags.
 package uninstall
 
 import (
