@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"slices"
 	"strings"
 	"sync"
@@ -15,11 +16,13 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/uuid"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	ngv1alpha1 "github.com/nodeguard/nodeguard/api/v1alpha1"
 	"github.com/nodeguard/nodeguard/budget"
+	"github.com/nodeguard/nodeguard/finalizer/drain"
 	"github.com/nodeguard/nodeguard/internal/plugin"
 	"github.com/nodeguard/nodeguard/test/armemulator"
 	"github.com/nodeguard/nodeguard/test/builder"
@@ -301,11 +304,12 @@ func upgradeCondition(t *testing.T, name string, status metav1.ConditionStatus) 
 }
 
 // planUpgrade plans the pool's upgrade with kubectl nodeguard's code, with
-// the actor's reimage time and pod cycle.
-func planUpgrade(t *testing.T, nodes []string, reimage time.Duration) *plugin.PlanReport {
+// the actor's reimage time and pod cycle, and nodeguard's blocked-PDB policy.
+func planUpgrade(t *testing.T, nodes []string, reimage time.Duration, policy drain.BlockedPDBPolicy) *plugin.PlanReport {
 	t.Helper()
 	ctx := context.Background()
 	settings, from := plugin.ReadSettings(ctx, env.Client, "nodeguard-system") // nodeguard runs as a process here: its defaults
+	settings.BlockedPDBPolicy, from = policy, from+", with --blocked-pdb-policy="+string(policy)
 	c := &plugin.Cluster{Client: env.Client, Settings: settings, Now: time.Now}
 	plan, err := c.Plan(ctx, nodes, plugin.PlanOptions{Upgrade: true, ReimageTime: reimage, PodCycle: 5 * time.Second,
 		MaxConcurrentDrains: plugin.DefaultMaxConcurrentDrains, ControllerQPS: 20}, from)
@@ -325,8 +329,11 @@ func planUpgrade(t *testing.T, nodes []string, reimage time.Duration) *plugin.Pl
 // (UpgradeSettingsFit True: the third node of a batch waits about two node
 // times, well within 5 minutes). The upgrade finishes, no node is
 // quarantined, the budget is never exceeded (the 2nd and 3rd of a batch wait
-// in 429s), every node's entries are Down before its first eviction, and the
-// plan's estimate is within 2x of the upgrade's measured time.
+// in 429s), every node's entries are Down before its first eviction, the
+// only replica of a Deployment under minAvailable: 1 is surged
+// (--blocked-pdb-policy=replace) so that its node's drain completes, the
+// surge nodes are deleted at the end through nodeguard, and the plan's
+// estimate is within 2x of the upgrade's measured time.
 func TestAKSUpgradeThatFitsFinishes(t *testing.T) {
 	harness.SkipWithoutEnv(t, env)
 	ctx := context.Background()
@@ -342,16 +349,18 @@ func TestAKSUpgradeThatFitsFinishes(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { emu.Close() })
-	waitForHealthyPDBs(t, ns, 1)
+	harness.MustCreate(t, env.Client, builder.Deployment(ns, "solo", 1, builder.OnNodes("pool", ns)))
+	harness.MustCreate(t, env.Client, builder.PDB(ns, "solo", builder.MinAvailable("1")))
+	waitForHealthyPDBs(t, ns, 2)
 	const reimage = 10 * time.Second
-	startNodeguard(t, env.Kubeconfig, emu, "--aks-managed-cluster="+managedClusterID(), "--upgrade-node-time=20s")
+	startNodeguard(t, env.Kubeconfig, emu, "--aks-managed-cluster="+managedClusterID(), "--upgrade-node-time=20s", "--blocked-pdb-policy=replace")
 	charged := watchCharged(t, ns)
 	waitForBudgetAllowed(t, ns, 1)
 
 	if c := upgradeCondition(t, ns, metav1.ConditionTrue); !strings.Contains(c.Message, "agent pool "+ns) {
 		t.Errorf("UpgradeSettingsFit says %q, want it to name agent pool %s", c.Message, ns)
 	}
-	plan := planUpgrade(t, nodes, reimage)
+	plan := planUpgrade(t, nodes, reimage, drain.BlockedPDBReplace)
 	for _, n := range plan.Nodes {
 		if n.ExceedsDrainTimeout {
 			t.Errorf("the plan says %s would wait past the drain timeout (%s) with settings that fit", n.Node, n.Wait)
@@ -376,6 +385,14 @@ func TestAKSUpgradeThatFitsFinishes(t *testing.T) {
 	}
 	if err := deleteSurge(ctx, surge); err != nil {
 		t.Errorf("deleting the surge nodes: %v", err)
+	}
+	for _, name := range surge {
+		harness.Eventually(t, 2*time.Minute, func(ctx context.Context) (bool, error) {
+			return harness.NodeGone(ctx, env.Client, name)
+		}, "surge node %s is deleted at the end of the upgrade", name)
+	}
+	if _, ok := deploymentOf(t, ns, "solo").Spec.Template.Annotations[ngv1alpha1.RestartedAtAnnotation]; !ok {
+		t.Error("the single-replica Deployment under minAvailable: 1 was not surged")
 	}
 	if charged.most > 1 {
 		t.Errorf("%d nodes were out at once under a budget of maxUnavailable 1", charged.most)
@@ -445,7 +462,7 @@ func TestAKSUpgradeThatDoesNotFitIsSaidAndGivenUp(t *testing.T) {
 		if c.Reason != ngv1alpha1.ReasonSurgeExceedsBudget || !strings.Contains(c.Message, "maxSurge 1 with maxUnavailable 0") {
 			t.Errorf("budget %s: UpgradeSettingsFit = %s %q, want %s naming the settings that fit", pool, c.Status, c.Message, ngv1alpha1.ReasonSurgeExceedsBudget)
 		}
-		plan := planUpgrade(t, poolNodes[pool], nodeTime-5*time.Second)
+		plan := planUpgrade(t, poolNodes[pool], nodeTime-5*time.Second, drain.BlockedPDBWait)
 		if !slices.ContainsFunc(plan.Nodes, func(n plugin.PlannedNode) bool { return n.ExceedsDrainTimeout }) {
 			t.Errorf("the plan of agent pool %s flags no node waiting past its 1 minute drain timeout", pool)
 		}
@@ -532,4 +549,30 @@ func givenBack(t *testing.T, emu *armemulator.Server, budgetName, node string, s
 		states := statesAt(emu, node, time.Now())
 		return len(states) > 0 && !slices.ContainsFunc(states, func(s string) bool { return !strings.HasSuffix(s, "=None") }), nil
 	}, "%s's budget room is back and its entries are None", node)
+}
+
+// setUnschedulable cordons or uncordons the node, as kubectl does.
+func setUnschedulable(ctx context.Context, name string, unschedulable bool) error {
+	patch := []byte(fmt.Sprintf(`{"spec":{"unschedulable":%t}}`, unschedulable))
+	return env.Client.Patch(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: name}}, client.RawPatch(types.MergePatchType, patch))
+}
+
+// statesAt replays the emulator's pool writes up to at: the node's entries'
+// admin states then, by "lb/pool".
+func statesAt(emu *armemulator.Server, node string, at time.Time) []string {
+	last := map[string]armemulator.PoolWrite{}
+	for _, w := range emu.History() {
+		if w.Pool != "aksOutboundBackendPool" && !w.Time.After(at) {
+			last[w.LoadBalancer+"/"+w.Pool] = w
+		}
+	}
+	var states []string
+	for _, key := range slices.Sorted(maps.Keys(last)) {
+		for _, e := range last[key].Entries {
+			if e.Name == node {
+				states = append(states, key+"="+e.AdminState)
+			}
+		}
+	}
+	return states
 }
