@@ -58,7 +58,7 @@ type StatusReconciler struct {
 	// node that does not show it yet is still on its way: Karpenter deletes
 	// the Node of a NodeClaim whose deletion was charged only once the
 	// NodeClaim's finalizer ran, which can take longer than ClaimTimeout
-	// (internal/karpenter.NodeClaimDeleting). A claim past ClaimTimeout is
+	// (karpenter.NodeClaimDeleting). A claim past ClaimTimeout is
 	// kept while it answers true, as a node seen deleting keeps its claim.
 	DisruptionPending func(ctx context.Context, node *corev1.Node) (bool, error)
 	// Upgrades, if set, gives the AKS agent pools' upgrade settings: the

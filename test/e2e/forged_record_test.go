@@ -24,7 +24,7 @@ import (
 	"github.com/nodeguard/nodeguard/test/harness"
 )
 
-// The admin-state record's label and annotations (azure/records.go): what
+// The admin-state record's label and annotations (azure/leaserecords.go): what
 // anyone who may write Leases in kube-node-maintenance can copy.
 const (
 	recordLabel             = "nodeguard.io/record"
