@@ -12,13 +12,12 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	ngv1alpha1 "github.com/nodeguard/nodeguard/api/v1alpha1"
+	"github.com/nodeguard/nodeguard/budget"
 )
 
 // InstanceChecker says whether a node's cloud instance still exists (the
-// Azure admin-state manager asks ARM for the node's VM).
-type InstanceChecker interface {
-	InstanceExists(ctx context.Context, node *corev1.Node) (bool, error)
-}
+// Azure admin-state manager asks ARM for the node's VM): the budget rule's.
+type InstanceChecker = budget.InstanceChecker
 
 // instanceGone reports whether a terminating node is not Ready and its VM no
 // longer exists (the cloud node lifecycle controller's case, or a VM deleted
