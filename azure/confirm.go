@@ -1,10 +1,13 @@
 package azure
 
 import (
+	"context"
+	"errors"
 	"fmt"
 	"maps"
 	"slices"
 	"strings"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/types"
@@ -74,4 +77,41 @@ func (m *Manager) CutNote(uid types.UID) string {
 	pools := slices.Sorted(maps.Keys(n.left))
 	return fmt.Sprintf("the node's entries left backend pool(s) %s: removed by their owner (cloud-provider-azure takes a node labelled %s, as Karpenter labels a node it drains, out of its load balancers), a harder cut than AdminState Down; nothing to restore there when the node comes back",
 		strings.Join(pools, ", "), corev1.LabelNodeExcludeBalancers)
+}
+
+// Confirmation is where a node's desired admin state stands with Azure.
+type Confirmation int
+
+const (
+	// ConfirmPending: writes of the state are still in flight.
+	ConfirmPending Confirmation = iota
+	// Confirmed: Azure confirmed the state on every entry of the node.
+	Confirmed
+	// ConfirmFailed: applying the state failed for good in a pool, and no
+	// other write of the node is in flight (the error says which).
+	ConfirmFailed
+	// ConfirmUnknown: the manager cannot say (the node is not tracked or was
+	// forgotten, the manager stopped, or ctx ended; the error says which).
+	ConfirmUnknown
+)
+
+// Confirmation asks where the node's state stands, waiting at most wait (0:
+// not at all) for it to be confirmed: the one reading of WaitConfirmed that
+// the termination, the scale-down hold and the taint watcher share. The
+// error is the *UpdateFailedError with ConfirmFailed, and what keeps the
+// manager from answering with ConfirmUnknown.
+func (m *Manager) Confirmation(ctx context.Context, uid types.UID, state AdminState, wait time.Duration) (Confirmation, error) {
+	waitCtx, cancel := context.WithTimeout(ctx, wait) // already over at 0: WaitConfirmed looks before it waits
+	defer cancel()
+	err := m.WaitConfirmed(waitCtx, uid, state)
+	var failed *UpdateFailedError
+	switch {
+	case err == nil:
+		return Confirmed, nil
+	case errors.As(err, &failed):
+		return ConfirmFailed, err
+	case errors.Is(err, context.DeadlineExceeded) && ctx.Err() == nil:
+		return ConfirmPending, nil // waitCtx's deadline, not the caller's
+	}
+	return ConfirmUnknown, err
 }

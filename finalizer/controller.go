@@ -49,6 +49,9 @@ const (
 // AdminState is what the controller needs of the Azure admin-state manager.
 type AdminState interface {
 	SetDesired(node *corev1.Node, state azure.AdminState)
+	// Confirmation says where the cut stands, waiting at most wait;
+	// WaitConfirmed waits until it is settled (a background wake-up).
+	Confirmation(ctx context.Context, uid types.UID, state azure.AdminState, wait time.Duration) (azure.Confirmation, error)
 	WaitConfirmed(ctx context.Context, uid types.UID, state azure.AdminState) error
 	// NothingCut says whether the confirmed Down cut nothing: the node is in
 	// no backend pool.

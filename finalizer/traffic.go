@@ -2,7 +2,6 @@ package finalizer
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"time"
 
@@ -118,16 +117,13 @@ func (r *Reconciler) cutEnded(node *corev1.Node) (time.Time, bool) {
 // awaitCut reads the manager's answer: confirmed (nil, zero), not cut (the
 // failure), or still waiting within AdminStateTimeout (a requeue).
 func (r *Reconciler) awaitCut(ctx context.Context, node *corev1.Node) (*notCut, reconcile.Result, error) {
-	waitCtx, cancel := context.WithTimeout(ctx, 200*time.Millisecond)
-	defer cancel()
-	err := r.AdminState.WaitConfirmed(waitCtx, node.UID, azure.AdminStateDown)
-	var failed *azure.UpdateFailedError
-	switch {
-	case err == nil:
+	state, err := r.AdminState.Confirmation(ctx, node.UID, azure.AdminStateDown, 200*time.Millisecond)
+	switch state {
+	case azure.Confirmed:
 		return nil, reconcile.Result{}, nil
-	case errors.As(err, &failed):
+	case azure.ConfirmFailed:
 		return &notCut{result: cutFailed, reason: conditionFailed, why: err.Error()}, reconcile.Result{}, nil
-	case waitCtx.Err() != nil && ctx.Err() == nil:
+	case azure.ConfirmPending:
 		deadline := terminationStarted(node).Add(r.Opts.AdminStateTimeout)
 		if left := deadline.Sub(r.Clock.Now()); left > 0 {
 			r.waitFor(node.UID, "waiting for Azure to confirm load-balancer AdminState Down on every backend pool of the node; %s in %s (--admin-state-timeout)",

@@ -2,7 +2,6 @@ package taintwatch
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"strings"
 	"sync"
@@ -297,20 +296,13 @@ func (w *Watcher) restore(ctx context.Context, n *corev1.Node, rec nodeRecord) (
 // on every entry of the node. It returns the manager's error when applying
 // the state failed for good.
 func (w *Watcher) confirmed(uid types.UID, state azure.AdminState) (bool, error) {
-	ctx, cancel := context.WithCancel(context.Background())
-	cancel() // WaitConfirmed checks the state before it waits
-	err := w.AdminState.WaitConfirmed(ctx, uid, state)
-	switch {
-	case err == nil:
+	switch answer, err := w.AdminState.Confirmation(context.Background(), uid, state, 0); answer {
+	case azure.Confirmed:
 		return true, nil
-	case errors.Is(err, context.Canceled):
-		return false, nil
-	}
-	var failed *azure.UpdateFailedError
-	if errors.As(err, &failed) {
+	case azure.ConfirmFailed:
 		return false, err
 	}
-	return false, nil // stopped or forgotten: the next pass sees
+	return false, nil // pending, or stopped or forgotten: the next pass sees
 }
 
 func (w *Watcher) event(n *corev1.Node, reason, note string, args ...any) {

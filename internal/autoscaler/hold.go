@@ -2,7 +2,6 @@ package autoscaler
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"slices"
 	"strconv"
@@ -41,7 +40,7 @@ const (
 
 // TrafficCut is what the hold needs of the Azure admin-state manager.
 type TrafficCut interface {
-	WaitConfirmed(ctx context.Context, uid types.UID, state azure.AdminState) error
+	Confirmation(ctx context.Context, uid types.UID, state azure.AdminState, wait time.Duration) (azure.Confirmation, error)
 }
 
 // HoldReconciler keeps nodeguard's delay-deletion annotation on managed
@@ -274,14 +273,10 @@ func (r *HoldReconciler) awaitTrafficCut(ctx context.Context, node *corev1.Node)
 	if _, held := node.Annotations[ngv1alpha1.DelayDeletionAnnotation]; !held {
 		return reconcile.Result{}, true, nil // released already
 	}
-	waitCtx, cancel := context.WithTimeout(ctx, 200*time.Millisecond)
-	defer cancel()
-	err := r.AdminState.WaitConfirmed(waitCtx, node.UID, azure.AdminStateDown)
-	var failed *azure.UpdateFailedError
-	switch {
-	case err == nil:
+	switch state, err := r.AdminState.Confirmation(ctx, node.UID, azure.AdminStateDown, 200*time.Millisecond); {
+	case state == azure.Confirmed:
 		return reconcile.Result{}, true, nil
-	case errors.As(err, &failed):
+	case state == azure.ConfirmFailed:
 		r.event(node, corev1.EventTypeWarning, ReasonScaleDownTrafficCutTimedOut,
 			"setting the load-balancer AdminState Down failed (%v): letting cluster-autoscaler delete the VM anyway", err)
 		return reconcile.Result{}, true, nil
