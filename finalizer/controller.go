@@ -161,12 +161,12 @@ func (r *Reconciler) runPhases(ctx context.Context, node *corev1.Node, phases []
 	for _, p := range phases {
 		r.phases.set(node.UID, node.Name, p.name)
 		result, err := p.run(ctx, node)
-		if apierrors.IsConflict(err) {
+		if again, lost := requeue.OnConflict(err); lost {
 			// Another writer changed what this pass read (the taint watcher
 			// records AdminState Down on the node as its deletion lands): not
 			// a failure; the next pass reads it again.
 			logf.FromContext(ctx).V(1).Info("Changed by another writer during the pass; looking again", "phase", p.name, "error", err.Error())
-			return reconcile.Result{RequeueAfter: requeue.AfterConflict}, nil
+			return again, nil
 		}
 		if err != nil {
 			return reconcile.Result{}, fmt.Errorf("%s phase of node %s: %w", p.name, node.Name, err)

@@ -300,13 +300,14 @@ func (s *SpotTainter) outlived(node *corev1.Node, noticeAt time.Time) (time.Time
 // patch) looks again, a node gone ends the matter.
 func (s *SpotTainter) patch(ctx context.Context, node *corev1.Node, patch client.Patch, what string) (ok bool, res reconcile.Result, err error) {
 	err = s.Client.Patch(ctx, node, patch)
+	if again, lost := requeue.OnConflict(err); lost {
+		return false, again, nil
+	}
 	switch {
 	case err == nil:
 		return true, reconcile.Result{}, nil
 	case apierrors.IsNotFound(err):
 		return false, reconcile.Result{}, nil
-	case apierrors.IsConflict(err):
-		return false, reconcile.Result{RequeueAfter: requeue.AfterConflict}, nil
 	}
 	return false, reconcile.Result{}, fmt.Errorf("%s node %s: %w", what, node.Name, err)
 }

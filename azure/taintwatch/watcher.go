@@ -278,11 +278,11 @@ func (w *Watcher) restore(ctx context.Context, n *corev1.Node, rec nodeRecord) (
 	patch := client.MergeFromWithOptions(n.DeepCopy(), client.MergeFromWithOptimisticLock{})
 	delete(n.Annotations, ngv1alpha1.AdminStateDownAnnotation)
 	if err := w.Client.Patch(ctx, n, patch); err != nil {
-		switch {
-		case apierrors.IsNotFound(err):
+		if again, lost := requeue.OnConflict(err); lost {
+			return again, nil
+		}
+		if apierrors.IsNotFound(err) {
 			return reconcile.Result{}, nil
-		case apierrors.IsConflict(err):
-			return reconcile.Result{RequeueAfter: requeue.AfterConflict}, nil
 		}
 		return reconcile.Result{}, fmt.Errorf("releasing admin state of node %s: %w", n.Name, err)
 	}

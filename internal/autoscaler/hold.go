@@ -8,7 +8,6 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/tools/events"
@@ -131,9 +130,9 @@ func (r *HoldReconciler) waitingNodes(ctx context.Context, _ client.Object) []re
 // is no failure: the pass runs again on the node as it now is.
 func (r *HoldReconciler) Reconcile(ctx context.Context, req reconcile.Request) (reconcile.Result, error) {
 	res, err := r.pass(ctx, req)
-	if apierrors.IsConflict(err) {
+	if again, lost := requeue.OnConflict(err); lost {
 		logf.FromContext(ctx).V(1).Info("Node changed by another writer during the pass; looking again", "error", err.Error())
-		return reconcile.Result{RequeueAfter: requeue.AfterConflict}, nil
+		return again, nil
 	}
 	return res, err
 }
