@@ -3,6 +3,7 @@ package budget
 import (
 	"errors"
 	"fmt"
+	"maps"
 	"slices"
 	"strings"
 	"time"
@@ -39,21 +40,12 @@ func UpgradeJudgements(ndb *ngv1alpha1.NodeDisruptionBudget, selected []*corev1.
 	}
 	room := max(len(selected)-int(desired), 0)
 	var out []upgrade.Judgement
-	for _, name := range sortedKeys(perPool) {
+	for _, name := range slices.Sorted(maps.Keys(perPool)) {
 		if s, ok := pools[name]; ok {
 			out = append(out, upgrade.Judge(s, perPool[name], room, nodeTime))
 		}
 	}
 	return out
-}
-
-func sortedKeys(m map[string]int) []string {
-	keys := make([]string, 0, len(m))
-	for k := range m {
-		keys = append(keys, k)
-	}
-	slices.Sort(keys)
-	return keys
 }
 
 // setUpgradeStatus writes status.agentPools and the UpgradeSettingsFit

@@ -9,7 +9,6 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
-	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
@@ -293,17 +292,7 @@ func (r *Reconciler) stageFollowedInProgress(ctx context.Context, node *corev1.N
 // lifecycle conditions, and when it set DrainInProgress True
 // (ngv1alpha1.DrainConditionAnnotation).
 func (r *Reconciler) markConditionsOwn(ctx context.Context, node *corev1.Node, at time.Time) error {
-	value := ngv1alpha1.FormatTime(at.UTC().Truncate(time.Second))
-	patch := client.RawPatch(types.MergePatchType, fmt.Appendf(nil, `{"metadata":{"annotations":{%q:%q}}}`,
-		ngv1alpha1.DrainConditionAnnotation, value))
-	if err := r.Client.Patch(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: node.Name}}, patch); err != nil {
-		return fmt.Errorf("marking the drain conditions of node %s as nodeguard's: %w", node.Name, err)
-	}
-	if node.Annotations == nil {
-		node.Annotations = map[string]string{}
-	}
-	node.Annotations[ngv1alpha1.DrainConditionAnnotation] = value
-	return nil
+	return r.annotate(ctx, node, ngv1alpha1.DrainConditionAnnotation, ngv1alpha1.FormatTime(at.UTC().Truncate(time.Second)))
 }
 
 // endDrain removes the marks (the taint watcher then restores None), gives

@@ -116,7 +116,8 @@ func (r *Reconciler) afterGiveUp(ctx context.Context, node *corev1.Node) (reconc
 	return reconcile.Result{}, nil
 }
 
-// annotate sets one annotation on the node (and on the copy in hand).
+// annotate sets one of nodeguard's annotations on the node (and on the copy
+// in hand), with a merge patch that leaves every other field to its writer.
 func (r *Reconciler) annotate(ctx context.Context, node *corev1.Node, key, value string) error {
 	patch := client.RawPatch(types.MergePatchType, fmt.Appendf(nil, `{"metadata":{"annotations":{%q:%q}}}`, key, value))
 	if err := r.Client.Patch(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: node.Name}}, patch); err != nil {

@@ -133,7 +133,7 @@ func Judge(s Settings, nodes, room int, nodeTime time.Duration) Judgement {
 	if room <= 0 {
 		j.LongestWait = Never
 		j.Message = fmt.Sprintf("agent pool %s: the budget allows no node of it to be unavailable, so an upgrade can drain none: every node's drain waits until drainTimeoutInMinutes %d and the upgrade fails (Schedule) or quarantines it (Cordon)",
-			s.Pool, minutes(timeout))
+			s.Pool, Minutes(timeout))
 		return j
 	}
 	turns := (j.Concurrent + room - 1) / room
@@ -143,19 +143,19 @@ func Judge(s Settings, nodes, room int, nodeTime time.Duration) Judgement {
 		j.Message = fmt.Sprintf("agent pool %s: an upgrade drains %d node(s) at once, within the budget's %d: no drain waits for the budget", s.Pool, j.Concurrent, room)
 		return j
 	}
-	j.Message = fmt.Sprintf("agent pool %s: an upgrade drains %d node(s) at once (maxSurge %s, maxUnavailable %s) but the budget lets %d be unavailable: the last of a batch waits about %s (%d node time(s) of %s) for its turn",
-		s.Pool, j.Concurrent, orDefault(s.MaxSurge, DefaultMaxSurge), orDefault(s.MaxUnavailable, "0"), room, j.LongestWait.Round(time.Second), turns-1, nodeTime+s.NodeSoak)
+	j.Message = fmt.Sprintf("agent pool %s: an upgrade drains %d node(s) at once (%s) but the budget lets %d be unavailable: the last of a batch waits about %s (%d node time(s) of %s) for its turn",
+		s.Pool, j.Concurrent, s.Surge(), room, j.LongestWait.Round(time.Second), turns-1, nodeTime+s.NodeSoak)
 	if j.Fits {
-		j.Message += fmt.Sprintf(", within drainTimeoutInMinutes %d", minutes(timeout))
+		j.Message += fmt.Sprintf(", within drainTimeoutInMinutes %d", Minutes(timeout))
 		return j
 	}
 	j.Message += fmt.Sprintf(", past drainTimeoutInMinutes %d, so AKS gives up on it (%s). Settings that fit: maxSurge %d with maxUnavailable 0, or drainTimeoutInMinutes %d or more",
-		minutes(timeout), givesUp(s.Behavior()), room, minutes(j.LongestWait+nodeTime))
+		Minutes(timeout), givesUp(s.Behavior()), room, Minutes(j.LongestWait+nodeTime))
 	return j
 }
 
-// minutes rounds d up to whole minutes, as drainTimeoutInMinutes counts.
-func minutes(d time.Duration) int {
+// Minutes rounds d up to whole minutes, as drainTimeoutInMinutes counts.
+func Minutes(d time.Duration) int {
 	return int((d + time.Minute - 1) / time.Minute)
 }
 
@@ -164,6 +164,12 @@ func givesUp(behavior string) string {
 		return "Cordon: the node is quarantined and nodeguard gives its budget room back"
 	}
 	return "Schedule: the upgrade fails"
+}
+
+// Surge says maxSurge and maxUnavailable as set, each unset one as AKS's
+// default: "maxSurge 3, maxUnavailable 0 (default)".
+func (s Settings) Surge() string {
+	return fmt.Sprintf("maxSurge %s, maxUnavailable %s", orDefault(s.MaxSurge, DefaultMaxSurge), orDefault(s.MaxUnavailable, "0"))
 }
 
 func orDefault(v, def string) string {

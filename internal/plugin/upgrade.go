@@ -3,6 +3,7 @@ package plugin
 import (
 	"fmt"
 	"io"
+	"maps"
 	"slices"
 	"strings"
 	"time"
@@ -57,7 +58,7 @@ func upgradePools(s *simulation, ndbs []ngv1alpha1.NodeDisruptionBudget, names [
 		byPool[pool] = append(byPool[pool], name)
 	}
 	var out []PoolPlan
-	for _, pool := range sortedKeys(byPool) {
+	for _, pool := range slices.Sorted(maps.Keys(byPool)) {
 		nodes := slices.Sorted(slices.Values(byPool[pool]))
 		size := 0
 		for _, n := range s.nodes {
@@ -211,40 +212,19 @@ func (p *PoolPlan) judge(n *PlannedNode) {
 	}
 	n.ExceedsDrainTimeout = true
 	n.ExceedsMessage = fmt.Sprintf("%s, past agent pool %s's drainTimeoutInMinutes %d: %s",
-		what, p.Name, minutes(p.DrainTimeout), giveUp)
+		what, p.Name, upgrade.Minutes(p.DrainTimeout), giveUp)
 }
 
 // printPools says, per agent pool, the settings the plan used, where they
 // came from, and what the budgets judged of them.
 func printPools(w io.Writer, pools []PoolPlan) {
 	for _, p := range pools {
-		fmt.Fprintf(w, "\nAgent pool %s: %d of its %d node(s), %d drained at once (maxSurge %s, maxUnavailable %s), drainTimeoutInMinutes %d, soak %s, undrainable nodes: %s.\n",
-			p.Name, len(p.Nodes), p.Size, p.ConcurrentDrains, orDefault(p.MaxSurge, upgrade.DefaultMaxSurge), orDefault(p.MaxUnavailable, "0"),
-			minutes(p.DrainTimeout), p.NodeSoak, p.UndrainableNodeBehavior)
+		fmt.Fprintf(w, "\nAgent pool %s: %d of its %d node(s), %d drained at once (%s), drainTimeoutInMinutes %d, soak %s, undrainable nodes: %s.\n",
+			p.Name, len(p.Nodes), p.Size, p.ConcurrentDrains, upgrade.Settings{MaxSurge: p.MaxSurge, MaxUnavailable: p.MaxUnavailable}.Surge(),
+			upgrade.Minutes(p.DrainTimeout), p.NodeSoak, p.UndrainableNodeBehavior)
 		fmt.Fprintf(w, "  Settings from %s.\n", p.SettingsFrom)
 		for _, u := range p.Unfit {
 			fmt.Fprintf(w, "  %s\n", u)
 		}
 	}
-}
-
-func orDefault(v, def string) string {
-	if v == "" {
-		return def + " (default)"
-	}
-	return v
-}
-
-func sortedKeys[V any](m map[string]V) []string {
-	keys := make([]string, 0, len(m))
-	for k := range m {
-		keys = append(keys, k)
-	}
-	slices.Sort(keys)
-	return keys
-}
-
-// minutes rounds d up to whole minutes, as drainTimeoutInMinutes counts.
-func minutes(d time.Duration) int {
-	return int((d + time.Minute - 1) / time.Minute)
 }
