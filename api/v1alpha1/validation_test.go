@@ -83,6 +83,11 @@ func TestValidation(t *testing.T) {
 			wantErr: "spec.minAvailable: Invalid value: \"101%\": must be a non-negative integer or a percentage from 0% to 100%"},
 		{name: "word instead of a number", spec: ngv1alpha1.NodeDisruptionBudgetSpec{Selector: everyNode, MaxUnavailable: ptr.To(intstr.FromString("one"))},
 			wantErr: "must be a non-negative integer or a percentage from 0% to 100%"},
+		{name: "drain timeout", spec: ngv1alpha1.NodeDisruptionBudgetSpec{Selector: everyNode, MaxUnavailable: intOrString("1"),
+			DrainTimeout: &metav1.Duration{Duration: 5400e9}}}, // 1h30m0s
+		{name: "negative drain timeout", spec: ngv1alpha1.NodeDisruptionBudgetSpec{Selector: everyNode, MaxUnavailable: intOrString("1"),
+			DrainTimeout: &metav1.Duration{Duration: -30e9}},
+			wantErr: "spec.drainTimeout: Invalid value: \"-30s\": must be a duration in hours, minutes and seconds"},
 		{name: "missing selector", spec: ngv1alpha1.NodeDisruptionBudgetSpec{MaxUnavailable: intOrString("1")},
 			wantErr: "spec.selector: Required value"},
 		{name: "bad cron schedule", spec: ngv1alpha1.NodeDisruptionBudgetSpec{Selector: everyNode, MaxUnavailable: intOrString("1"),
